@@ -1,0 +1,122 @@
+"""What `quill run` does, step by step: get the model, load it, build the prompt, stream, report."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+
+from cli import render
+from cli.engine import ALL_LAYERS, Engine, LoadOptions, SamplingParams
+from cli.errors import EXIT_INTERRUPTED, EXIT_OK, ContextOverflowError
+from cli.metrics import MetricsRecorder
+from cli.registry import load_registry
+from cli.store import obtain, parse_model_name
+
+GPU_BUILD_HINT = (
+    'CMAKE_ARGS="-DGGML_CUDA=on" pip install --no-cache-dir --force-reinstall llama-cpp-python '
+    "(or -DGGML_METAL=on, -DGGML_VULKAN=on)"
+)
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    prompt: str
+    model: str | None = None
+    system: str | None = None
+    raw: bool = False
+    max_tokens: int = 512
+    temperature: float = 0.8
+    top_k: int = 40
+    top_p: float = 0.95
+    min_p: float = 0.05
+    repeat_penalty: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    ctx: int | None = None
+    threads: int | None = None
+    gpu_layers: int | None = None  # None: all on a GPU build, else 0
+    offline: bool = False
+    json_output: bool = False
+    show_stats: bool = True
+    verbose: bool = False
+
+
+def resolve_gpu_layers(requested: int | None) -> int:
+    import llama_cpp
+
+    supported = bool(llama_cpp.llama_supports_gpu_offload())
+    if requested is None:
+        return ALL_LAYERS if supported else 0
+    if requested != 0 and not supported:
+        render.warning_line(
+            "this llama-cpp-python build cannot offload to a GPU, so quill runs on the CPU; "
+            f"for a GPU build: {GPU_BUILD_HINT}"
+        )
+        return 0
+    return requested
+
+
+def run_once(request: RunRequest) -> int:
+    registry = load_registry()
+    model_request = parse_model_name(request.model or registry.default, registry)
+    path = obtain(
+        model_request,
+        offline=request.offline,
+        report=render.info_line,
+        show_progress=sys.stderr.isatty(),
+        verbose=request.verbose,
+    )
+    options = LoadOptions(
+        n_ctx=request.ctx,
+        threads=request.threads,
+        gpu_layers=resolve_gpu_layers(request.gpu_layers),
+    )
+    with Engine(path, options, verbose=request.verbose) as engine:
+        recorder = MetricsRecorder()
+        prompt_text = request.prompt
+        if not request.raw:
+            messages = [("system", request.system)] if request.system else []
+            templated = engine.chat_prompt([*messages, ("user", request.prompt)])
+            if templated is None:
+                render.warning_line(
+                    "the model has no chat template llama.cpp can apply; sending the prompt as "
+                    "raw text (--raw says so explicitly)"
+                )
+            else:
+                prompt_text = templated
+        tokens = engine.tokenize(prompt_text)
+        if len(tokens) + request.max_tokens > engine.n_ctx:
+            raise ContextOverflowError(
+                len(tokens), request.max_tokens, engine.n_ctx, engine.trained_ctx
+            )
+        sampling = SamplingParams(
+            temperature=request.temperature,
+            top_k=request.top_k,
+            top_p=request.top_p,
+            min_p=request.min_p,
+            repeat_penalty=request.repeat_penalty,
+            seed=request.seed,
+        )
+        pieces: list[str] = []
+        finish_override = None
+        try:
+            for event in engine.stream_generate(tokens, request.max_tokens, sampling, request.stop):
+                pieces.append(event.text)
+                if not request.json_output:
+                    render.write_stdout(event.text)
+                recorder.observe(event)
+        except KeyboardInterrupt:
+            finish_override = "interrupted"
+        metrics = recorder.summary(engine, finish_override)
+        if request.json_output:
+            render.write_stdout(
+                render.run_json(model_request.name, str(path), "".join(pieces), metrics) + "\n"
+            )
+        else:
+            if pieces and not "".join(pieces).endswith("\n") and sys.stdout.isatty():
+                render.write_stdout("\n")
+            if request.show_stats:
+                render.print_stats(metrics)
+        if request.verbose:
+            render.info_line(f"llama.cpp perf: {engine.perf()}; weight repacking {engine.repack}")
+    return EXIT_INTERRUPTED if finish_override else EXIT_OK
