@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import os
 import sys
 from typing import Annotated
 
 import typer
 
 from cli import __version__
-from cli.errors import EXIT_INTERRUPTED, EXIT_OK, QuillError, UsageError
+from cli.errors import EXIT_INTERRUPTED, QuillError, UsageError
 
 app = typer.Typer(
     name="quill",
@@ -182,10 +181,4 @@ def _fail(error: QuillError) -> None:
 
 
 def main() -> None:
-    try:
-        app()
-    except BrokenPipeError:
-        # The reader went away (quill run ... | head): stop quietly, as cat and grep do.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        sys.exit(EXIT_OK)
+    app()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from typing import Any
 
@@ -88,3 +89,9 @@ def write_stdout(text: str) -> None:
     if text:
         sys.stdout.buffer.write(text.encode("utf-8"))
         sys.stdout.buffer.flush()
+
+
+def silence_stdout() -> None:
+    """Point stdout at /dev/null so that Python's final flush at exit finds no broken pipe."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 from cli import render
 from cli.engine import ALL_LAYERS, Engine, LoadOptions, SamplingParams
@@ -72,7 +73,7 @@ def run_once(request: RunRequest) -> int:
         gpu_layers=resolve_gpu_layers(request.gpu_layers),
     )
     with Engine(path, options, verbose=request.verbose) as engine:
-        recorder = MetricsRecorder()
+        recorder = MetricsRecorder()  # the request starts here: TTFT includes templating
         prompt_text = request.prompt
         if not request.raw:
             messages = [("system", request.system)] if request.system else []
@@ -97,26 +98,42 @@ def run_once(request: RunRequest) -> int:
             repeat_penalty=request.repeat_penalty,
             seed=request.seed,
         )
-        pieces: list[str] = []
-        finish_override = None
         try:
-            for event in engine.stream_generate(tokens, request.max_tokens, sampling, request.stop):
-                pieces.append(event.text)
-                if not request.json_output:
-                    render.write_stdout(event.text)
-                recorder.observe(event)
-        except KeyboardInterrupt:
-            finish_override = "interrupted"
-        metrics = recorder.summary(engine, finish_override)
-        if request.json_output:
-            render.write_stdout(
-                render.run_json(model_request.name, str(path), "".join(pieces), metrics) + "\n"
-            )
-        else:
-            if pieces and not "".join(pieces).endswith("\n") and sys.stdout.isatty():
-                render.write_stdout("\n")
-            if request.show_stats:
-                render.print_stats(metrics)
-        if request.verbose:
-            render.info_line(f"llama.cpp perf: {engine.perf()}; weight repacking {engine.repack}")
+            return _stream(engine, recorder, tokens, sampling, request, model_request.name, path)
+        except BrokenPipeError:
+            # The reader went away (quill run ... | head): stop quietly, as cat and grep do.
+            render.silence_stdout()
+            return EXIT_OK
+
+
+def _stream(
+    engine: Engine,
+    recorder: MetricsRecorder,
+    tokens: list[int],
+    sampling: SamplingParams,
+    request: RunRequest,
+    model_name: str,
+    path: Path,
+) -> int:
+    pieces: list[str] = []
+    finish_override = None
+    try:
+        for event in engine.stream_generate(tokens, request.max_tokens, sampling, request.stop):
+            pieces.append(event.text)
+            if not request.json_output:
+                render.write_stdout(event.text)
+            recorder.observe(event)
+    except KeyboardInterrupt:
+        finish_override = "interrupted"
+    metrics = recorder.summary(engine, finish_override)
+    text = "".join(pieces)
+    if request.json_output:
+        render.write_stdout(render.run_json(model_name, str(path), text, metrics) + "\n")
+    else:
+        if text and not text.endswith("\n") and sys.stdout.isatty():
+            render.write_stdout("\n")
+        if request.show_stats:
+            render.print_stats(metrics)
+    if request.verbose:
+        render.info_line(f"llama.cpp perf: {engine.perf()}; weight repacking {engine.repack}")
     return EXIT_INTERRUPTED if finish_override else EXIT_OK

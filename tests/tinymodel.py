@@ -21,7 +21,7 @@ def write_tiny_llama(
     n_head: int = 4,
     n_head_kv: int = 2,
     n_ff: int = 128,
-    context_length: int = 256,
+    context_length: int = 4096,
     seed: int = 0,
 ) -> Path:
     reader = GGUFReader(tokenizer_from)

@@ -1,0 +1,75 @@
+"""quill as a shell pipeline sees it: a real process, real pipes, real signals."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from conftest import quill_env
+
+QUILL = str(Path(sys.executable).parent / "quill")
+PROMPT = "Write an essay about the sea."
+
+
+def quill(home: Path, *args: str, **env: str) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(
+        [QUILL, "run", *args], capture_output=True, env=quill_env(home, **env), timeout=120
+    )
+
+
+def test_stdout_is_only_the_text_and_stats_go_to_stderr(quill_home, smollm2_path):
+    plain = quill(quill_home, "--temperature", "0", "-n", "30", PROMPT)
+    as_json = quill(quill_home, "--temperature", "0", "-n", "30", "--json", PROMPT)
+    assert plain.returncode == as_json.returncode == 0
+    assert plain.stdout.decode() == json.loads(as_json.stdout)["text"]
+    stderr = plain.stderr.decode()
+    assert stderr.count("\n") == 1 and "TTFT" in stderr  # one stats line, nothing else
+    assert "\x1b[" not in stderr  # no colour when stderr is not a terminal
+    assert "llama" not in stderr  # llama.cpp's own log stays silent
+    assert as_json.stderr == b""
+
+
+def test_verbose_shows_llama_cpps_log(quill_home, smollm2_path):
+    result = quill(quill_home, "-n", "2", "--verbose", PROMPT)
+    assert b"llama_model_loader" in result.stderr and result.returncode == 0
+
+
+def test_output_is_utf8_whatever_the_locale(quill_home, smollm2_path):
+    args = ("--temperature", "0", "-n", "30", "Repeat exactly: 你好,世界 🌍🚀")
+    result = quill(quill_home, *args, LANG="C", LC_ALL="C", PYTHONIOENCODING="ascii")
+    as_json = quill(quill_home, *args, "--json")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.decode("utf-8") == json.loads(as_json.stdout)["text"]
+    assert "你好" in result.stdout.decode("utf-8")
+
+
+def test_head_closing_the_pipe_ends_quietly(quill_home, smollm2_path):
+    script = f'"{QUILL}" run -n 200 "{PROMPT}" | head -c 20; echo "rc=${{PIPESTATUS[0]}}" >&2'
+    result = subprocess.run(
+        ["bash", "-c", script], capture_output=True, env=quill_env(quill_home), timeout=120
+    )
+    assert len(result.stdout) == 20
+    assert result.stderr.decode().strip().splitlines() == ["rc=0"]
+
+
+def test_ctrl_c_stops_prints_the_stats_so_far_and_exits_130(quill_home, tiny_path):
+    process = subprocess.Popen(
+        [QUILL, "run", "-m", str(tiny_path), "--temperature", "0", "-n", "4000", "hello"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=quill_env(quill_home),
+    )
+    assert process.stdout is not None
+    process.stdout.read(64)  # generation has started
+    time.sleep(0.2)
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 130
+    text = stderr.decode()
+    assert "finish interrupted" in text and "Traceback" not in text
+    decoded = int(text.split("decode ")[1].split(" tok")[0])
+    assert 0 < decoded < 4000
