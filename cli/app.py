@@ -101,6 +101,12 @@ def run(
     seed: Annotated[
         int | None, typer.Option("--seed", min=0, help="Sampling seed. Default: random, reported.")
     ] = None,
+    ignore_eos: Annotated[
+        bool,
+        typer.Option(
+            "--ignore-eos", help="Never end at the model's end-of-text token (benchmarks)."
+        ),
+    ] = False,
     stop: Annotated[
         list[str] | None,
         typer.Option("--stop", help="Stop when this text appears (repeatable); it is not printed."),
@@ -153,6 +159,7 @@ def run(
                 min_p=min_p,
                 repeat_penalty=repeat_penalty,
                 seed=seed,
+                ignore_eos=ignore_eos,
                 stop=tuple(stop or ()),
                 ctx=ctx,
                 threads=threads,

@@ -7,6 +7,7 @@ what it yields. Nothing here prints, exits or imports a terminal library.
 from __future__ import annotations
 
 import ctypes
+import functools
 import random
 import resource
 import time
@@ -51,6 +52,7 @@ class SamplingParams:
     repeat_penalty: float = 1.0
     repeat_last_n: int = 64
     seed: int | None = None  # None: a random seed, reported so the run can be repeated
+    ignore_eos: bool = False  # never sample an end-of-generation token (benchmarks)
 
 
 @dataclass(frozen=True)
@@ -174,6 +176,14 @@ class Engine:
             head_dim_v,
         )
 
+    @property
+    def n_vocab(self) -> int:
+        return llama.llama_vocab_n_tokens(self._vocab)
+
+    @functools.cached_property
+    def eog_tokens(self) -> tuple[int, ...]:
+        return tuple(t for t in range(self.n_vocab) if llama.llama_vocab_is_eog(self._vocab, t))
+
     # --- text <-> tokens --------------------------------------------------------------------
 
     def chat_prompt(self, messages: Sequence[tuple[str, str]]) -> str | None:
@@ -251,7 +261,8 @@ class Engine:
             self._decode(prompt_tokens[start : start + self.n_batch])
         prefill_s = time.perf_counter() - started
 
-        sampler = _sampler_chain(sampling, seed, prompt_tokens)
+        banned = self.eog_tokens if sampling.ignore_eos else ()
+        sampler = _sampler_chain(sampling, seed, prompt_tokens, banned, self.n_vocab)
         text = TextStream(stop)
         first_token_at = time.perf_counter()
         try:
@@ -340,11 +351,23 @@ class Engine:
         self.close()
 
 
-def _sampler_chain(sampling: SamplingParams, seed: int, prompt_tokens: Sequence[int]):
+def _sampler_chain(
+    sampling: SamplingParams,
+    seed: int,
+    prompt_tokens: Sequence[int],
+    banned: Sequence[int],
+    n_vocab: int,
+):
     chain = llama.llama_sampler_chain_init(llama.llama_sampler_chain_default_params())
 
     def add(sampler) -> None:
         llama.llama_sampler_chain_add(chain, sampler)
+
+    if banned:
+        biases = (llama.llama_logit_bias * len(banned))()
+        for slot, token in zip(biases, banned, strict=True):
+            slot.token, slot.bias = token, float("-inf")
+        add(llama.llama_sampler_init_logit_bias(n_vocab, len(banned), biases))
 
     if sampling.repeat_penalty != 1.0:
         add(

@@ -32,6 +32,7 @@ class RunRequest:
     min_p: float = 0.05
     repeat_penalty: float = 1.0
     seed: int | None = None
+    ignore_eos: bool = False
     stop: tuple[str, ...] = ()
     ctx: int | None = None
     threads: int | None = None
@@ -97,6 +98,7 @@ def run_once(request: RunRequest) -> int:
             min_p=request.min_p,
             repeat_penalty=request.repeat_penalty,
             seed=request.seed,
+            ignore_eos=request.ignore_eos,
         )
         try:
             return _stream(engine, recorder, tokens, sampling, request, model_request.name, path)

@@ -140,3 +140,15 @@ def test_kv_cache_size_matches_llama_cpp_allocation(smollm2_path, capsys, n_ctx)
     logged = re.search(r"llama_kv_cache: size =\s+([\d.]+) MiB", capsys.readouterr().err)
     assert logged, "llama.cpp logs its KV allocation at load"
     assert computed / 2**20 == pytest.approx(float(logged.group(1)), abs=0.005)
+
+
+def test_ignore_eos_generates_past_the_end(engine):
+    tokens = engine.tokenize(engine.chat_prompt([("user", "Say hi.")]))
+    natural = generate(engine, tokens, 200)
+    assert natural[-1].finish_reason == "stop"
+    forced = generate(
+        engine, tokens, len(natural) + 10, SamplingParams(temperature=0, ignore_eos=True)
+    )
+    assert forced[-1].finish_reason == "length"
+    assert not any(t in engine.eog_tokens for t in (e.token for e in forced))
+    assert [e.token for e in forced[: len(natural) - 1]] == [e.token for e in natural[:-1]]
