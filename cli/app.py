@@ -7,8 +7,13 @@ from typing import Annotated
 
 import typer
 
+try:  # recent typer vendors click; earlier releases use click itself
+    from typer._click.exceptions import ClickException, NoArgsIsHelpError
+except ImportError:  # pragma: no cover
+    from click.exceptions import ClickException, NoArgsIsHelpError
+
 from cli import __version__
-from cli.errors import EXIT_INTERRUPTED, QuillError, UsageError
+from cli.errors import EXIT_INTERRUPTED, EXIT_USAGE, QuillError, UsageError
 
 app = typer.Typer(
     name="quill",
@@ -188,4 +193,18 @@ def _fail(error: QuillError) -> None:
 
 
 def main() -> None:
-    app()
+    """The console script: every outcome leaves through here with a documented exit code."""
+    try:
+        code = app(standalone_mode=False)
+    except NoArgsIsHelpError as error:
+        error.ctx.get_help()  # typer renders the help itself
+        sys.exit(EXIT_USAGE)
+    except ClickException as error:
+        from cli.render import error_line
+
+        where = error.ctx.command_path if getattr(error, "ctx", None) else "quill"
+        error_line(f"{error.format_message()} (see {where} --help)")
+        sys.exit(error.exit_code)
+    except typer.Abort:
+        sys.exit(EXIT_INTERRUPTED)
+    sys.exit(code if isinstance(code, int) else 0)

@@ -73,3 +73,12 @@ def test_ctrl_c_stops_prints_the_stats_so_far_and_exits_130(quill_home, tiny_pat
     assert "finish interrupted" in text and "Traceback" not in text
     decoded = int(text.split("decode ")[1].split(" tok")[0])
     assert 0 < decoded < 4000
+
+
+def test_usage_errors_are_one_line_with_exit_2(quill_home):
+    for args in (["--max-tokens", "0", "hi"], ["--bogus", "hi"], ["--temperature", "hot", "hi"]):
+        result = quill(quill_home, *args)
+        lines = result.stderr.decode().strip().splitlines()
+        assert result.returncode == 2, args
+        assert len(lines) == 1 and lines[0].startswith("quill: error: "), lines
+        assert "quill run --help" in lines[0]
