@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
+import os
 import random
 import statistics
 import subprocess
@@ -26,7 +26,7 @@ from pathlib import Path
 import llama_cpp
 
 from cli.engine import Engine, LoadOptions, SamplingParams
-from cli.hardware import physical_cores
+from cli.hardware import cpu_model, physical_cores
 from cli.registry import load_registry
 from cli.store import obtain, parse_model_name
 
@@ -169,7 +169,7 @@ def main() -> int:
         "llama_cpp_python": llama_cpp.__version__,
         "llama_cpp_build": build,
         "weight_repacking": repack,
-        "cpu": platform.processor() or platform.machine(),
+        "cpu": f"{cpu_model()}, {os.cpu_count()} CPUs",
         "rows": rows,
     }
     print(
