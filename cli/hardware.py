@@ -12,8 +12,9 @@ AMX_FLAGS = ("amx_tile", "amx_int8", "amx_bf16")
 
 
 def physical_cores() -> int:
-    # llama.cpp's own defaults count logical CPUs; on SMT machines and small VMs that
-    # oversubscribes the cores and decode slows down, so quill counts physical ones.
+    # llama-cpp-python's Llama decodes on half the logical CPUs (one thread on a 2-core VM, half
+    # the speed), llama.cpp's C default is a fixed 4; SMT siblings only contend for the same
+    # units, so quill uses one thread per physical core.
     return psutil.cpu_count(logical=False) or os.cpu_count() or 1
 
 
