@@ -25,9 +25,10 @@ from pathlib import Path
 
 import llama_cpp
 
-from cli.engine import Engine, LoadOptions, SamplingParams
+from cli.engine import Engine, LoadOptions
 from cli.hardware import cpu_model, physical_cores
 from cli.registry import load_registry
+from cli.sampling import SamplingParams
 from cli.store import obtain, parse_model_name
 
 HERE = Path(__file__).resolve().parent

@@ -14,6 +14,7 @@ except ImportError:  # pragma: no cover
 
 from cli import __version__
 from cli.errors import EXIT_INTERRUPTED, EXIT_USAGE, QuillError, UsageError
+from cli.sampling import SamplingParams
 
 app = typer.Typer(
     name="quill",
@@ -23,6 +24,8 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
+
+DEFAULT_SAMPLING = SamplingParams()  # the CLI shows the engine's own defaults
 
 EXIT_CODES_HELP = (
     "Exit codes: 0 success (finish stop or length), 2 usage, 3 model not found or not obtainable, "
@@ -92,17 +95,19 @@ def run(
     ] = 512,
     temperature: Annotated[
         float, typer.Option("--temperature", "--temp", min=0.0, help="0 means greedy.")
-    ] = 0.8,
-    top_k: Annotated[int, typer.Option("--top-k", min=0, help="0 turns it off.")] = 40,
+    ] = DEFAULT_SAMPLING.temperature,
+    top_k: Annotated[
+        int, typer.Option("--top-k", min=0, help="0 turns it off.")
+    ] = DEFAULT_SAMPLING.top_k,
     top_p: Annotated[
         float, typer.Option("--top-p", min=0.0, max=1.0, help="1 turns it off.")
-    ] = 0.95,
+    ] = DEFAULT_SAMPLING.top_p,
     min_p: Annotated[
         float, typer.Option("--min-p", min=0.0, max=1.0, help="0 turns it off.")
-    ] = 0.05,
+    ] = DEFAULT_SAMPLING.min_p,
     repeat_penalty: Annotated[
         float, typer.Option("--repeat-penalty", min=0.0, help="1 turns it off.")
-    ] = 1.0,
+    ] = DEFAULT_SAMPLING.repeat_penalty,
     seed: Annotated[
         int | None, typer.Option("--seed", min=0, help="Sampling seed. Default: random, reported.")
     ] = None,
@@ -158,13 +163,15 @@ def run(
                 system=system,
                 raw=raw,
                 max_tokens=max_tokens,
-                temperature=temperature,
-                top_k=top_k,
-                top_p=top_p,
-                min_p=min_p,
-                repeat_penalty=repeat_penalty,
-                seed=seed,
-                ignore_eos=ignore_eos,
+                sampling=SamplingParams(
+                    temperature=temperature,
+                    top_k=top_k,
+                    top_p=top_p,
+                    min_p=min_p,
+                    repeat_penalty=repeat_penalty,
+                    seed=seed,
+                    ignore_eos=ignore_eos,
+                ),
                 stop=tuple(stop or ()),
                 ctx=ctx,
                 threads=threads,

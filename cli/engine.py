@@ -20,6 +20,7 @@ import llama_cpp as llama
 from cli.errors import ModelLoadError
 from cli.hardware import cpu_has_amx, physical_cores
 from cli.llamalog import llama_log
+from cli.sampling import SamplingParams
 from cli.textstream import TextStream
 from quant.kv import kv_cache_bytes
 
@@ -39,20 +40,7 @@ class LoadOptions:
 
 
 DEFAULT_CTX = 4096
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """llama.cpp's defaults; temperature 0 means greedy."""
-
-    temperature: float = 0.8
-    top_k: int = 40
-    top_p: float = 0.95
-    min_p: float = 0.05
-    repeat_penalty: float = 1.0
-    repeat_last_n: int = 64
-    seed: int | None = None  # None: a random seed, reported so the run can be repeated
-    ignore_eos: bool = False  # never sample an end-of-generation token (benchmarks)
+DEFAULT_SAMPLING = SamplingParams()
 
 
 @dataclass(frozen=True)
@@ -246,7 +234,7 @@ class Engine:
         self,
         prompt_tokens: Sequence[int],
         max_tokens: int,
-        sampling: SamplingParams = SamplingParams(),
+        sampling: SamplingParams = DEFAULT_SAMPLING,
         stop: Sequence[str] = (),
     ) -> Iterator[StreamEvent]:
         if not prompt_tokens:

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from cli import render
-from cli.engine import ALL_LAYERS, Engine, LoadOptions, SamplingParams
+from cli.engine import ALL_LAYERS, Engine, LoadOptions
 from cli.errors import EXIT_INTERRUPTED, EXIT_OK, ContextOverflowError
 from cli.metrics import MetricsRecorder
 from cli.registry import load_registry
+from cli.sampling import SamplingParams
 from cli.store import obtain, parse_model_name
 
 GPU_BUILD_HINT = (
@@ -26,13 +27,7 @@ class RunRequest:
     system: str | None = None
     raw: bool = False
     max_tokens: int = 512
-    temperature: float = 0.8
-    top_k: int = 40
-    top_p: float = 0.95
-    min_p: float = 0.05
-    repeat_penalty: float = 1.0
-    seed: int | None = None
-    ignore_eos: bool = False
+    sampling: SamplingParams = field(default_factory=SamplingParams)
     stop: tuple[str, ...] = ()
     ctx: int | None = None
     threads: int | None = None
@@ -91,17 +86,8 @@ def run_once(request: RunRequest) -> int:
             raise ContextOverflowError(
                 len(tokens), request.max_tokens, engine.n_ctx, engine.trained_ctx
             )
-        sampling = SamplingParams(
-            temperature=request.temperature,
-            top_k=request.top_k,
-            top_p=request.top_p,
-            min_p=request.min_p,
-            repeat_penalty=request.repeat_penalty,
-            seed=request.seed,
-            ignore_eos=request.ignore_eos,
-        )
         try:
-            return _stream(engine, recorder, tokens, sampling, request, model_request.name, path)
+            return _stream(engine, recorder, tokens, request, model_request.name, path)
         except BrokenPipeError:
             # The reader went away (quill run ... | head): stop quietly, as cat and grep do.
             render.silence_stdout()
@@ -112,7 +98,6 @@ def _stream(
     engine: Engine,
     recorder: MetricsRecorder,
     tokens: list[int],
-    sampling: SamplingParams,
     request: RunRequest,
     model_name: str,
     path: Path,
@@ -120,7 +105,9 @@ def _stream(
     pieces: list[str] = []
     finish_override = None
     try:
-        for event in engine.stream_generate(tokens, request.max_tokens, sampling, request.stop):
+        for event in engine.stream_generate(
+            tokens, request.max_tokens, request.sampling, request.stop
+        ):
             pieces.append(event.text)
             if not request.json_output:
                 render.write_stdout(event.text)

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from cli import engine as engine_module
-from cli.engine import Engine, LoadOptions, SamplingParams
+from cli.engine import Engine, LoadOptions
 from cli.hardware import cpu_flags, cpu_has_amx, physical_cores
+from cli.sampling import SamplingParams
 
 SAPPHIRE_RAPIDS = "processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f amx_bf16 amx_tile amx_int8\n"
 EPYC = "processor\t: 0\nflags\t\t: fpu sse2 avx2 sha_ni vaes\n"
