@@ -13,7 +13,7 @@ except ImportError:  # pragma: no cover
     from click.exceptions import ClickException, NoArgsIsHelpError
 
 from cli import __version__
-from cli.errors import EXIT_INTERRUPTED, EXIT_USAGE, QuillError, UsageError
+from cli.errors import EXIT_INTERRUPTED, EXIT_USAGE, ModelNotFoundError, QuillError, UsageError
 from cli.sampling import SamplingParams
 
 app = typer.Typer(
@@ -190,6 +190,147 @@ def run(
         error_line("interrupted")
         raise typer.Exit(EXIT_INTERRUPTED) from None
     raise typer.Exit(code)
+
+
+@app.command(epilog=EXIT_CODES_HELP)
+def pull(
+    name: Annotated[
+        str, typer.Argument(help="Alias[:tag], OWNER/REPO[:QUANT] or hf://OWNER/REPO/FILE.gguf.")
+    ],
+    offline: Annotated[
+        bool, typer.Option("--offline", help="Only check the local cache; no network.")
+    ] = False,
+    verbose: Annotated[
+        bool, typer.Option("--verbose", "-v", help="Show the Hub client's log.")
+    ] = False,
+) -> None:
+    """Download a model into the local cache: resumable, checked against its sha256."""
+    from cli import render
+    from cli.progress import download_progress
+    from cli.registry import load_registry
+    from cli.store import local_path, obtain, parse_model_name
+    from cli.units import human_bytes
+
+    try:
+        request = parse_model_name(name, load_registry())
+        if request.path is not None:
+            raise UsageError(f"{name} is a local file already; `quill run -m {name}` runs it")
+        try:
+            path = local_path(request)
+            render.info_line(f"{request.label}: already on disk at {path}")
+        except ModelNotFoundError:
+            path = obtain(
+                request,
+                offline=offline,
+                report=render.info_line,
+                progress=download_progress(),
+                verbose=verbose,
+            )
+        render.info_line(f"{request.label}: {human_bytes(path.stat().st_size)}")
+    except QuillError as error:
+        _fail(error)
+    except KeyboardInterrupt:
+        from cli.render import error_line
+
+        error_line("interrupted; run the same command again to resume the download")
+        raise typer.Exit(EXIT_INTERRUPTED) from None
+
+
+@app.command(name="list")
+def list_models(
+    json_output: Annotated[bool, typer.Option("--json", help="One JSON array on stdout.")] = False,
+) -> None:
+    """List the models on disk: what quill fetched, and registry models other tools cached."""
+    import json
+
+    from cli import render
+    from cli.gguf_info import read_gguf
+    from cli.registry import load_registry
+    from cli.store import list_local
+
+    try:
+        models = list_local(load_registry())
+    except QuillError as error:
+        _fail(error)
+    quants = {}
+    for model in models:
+        try:
+            quants[str(model.path)] = read_gguf(model.path).file_type or "?"
+        except QuillError:
+            quants[str(model.path)] = "unreadable"
+    if json_output:
+        rows = [
+            {
+                "name": m.name,
+                "quant": quants[str(m.path)],
+                "size": m.size,
+                "source": m.source,
+                "owned": m.owned,
+                "path": str(m.path),
+            }
+            for m in models
+        ]
+        render.write_stdout(json.dumps(rows, indent=1) + "\n")
+    elif not models:
+        render.info_line("no models on disk yet: `quill pull smollm2-135m` gets the default one")
+    else:
+        render.models_table(models, quants)
+
+
+@app.command()
+def rm(
+    name: Annotated[str, typer.Argument(help="The model to delete, as `quill list` names it.")],
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask.")] = False,
+) -> None:
+    """Delete a model quill downloaded. Files quill did not fetch or make are never touched."""
+    from cli import render
+    from cli.registry import load_registry
+    from cli.store import local_path, owns, parse_model_name, remove
+    from cli.units import human_bytes
+
+    try:
+        request = parse_model_name(name, load_registry())
+        path = local_path(request)
+        if not owns(path):
+            remove(request)  # raises the refusal, with its reason
+        if not yes:
+            if not sys.stdin.isatty():
+                raise UsageError(f"not deleting {path} without confirmation: add -y")
+            size = human_bytes(path.stat().st_size)
+            if not typer.confirm(f"Delete {path} ({size})?", err=True):
+                raise typer.Exit(1)
+        removed = remove(request)
+        render.info_line(f"removed {removed.name}: {removed.path} ({human_bytes(removed.size)})")
+    except QuillError as error:
+        _fail(error)
+
+
+@app.command(epilog=EXIT_CODES_HELP)
+def inspect(
+    name: Annotated[
+        str,
+        typer.Argument(
+            help="A model on disk: alias[:tag], OWNER/REPO[:QUANT], hf://..., or a path."
+        ),
+    ],
+    json_output: Annotated[bool, typer.Option("--json", help="One JSON object on stdout.")] = False,
+) -> None:
+    """Show what a GGUF file holds (architecture, sizes, tensor types), without loading weights."""
+    import json
+
+    from cli import render
+    from cli.gguf_info import read_gguf
+    from cli.registry import load_registry
+    from cli.store import local_path, parse_model_name
+
+    try:
+        info = read_gguf(local_path(parse_model_name(name, load_registry())))
+    except QuillError as error:
+        _fail(error)
+    if json_output:
+        render.write_stdout(json.dumps(info.as_dict(), indent=1) + "\n")
+    else:
+        render.gguf_report(info)
 
 
 def _fail(error: QuillError) -> None:

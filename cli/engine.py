@@ -18,6 +18,7 @@ from pathlib import Path
 import llama_cpp as llama
 
 from cli.errors import ModelLoadError
+from cli.gguf_info import check_gguf_magic
 from cli.hardware import cpu_has_amx, physical_cores
 from cli.llamalog import llama_log
 from cli.sampling import SamplingParams
@@ -76,7 +77,7 @@ class Engine:
         log = llama_log()
         log.verbose = verbose
         log.drain()
-        _check_gguf_magic(path)
+        check_gguf_magic(path)
         llama.llama_backend_init()
         started = time.perf_counter()
 
@@ -378,19 +379,6 @@ def _sampler_chain(
     add(llama.llama_sampler_init_temp(sampling.temperature))
     add(llama.llama_sampler_init_dist(seed))
     return chain
-
-
-def _check_gguf_magic(path: Path) -> None:
-    try:
-        with path.open("rb") as handle:
-            magic = handle.read(4)
-    except OSError as error:
-        raise ModelLoadError(f"cannot read {path}: {error.strerror}") from error
-    if magic != b"GGUF":
-        raise ModelLoadError(
-            f"{path} is not a GGUF file (it starts with {magic!r}, not b'GGUF'): "
-            "quill runs llama.cpp's GGUF format; convert the model or pick a .gguf file"
-        )
 
 
 def _load_failure(path: Path, problems: list[str]) -> str:

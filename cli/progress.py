@@ -1,0 +1,60 @@
+"""Download progress on stderr: a rich bar on a terminal, a few plain lines otherwise.
+
+Both are tqdm classes, the interface huggingface-hub reports bytes through.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+import warnings
+from typing import Any
+
+from tqdm import TqdmExperimentalWarning, tqdm
+from tqdm.rich import tqdm_rich
+
+from cli.render import stderr_console
+from cli.units import human_bytes
+
+
+class RichDownloadBar(tqdm_rich):
+    """Bytes done and total, speed, time left."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("options", {"console": stderr_console})
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", TqdmExperimentalWarning)
+            super().__init__(*args, **kwargs)
+
+
+class PlainDownloadLines(tqdm):
+    """One line at each tenth of the file (and at least every 30 s), nothing animated."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._next_tenth = 1
+        self._last_line = time.monotonic()
+        kwargs["file"] = sys.stderr
+        super().__init__(*args, **kwargs)
+
+    def display(self, msg: str | None = None, pos: int | None = None) -> bool:
+        total = self.total or 0
+        done = total > 0 and self.n >= total
+        tenth = int(10 * self.n / total) if total else 0
+        stale = time.monotonic() - self._last_line > 30
+        if not (tenth >= self._next_tenth or stale or (done and self._next_tenth <= 10)):
+            return True
+        rate = self.format_dict.get("rate") or 0
+        percent = f"{100 * self.n / total:.0f}%, " if total else ""
+        line = f"{self.desc or 'download'}: {percent}{human_bytes(self.n)}"
+        if total:
+            line += f" of {human_bytes(total)}"
+        if rate:
+            line += f", {human_bytes(rate)}/s"
+        print(line, file=sys.stderr, flush=True)
+        self._next_tenth = 11 if done else tenth + 1
+        self._last_line = time.monotonic()
+        return True
+
+
+def download_progress() -> type[tqdm]:
+    return RichDownloadBar if sys.stderr.isatty() else PlainDownloadLines
