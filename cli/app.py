@@ -60,6 +60,10 @@ def parse_gpu_layers(value: str | None) -> int | None:
     raise UsageError(f"--gpu-layers takes a number of layers or 'all', not {value!r}")
 
 
+def stdin_is_terminal() -> bool:
+    return sys.stdin.isatty()
+
+
 def read_prompt(argument: str | None) -> str:
     """The argument, then stdin (when it is not a terminal) appended after a blank line."""
     parts = [argument] if argument else []
@@ -294,7 +298,7 @@ def rm(
         if not owns(path):
             remove(request)  # raises the refusal, with its reason
         if not yes:
-            if not sys.stdin.isatty():
+            if not stdin_is_terminal():
                 raise UsageError(f"not deleting {path} without confirmation: add -y")
             size = human_bytes(path.stat().st_size)
             if not typer.confirm(f"Delete {path} ({size})?", err=True):

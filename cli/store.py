@@ -283,17 +283,19 @@ def _hub_failure(error: Exception, where: str, file: str, revision: str | None) 
 
 
 def _hub_errors() -> tuple[type[Exception], ...]:
+    import httpx2
     from huggingface_hub import errors as hub_errors
 
-    return (hub_errors.HfHubHTTPError, hub_errors.LocalEntryNotFoundError, OSError, ValueError)
+    return (hub_errors.HfHubHTTPError, httpx2.HTTPError, OSError, ValueError)
 
 
 def _from_hub(
     source: HubSource, file: str, report: Report, progress: type | None, verbose: bool
 ) -> tuple[Path, str | None] | str:
-    """Download through huggingface-hub: (path, the Hub's sha256 if it gave one), or why not."""
-    from huggingface_hub import hf_hub_download
-    from huggingface_hub.utils import disable_progress_bars, logging
+    """Download into the Hugging Face cache: (path, the Hub's sha256 if it gave one), or why not."""
+    from huggingface_hub.utils import logging
+
+    from cli import hubdownload
 
     where = f"Hugging Face {source.repo}"
     unresolvable = _hub_unresolvable()
@@ -301,17 +303,13 @@ def _from_hub(
         return f"{where}: {unresolvable}"
     # Its retry warnings are noise next to quill's own summary unless asked for.
     logging.set_verbosity_info() if verbose else logging.set_verbosity_error()
-    if progress is None:
-        disable_progress_bars()
     try:
-        plan = hf_hub_download(source.repo, file, revision=source.revision, dry_run=True)
-        size = plan.file_size or 0
-        cache = Path(_hub_cache_dir())
-        _check_free_space(cache, size, f"{source.repo}/{file}")
-        report(f"downloading {file} ({human_bytes(size)}) from {where}")
-        path = Path(
-            hf_hub_download(source.repo, file, revision=source.revision, tqdm_class=progress)
-        )
+        remote = hubdownload.hub_file(source.repo, file, source.revision)
+        done = hubdownload.resumable_bytes(remote)
+        _check_free_space(Path(_hub_cache_dir()), remote.size - done, f"{source.repo}/{file}")
+        resuming = f", resuming at {human_bytes(done)}" if done else ""
+        report(f"downloading {file} ({human_bytes(remote.size)}{resuming}) from {where}")
+        path = hubdownload.download(remote, progress)
     except _hub_errors() as error:
         return _hub_failure(error, where, file, source.revision)
     return path, _lfs_sha256(path)

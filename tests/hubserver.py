@@ -1,12 +1,23 @@
-"""A local stand-in for the part of the Hugging Face Hub protocol that huggingface-hub uses to
-download one file: HEAD and GET on /{repo}/resolve/{revision}/{file}, with X-Repo-Commit, ETag,
-Content-Length and Range. It counts every request, so a test can prove that none was made."""
+"""A local stand-in for the part of the Hugging Face Hub protocol that huggingface-hub uses to list
+a repository and download a file, reached through HF_ENDPOINT by the real client.
+
+  GET  /api/models/{repo}/tree/{revision}      the repository's files (JSON)
+  HEAD /{repo}/resolve/{revision}/{file}       302 to the "CDN", with X-Repo-Commit, X-Linked-Etag
+  GET  /{repo}/resolve/{revision}/{file}         (the sha256 of the file) and X-Linked-Size, as the
+                                                 Hub answers for large (LFS) files
+  HEAD/GET /cdn/{repo}/{file}                  the bytes, with Content-Length and Range
+
+It counts every request and every byte sent, and can misbehave on purpose: send bytes slowly,
+drop the connection halfway once, or serve corrupted bytes under the right checksum.
+"""
 
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -15,75 +26,155 @@ from pathlib import Path
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 RESOLVE = re.compile(r"^/(?P<repo>[^/]+/[^/]+)/resolve/(?P<revision>[^/]+)/(?P<file>.+)$")
+CDN = re.compile(r"^/cdn/(?P<repo>[^/]+/[^/]+)/(?P<file>.+)$")
+TREE = re.compile(r"^/api/models/(?P<repo>[^/]+/[^/]+)/tree/(?P<revision>[^/?]+)")
+
+
+@dataclass
+class Transfer:
+    path: str
+    start: int  # first byte sent (from the Range header)
+    sent: int  # bytes actually written
 
 
 @dataclass
 class Hub:
     files: dict[tuple[str, str], Path]  # (repo, filename) -> file served
     gated: set[str] = field(default_factory=set)
+    cut_once: set[str] = field(default_factory=set)  # filenames whose first GET stops early
+    cut_at: float = 0.5  # the fraction of the file sent before the connection drops
+    corrupt: set[str] = field(default_factory=set)  # filenames served with one byte changed
+    seconds_per_mib: float = 0.0  # throttle
     requests: list[str] = field(default_factory=list)
+    transfers: list[Transfer] = field(default_factory=list)
     url: str = ""
+    cdn_url: str = ""  # another origin, as the Hub's CDN is: HEAD does not follow it
+
+    def sha256(self, path: Path) -> str:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 @contextmanager
 def serve_hub(hub: Hub) -> Iterator[Hub]:
     class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
         def log_message(self, *_args: object) -> None:
             pass
 
         def do_HEAD(self) -> None:
-            self._answer(body=False)
+            self._route(body=False)
 
         def do_GET(self) -> None:
-            self._answer(body=True)
+            self._route(body=True)
 
-        def _answer(self, body: bool) -> None:
+        def _route(self, body: bool) -> None:
             hub.requests.append(f"{self.command} {self.path}")
-            match = RESOLVE.match(self.path.split("?")[0])
-            if match is None:
-                return self._error(404, "RepoNotFound")
-            repo, name = match["repo"], match["file"]
+            path = self.path.split("?")[0]
+            if match := TREE.match(path):
+                return self._tree(match["repo"])
+            if match := RESOLVE.match(path):
+                return self._resolve(match["repo"], match["file"])
+            if match := CDN.match(path):
+                return self._bytes(match["repo"], match["file"], body)
+            return self._error(404, "RepoNotFound")
+
+        def _known(self, repo: str, name: str) -> Path | None:
             if repo in hub.gated:
-                return self._error(401, "GatedRepo", "Access to this repo is restricted.")
-            path = hub.files.get((repo, name))
-            if path is None:
+                self._error(401, "GatedRepo", "Access to this repo is restricted.")
+                return None
+            found = hub.files.get((repo, name))
+            if found is None:
                 known = any(r == repo for r, _ in hub.files)
-                return self._error(404, "EntryNotFound" if known else "RepoNotFound")
-            data = path.read_bytes()
+                self._error(404, "EntryNotFound" if known else "RepoNotFound")
+            return found
+
+        def _tree(self, repo: str) -> None:
+            entries = [
+                {"type": "file", "path": name, "size": p.stat().st_size, "oid": COMMIT}
+                for (r, name), p in hub.files.items()
+                if r == repo
+            ]
+            if not entries:
+                return self._error(404, "RepoNotFound")
+            self._send(200, json.dumps(entries).encode(), {"Content-Type": "application/json"})
+
+        def _resolve(self, repo: str, name: str) -> None:
+            path = self._known(repo, name)
+            if path is None:
+                return
+            headers = {
+                "Location": f"{hub.cdn_url}/cdn/{repo}/{name}",
+                "X-Repo-Commit": COMMIT,
+                "X-Linked-Etag": f'"{hub.sha256(path)}"',
+                "X-Linked-Size": str(path.stat().st_size),
+                "ETag": f'"{hub.sha256(path)}"',
+            }
+            self._send(302, b"", headers)
+
+        def _bytes(self, repo: str, name: str, body: bool) -> None:
+            path = self._known(repo, name)
+            if path is None:
+                return
+            data = bytearray(path.read_bytes())
+            if name in hub.corrupt:
+                data[len(data) // 2] ^= 0xFF
             start, end = 0, len(data) - 1
             ranged = self.headers.get("Range")
-            if ranged and body:
+            if ranged:
                 first, _, last = ranged.removeprefix("bytes=").partition("-")
                 start, end = int(first), int(last) if last else len(data) - 1
-            self.send_response(206 if ranged and body else 200)
-            self.send_header("X-Repo-Commit", COMMIT)
-            self.send_header("ETag", f'"{hashlib.sha256(data).hexdigest()}"')
+            self.send_response(206 if ranged else 200)
             self.send_header("Accept-Ranges", "bytes")
             self.send_header("Content-Length", str(end - start + 1))
-            if ranged and body:
+            if ranged:
                 self.send_header("Content-Range", f"bytes {start}-{end}/{len(data)}")
             self.end_headers()
-            if body:
-                self.wfile.write(data[start : end + 1])
+            if not body:
+                return
+            transfer = Transfer(name, start, 0)
+            hub.transfers.append(transfer)
+            stop = end + 1
+            if name in hub.cut_once and not ranged:
+                hub.cut_once.discard(name)
+                stop = start + int((end + 1 - start) * hub.cut_at)
+            chunk = 1 << 18
+            for offset in range(start, stop, chunk):
+                piece = bytes(data[offset : min(offset + chunk, stop)])
+                try:
+                    self.wfile.write(piece)
+                    self.wfile.flush()
+                except (BrokenPipeError, ConnectionResetError):
+                    return
+                transfer.sent += len(piece)
+                if hub.seconds_per_mib:
+                    time.sleep(hub.seconds_per_mib * len(piece) / 2**20)
+            if stop <= end:
+                self.close_connection = True  # the "dropped connection"
 
-        def _error(self, status: int, code: str, message: str = "") -> None:
-            payload = f'{{"error": "{message or code}"}}'.encode()
+        def _send(self, status: int, payload: bytes, headers: dict[str, str]) -> None:
             self.send_response(status)
-            self.send_header("X-Error-Code", code)
-            if message:
-                self.send_header("X-Error-Message", message)
-            self.send_header("Content-Type", "application/json")
+            for key, value in headers.items():
+                self.send_header(key, value)
             self.send_header("Content-Length", str(len(payload)))
             self.end_headers()
             if self.command != "HEAD":
                 self.wfile.write(payload)
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    hub.url = f"http://127.0.0.1:{server.server_address[1]}"
+        def _error(self, status: int, code: str, message: str = "") -> None:
+            headers = {"X-Error-Code": code, "Content-Type": "application/json"}
+            if message:
+                headers["X-Error-Message"] = message
+            self._send(status, json.dumps({"error": message or code}).encode(), headers)
+
+    servers = [ThreadingHTTPServer(("127.0.0.1", 0), Handler) for _ in range(2)]
+    for server in servers:
+        server.daemon_threads = True
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+    hub.url, hub.cdn_url = (f"http://127.0.0.1:{s.server_address[1]}" for s in servers)
     try:
         yield hub
     finally:
-        server.shutdown()
-        server.server_close()
+        for server in servers:
+            server.shutdown()
+            server.server_close()

@@ -100,7 +100,8 @@ def run_quill(hub: Hub, home: Path, *args: str, **env: str) -> subprocess.Comple
 def test_hub_download_through_the_real_client(hub, tmp_path, tiny_path):
     result = run_quill(hub, tmp_path, "-m", "hf://owner/tiny/tiny.gguf")
     assert result.returncode == 0, result.stderr
-    assert any(r.startswith("GET /owner/tiny/resolve/main/tiny.gguf") for r in hub.requests)
+    assert "HEAD /owner/tiny/resolve/main/tiny.gguf" in hub.requests
+    assert "GET /cdn/owner/tiny/tiny.gguf" in hub.requests
     cached = list((tmp_path / "hf").rglob("tiny.gguf"))
     assert cached and sha256_of(cached[0]) == sha256_of(tiny_path)
     # Once on disk, it runs offline without asking the Hub anything.
