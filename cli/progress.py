@@ -22,6 +22,7 @@ class RichDownloadBar(tqdm_rich):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("options", {"console": stderr_console})
+        kwargs["unit_divisor"] = 1024  # the same MiB as every other size quill prints
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", TqdmExperimentalWarning)
             super().__init__(*args, **kwargs)
