@@ -228,6 +228,7 @@ def pull(
                 offline=offline,
                 report=render.info_line,
                 progress=download_progress(),
+                terminal=sys.stderr.isatty(),
                 verbose=verbose,
             )
         render.info_line(f"{request.label}: {human_bytes(path.stat().st_size)}")

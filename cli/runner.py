@@ -62,6 +62,7 @@ def run_once(request: RunRequest) -> int:
         offline=request.offline,
         report=render.info_line,
         progress=download_progress(),
+        terminal=sys.stderr.isatty(),
         verbose=request.verbose,
     )
     options = LoadOptions(

