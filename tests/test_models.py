@@ -246,3 +246,25 @@ def test_unknown_names_list_what_exists():
         parse_model_name("gpt-9", registry)
     with pytest.raises(ModelNotFoundError, match=r"llama3\.2-1b:q4_k_m, llama3\.2-1b:q8_0"):
         parse_model_name("llama3.2-1b:q2", registry)
+
+
+def test_ctrl_c_during_pull_keeps_the_partial_file_and_says_how_to_resume(hub, tmp_path):
+    hub.seconds_per_mib = 0.1
+    environment = quill_env(tmp_path, HF_ENDPOINT=hub.url, HF_HOME=str(tmp_path / "hf"))
+    environment.pop("HF_HUB_OFFLINE")
+    process = subprocess.Popen(
+        [QUILL, "pull", "hf://owner/big/big.gguf"],
+        env=environment,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not (hub.transfers and hub.transfers[0].sent > 8 * 2**20):
+        time.sleep(0.05)
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 130
+    assert "run the same command again to resume" in stderr and "Traceback" not in stderr
+    partial = list(blob_dir(tmp_path, "owner/big").glob("*.incomplete"))
+    assert partial and partial[0].stat().st_size > 0
