@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -146,6 +147,12 @@ def run(
     offline: Annotated[
         bool, typer.Option("--offline", help="Use only models already on disk; no network.")
     ] = False,
+    timeline: Annotated[
+        bool,
+        typer.Option(
+            "--timeline", help="After the reply, each token's arrival time and a histogram of gaps."
+        ),
+    ] = False,
     json_output: Annotated[
         bool, typer.Option("--json", help="Print one JSON object (text and metrics) on stdout.")
     ] = False,
@@ -183,6 +190,7 @@ def run(
                 offline=offline,
                 json_output=json_output,
                 show_stats=not no_stats,
+                timeline=timeline,
                 verbose=verbose,
             )
         )
@@ -336,6 +344,119 @@ def inspect(
         render.write_stdout(json.dumps(info.as_dict(), indent=1) + "\n")
     else:
         render.gguf_report(info)
+
+
+def _numbers(value: str, flag: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(part) for part in value.split(","))
+    except ValueError:
+        raise UsageError(
+            f"{flag} takes comma-separated whole numbers, like 0,1024; got {value!r}"
+        ) from None
+
+
+@app.command(epilog=EXIT_CODES_HELP)
+def bench(
+    model: Annotated[str | None, typer.Argument(help="The model (default: smollm2-135m).")] = None,
+    prompt_tokens: Annotated[
+        str,
+        typer.Option(
+            "-p", "--prompt-tokens", help="Prompt lengths to prefill (ppP), e.g. 128,512."
+        ),
+    ] = "512",
+    gen_tokens: Annotated[
+        str, typer.Option("-n", "--gen-tokens", help="Lengths to decode (tgN), e.g. 128.")
+    ] = "128",
+    depth: Annotated[
+        str, typer.Option("-d", "--depth", help="Tokens already in the KV cache, e.g. 0,1024,4096.")
+    ] = "0",
+    kv_type: Annotated[
+        str, typer.Option("--kv-type", help="KV-cache types, e.g. f16,q8_0,q4_0.")
+    ] = "f16",
+    threads: Annotated[
+        str | None,
+        typer.Option("-t", "--threads", help="Thread counts, e.g. 1,2. Default: physical cores."),
+    ] = None,
+    batch: Annotated[
+        str, typer.Option("-b", "--batch", help="Batch sizes for prefill, e.g. 128,512.")
+    ] = "512",
+    repetitions: Annotated[
+        int, typer.Option("-r", "--repetitions", help="Measured rounds, after one warm-up round.")
+    ] = 5,
+    json_output: Annotated[bool, typer.Option("--json", help="Print JSON on stdout.")] = False,
+    csv_output: Annotated[bool, typer.Option("--csv", help="Print CSV on stdout.")] = False,
+    markdown_output: Annotated[
+        bool, typer.Option("--markdown", help="Print a Markdown table on stdout.")
+    ] = False,
+    plot: Annotated[
+        Path | None,
+        typer.Option("--plot", help="Also draw the results into this PNG (needs matplotlib)."),
+    ] = None,
+    offline: Annotated[
+        bool, typer.Option("--offline", help="Use only models already on disk.")
+    ] = False,
+) -> None:
+    """Measure prefill and decode speed over a grid of lengths, depths, KV types and threads."""
+    from cli import benchrender, render
+    from cli.bench import BenchGrid, run_bench
+    from cli.gguf_info import read_gguf
+    from cli.progress import download_progress
+    from cli.registry import load_registry
+    from cli.store import obtain, parse_model_name
+
+    try:
+        if sum((json_output, csv_output, markdown_output)) > 1:
+            raise UsageError("choose one of --json, --csv and --markdown")
+        grid = BenchGrid(
+            prompt_tokens=_numbers(prompt_tokens, "-p/--prompt-tokens")
+            if prompt_tokens != "0"
+            else (),
+            gen_tokens=_numbers(gen_tokens, "-n/--gen-tokens") if gen_tokens != "0" else (),
+            depths=_numbers(depth, "--depth"),
+            kv_types=tuple(kv_type.split(",")),
+            threads=_numbers(threads, "--threads") if threads else (),
+            batches=_numbers(batch, "--batch"),
+            repetitions=repetitions,
+        )
+        grid.check()
+        registry = load_registry()
+        request = parse_model_name(model or registry.default, registry)
+        path = obtain(
+            request,
+            offline=offline,
+            report=render.info_line,
+            progress=download_progress(),
+            terminal=sys.stderr.isatty(),
+        )
+        grid.check(read_gguf(path).context_length)
+        rows = []
+        for row in run_bench(path, grid):
+            rows.append(row)
+            render.info_line(
+                f"{row.test} @ depth {row.depth}, {row.kv_type}, {row.threads} threads, "
+                f"batch {row.batch}: {row.tokens_per_s:.1f} ± {row.tokens_per_s_sd:.1f} tok/s"
+            )
+    except QuillError as error:
+        _fail(error)
+    except KeyboardInterrupt:
+        render.error_line("interrupted")
+        raise typer.Exit(EXIT_INTERRUPTED) from None
+    if json_output:
+        render.write_stdout(benchrender.json_text(request.label, rows))
+    elif csv_output:
+        render.write_stdout(benchrender.csv_text(rows))
+    elif markdown_output:
+        render.write_stdout(benchrender.markdown(rows))
+    else:
+        benchrender.table(rows)
+        for line in benchrender.bars(rows):
+            render.stdout_console.print(line)
+    if plot is not None:
+        try:
+            benchrender.plot(rows, request.label, plot)
+        except QuillError as error:
+            _fail(error)
+        render.info_line(f"plot written to {plot}")
 
 
 def _fail(error: QuillError) -> None:

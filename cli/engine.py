@@ -17,7 +17,7 @@ from pathlib import Path
 
 import llama_cpp as llama
 
-from cli.errors import ModelLoadError
+from cli.errors import ModelLoadError, UsageError
 from cli.gguf_info import check_gguf_magic
 from cli.hardware import cpu_has_amx, physical_cores
 from cli.llamalog import llama_log
@@ -27,6 +27,7 @@ from quant.kv import kv_cache_bytes
 
 ALL_LAYERS = -1
 _LLAMA_ALL_LAYERS = 0x7FFFFFFF
+QUANTIZED_KV_TYPES = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1")
 GGML_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "bf16": 30}
 
 
@@ -92,6 +93,8 @@ class Engine:
             raise ModelLoadError(_load_failure(path, log.drain()))
 
         self._vocab = llama.llama_model_get_vocab(self._model)
+        self.kv_type_k, self.kv_type_v = options.kv_type_k, options.kv_type_v
+        self._refuse_impossible_kv_types()
         self.trained_ctx = llama.llama_model_n_ctx_train(self._model)
         n_ctx = options.n_ctx or min(DEFAULT_CTX, self.trained_ctx)
         self.threads = options.threads or physical_cores()
@@ -106,7 +109,7 @@ class Engine:
         context_params.type_k = GGML_TYPES[options.kv_type_k]
         context_params.type_v = GGML_TYPES[options.kv_type_v]
         # llama.cpp needs flash attention to store V quantized; otherwise let it decide.
-        quantized_v = options.kv_type_v not in ("f16", "f32", "bf16")
+        quantized_v = options.kv_type_v in QUANTIZED_KV_TYPES
         context_params.flash_attn_type = (
             llama.LLAMA_FLASH_ATTN_TYPE_ENABLED if quantized_v else llama.LLAMA_FLASH_ATTN_TYPE_AUTO
         )
@@ -123,9 +126,22 @@ class Engine:
         self.gpu_layers = (
             min(options.gpu_layers, self.n_layers) if options.gpu_layers >= 0 else self.n_layers
         )
-        self.kv_type_k, self.kv_type_v = options.kv_type_k, options.kv_type_v
         self._pieces: dict[int, bytes] = {}
         self._evaluated: list[int] = []  # tokens whose KV cells are in the cache, in order
+
+    def _refuse_impossible_kv_types(self) -> None:
+        """Quantized KV caches store blocks of 32 values per head: the head size must divide."""
+        for which, cache_type, head_dim in (
+            ("K", self.kv_type_k, self.head_dims[0]),
+            ("V", self.kv_type_v, self.head_dims[1]),
+        ):
+            if cache_type in QUANTIZED_KV_TYPES and head_dim % 32:
+                llama.llama_model_free(self._model)
+                self._model = None
+                raise UsageError(
+                    f"a {cache_type} {which} cache stores blocks of 32 values, but this model's "
+                    f"heads have {head_dim}: use --kv-type f16 for it"
+                )
 
     # --- what the model is ------------------------------------------------------------------
 
@@ -145,16 +161,30 @@ class Engine:
         return llama.llama_model_n_layer(self._model)
 
     @property
+    def weights_bytes(self) -> int:
+        """Bytes of all weight tensors: what one decode step reads at least once."""
+        return llama.llama_model_size(self._model)
+
+    @property
+    def kv_bytes_per_position(self) -> float:
+        return self.kv_cache_bytes / self.n_ctx
+
+    @property
     def architecture(self) -> str:
         return self.meta("general.architecture") or "unknown"
 
     @property
-    def kv_cache_bytes(self) -> int:
+    def head_dims(self) -> tuple[int, int]:
+        """(K, V) values per attention head."""
         arch = self.architecture
         n_head = int(self.meta(f"{arch}.attention.head_count") or 1)
         n_embd = int(self.meta(f"{arch}.embedding_length") or 0)
         head_dim_k = int(self.meta(f"{arch}.attention.key_length") or n_embd // n_head)
-        head_dim_v = int(self.meta(f"{arch}.attention.value_length") or head_dim_k)
+        return head_dim_k, int(self.meta(f"{arch}.attention.value_length") or head_dim_k)
+
+    @property
+    def kv_cache_bytes(self) -> int:
+        head_dim_k, head_dim_v = self.head_dims
         return kv_cache_bytes(
             self.n_layers,
             llama.llama_model_n_head_kv(self._model),

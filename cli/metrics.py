@@ -45,12 +45,21 @@ class MetricsRecorder:
     def __init__(self) -> None:
         self.started = time.perf_counter()
         self._token_times: list[float] = []
+        self._token_texts: list[str] = []
         self.last: StreamEvent | None = None
 
     def observe(self, event: StreamEvent) -> None:
         if event.token is not None:
             self._token_times.append(time.perf_counter())
+            self._token_texts.append(event.text)
         self.last = event
+
+    def arrivals(self) -> list[tuple[float, str]]:
+        """(milliseconds since the request started, text released) for every generated token."""
+        return [
+            ((at - self.started) * 1000, text)
+            for at, text in zip(self._token_times, self._token_texts, strict=True)
+        ]
 
     def summary(self, engine: Engine, finish_reason: str | None = None) -> RunMetrics:
         """The numbers so far; finish_reason overrides the stream's (e.g. "interrupted")."""

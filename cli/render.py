@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import sys
@@ -57,6 +58,32 @@ def print_stats(metrics: RunMetrics) -> None:
         line.append(f"{label} ", style="dim")
         line.append(value, style="bold" if label in ("TTFT", "decode", "finish") else "")
     stderr_console.print(line)
+
+
+def print_timeline(arrivals: list[tuple[float, str]], width: int = 40) -> None:
+    """When each token arrived, then how the gaps between tokens are spread."""
+    console = stderr_console
+    console.print(Text("token  arrived (ms)  gap (ms)  text", style="bold"))
+    previous = None
+    for index, (at, text) in enumerate(arrivals, start=1):
+        gap = "" if previous is None else f"{at - previous:8.1f}"
+        console.print(f"{index:5d}  {at:12.1f}  {gap:>8}  {json.dumps(text, ensure_ascii=False)}")
+        previous = at
+    gaps = [b[0] - a[0] for a, b in itertools.pairwise(arrivals)]
+    if len(gaps) < 2:
+        return
+    low, high = min(gaps), max(gaps)
+    bins = 10
+    step = (high - low) / bins or 1.0
+    counts = [0] * bins
+    for gap in gaps:
+        counts[min(int((gap - low) / step), bins - 1)] += 1
+    console.print(Text("gaps between tokens (ms)", style="bold"))
+    top = max(counts)
+    for number, count in enumerate(counts):
+        start = low + number * step
+        bar = "█" * round(count / top * width)
+        console.print(f"  {start:8.1f} – {start + step:8.1f}  {bar} {count}")
 
 
 def run_json(model: str, path: str, text: str, metrics: RunMetrics) -> str:

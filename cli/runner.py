@@ -36,6 +36,7 @@ class RunRequest:
     offline: bool = False
     json_output: bool = False
     show_stats: bool = True
+    timeline: bool = False
     verbose: bool = False
 
 
@@ -123,6 +124,8 @@ def _stream(
     else:
         if text and not text.endswith("\n") and sys.stdout.isatty():
             render.write_stdout("\n")
+        if request.timeline:
+            render.print_timeline(recorder.arrivals())
         if request.show_stats:
             render.print_stats(metrics)
     if request.verbose:

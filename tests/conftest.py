@@ -36,6 +36,13 @@ def tiny_path(tmp_path_factory: pytest.TempPathFactory, smollm2_path: Path) -> P
     return write_tiny_llama(tmp_path_factory.mktemp("tiny") / "tiny.gguf", smollm2_path)
 
 
+@pytest.fixture(scope="session")
+def tiny32_path(tmp_path_factory: pytest.TempPathFactory, smollm2_path: Path) -> Path:
+    """Heads of 32 values, so that quantized KV caches (blocks of 32) fit."""
+    folder = tmp_path_factory.mktemp("tiny32")
+    return write_tiny_llama(folder / "tiny32.gguf", smollm2_path, n_head=2, n_head_kv=1)
+
+
 @pytest.fixture(autouse=True)
 def _isolated_env(monkeypatch: pytest.MonkeyPatch, quill_home: Path) -> None:
     monkeypatch.setenv("QUILL_HOME", str(quill_home))
