@@ -1,14 +1,17 @@
-"""quill's prefill and decode tokens/s against llama.cpp's own llama-bench.
+"""quill bench against llama.cpp's own llama-bench, over the same grid.
 
 Same llama.cpp source (llama-bench is built from the sdist quill's llama-cpp-python came from, by
-build_llama_bench.sh), same model, same threads, same batch sizes, the same test shapes:
-  pp512: 512 random tokens prefilled into an empty cache
-  tg128: 128 tokens decoded one at a time from an empty cache
-quill runs through its engine, so its numbers include everything `quill run` does per token
-(sampling, detokenizing, stop-string handling); llama-bench's do not.
+build_llama_bench.sh), same model, threads, batch size, flash attention (auto), weight repacking,
+KV-cache type and depth, and the same test shapes:
+  ppP @ dD: P random tokens prefilled after D tokens already in the cache
+  tgN @ dD: N tokens decoded one by one after D tokens already in the cache
+quill is measured by cli.bench, exactly as `quill bench` measures it, so its numbers include
+everything `quill run` does per token (the sampler chain, detokenizing, stop strings); llama-bench's
+do not. The machine's speed drifts, so the two alternate: each round measures quill once and then
+runs `llama-bench -r 1`, and every round gives one paired ratio.
 
 Usage (inside quill's venv):
-  python benchmarks/bench_vs_llama_bench.py [--model PATH] [--threads N] [--repetitions 5]
+  python benchmarks/bench_vs_llama_bench.py [--model NAME] [-d 0,1024] [--kv-type f16,q8_0] [-r 6]
 """
 
 from __future__ import annotations
@@ -25,38 +28,18 @@ from pathlib import Path
 
 import llama_cpp
 
+from cli.bench import measure_generation, measure_prompt
 from cli.engine import Engine, LoadOptions
 from cli.hardware import cpu_model, physical_cores
 from cli.registry import load_registry
-from cli.sampling import SamplingParams
 from cli.store import obtain, parse_model_name
 
 HERE = Path(__file__).resolve().parent
-GREEDY_NO_EOS = SamplingParams(temperature=0.0, ignore_eos=True)
-
-
-def quill_pp(engine: Engine, n_prompt: int, rng: random.Random) -> float:
-    prompt = [rng.randrange(engine.n_vocab) for _ in range(n_prompt)]
-    return list(engine.stream_generate(prompt, 1, GREEDY_NO_EOS))[-1].prefill_tokens_per_s
-
-
-def quill_tg(engine: Engine, n_gen: int, rng: random.Random) -> float:
-    # One random prompt token, then n_gen decode steps: n_gen + 1 sampled tokens.
-    one = [rng.randrange(engine.n_vocab)]
-    final = list(engine.stream_generate(one, n_gen + 1, GREEDY_NO_EOS))[-1]
-    assert final.generation_tokens == n_gen + 1
-    return final.decode_tokens_per_s
 
 
 def llama_bench(
-    binary: Path,
-    model: Path,
-    threads: int,
-    n_prompt: int,
-    n_gen: int,
-    repetitions: int,
-    repack: bool,
-) -> dict[str, dict[str, float]]:
+    binary: Path, model: Path, threads: int, p: int, n: int, depth: int, kv: str, repack: bool
+) -> dict[str, dict[str, object]]:
     command = [
         str(binary),
         "-m",
@@ -64,11 +47,17 @@ def llama_bench(
         "-t",
         str(threads),
         "-p",
-        str(n_prompt),
+        str(p),
         "-n",
-        str(n_gen),
+        str(n),
+        "-d",
+        str(depth),
+        "-ctk",
+        kv,
+        "-ctv",
+        kv,
         "-r",
-        str(repetitions),
+        "1",
         "-b",
         "512",
         "-ub",
@@ -83,32 +72,41 @@ def llama_bench(
         "json",
     ]
     result = subprocess.run(command, capture_output=True, text=True, check=True)
-    rows = json.loads(result.stdout)
-    out = {}
-    for row in rows:
-        key = "pp" if row["n_prompt"] else "tg"
-        out[key] = {"mean": row["avg_ts"], "sd": row["stddev_ts"], "build": row["build_commit"]}
-    return out
+    return {
+        ("pp" if row["n_prompt"] else "tg"): {"rate": row["avg_ts"], "build": row["build_commit"]}
+        for row in json.loads(result.stdout)
+    }
 
 
-def quartiles(values: list[float]) -> tuple[float, float]:
-    if len(values) < 2:
-        return values[0], values[0]
-    cuts = statistics.quantiles(values, n=4, method="inclusive")
-    return cuts[0], cuts[2]
-
-
-def mean_sd(values: list[float]) -> tuple[float, float]:
-    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
+def summary(quill: list[float], reference: list[float]) -> dict[str, object]:
+    paired = [q / r for q, r in zip(quill, reference, strict=True)]
+    quartiles = (
+        statistics.quantiles(paired, n=4, method="inclusive")
+        if len(paired) > 1
+        else [paired[0]] * 3
+    )
+    return {
+        "quill": statistics.fmean(quill),
+        "quill_sd": statistics.stdev(quill) if len(quill) > 1 else 0.0,
+        "llama_bench": statistics.fmean(reference),
+        "llama_bench_sd": statistics.stdev(reference) if len(reference) > 1 else 0.0,
+        "ratio_of_means": statistics.fmean(quill) / statistics.fmean(reference),
+        "ratio_median_paired": statistics.median(paired),
+        "ratio_paired_iqr": (quartiles[0], quartiles[2]),
+        "quill_samples": quill,
+        "llama_bench_samples": reference,
+    }
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", help="GGUF path or quill model name (default: smollm2-135m)")
+    parser.add_argument("--model", help="quill model name or GGUF path (default: smollm2-135m)")
     parser.add_argument("--threads", type=int, default=physical_cores())
-    parser.add_argument("--repetitions", "-r", type=int, default=15)
-    parser.add_argument("--prompt-tokens", "-p", type=int, default=512)
-    parser.add_argument("--gen-tokens", "-n", type=int, default=128)
+    parser.add_argument("-r", "--rounds", type=int, default=6)
+    parser.add_argument("-p", "--prompt-tokens", type=int, default=512)
+    parser.add_argument("-n", "--gen-tokens", type=int, default=128)
+    parser.add_argument("-d", "--depth", default="0,1024")
+    parser.add_argument("--kv-type", default="f16,q8_0")
     parser.add_argument("--llama-bench", type=Path, help="path to llama-bench (default: build it)")
     args = parser.parse_args()
 
@@ -121,76 +119,78 @@ def main() -> int:
         .stdout.strip()
         .splitlines()[-1]
     )
-    # The machine's speed drifts (other tenants, clocks), so the two run in alternation, one
-    # round each at a time, and each round's ratio compares neighbours in time. Each test gets
-    # the context size llama-bench gives it (prompt + generated tokens).
-    quill: dict[str, list[float]] = {"pp": [], "tg": []}
-    reference: dict[str, list[float]] = {"pp": [], "tg": []}
-    rng = random.Random(0)
+    depths = [int(d) for d in args.depth.split(",")]
     p, n, threads = args.prompt_tokens, args.gen_tokens, args.threads
-    with (
-        Engine(model, LoadOptions(n_ctx=p, threads=threads)) as pp_engine,
-        Engine(model, LoadOptions(n_ctx=n + 1, threads=threads)) as tg_engine,
-    ):
-        repack = pp_engine.repack
-        quill_pp(pp_engine, p, rng), quill_tg(tg_engine, n, rng)  # warm-up, dropped
-        for _ in range(args.repetitions):
-            quill["pp"].append(quill_pp(pp_engine, p, rng))
-            quill["tg"].append(quill_tg(tg_engine, n, rng))
-            ref = llama_bench(binary, model, threads, p, n, 1, repack)
-            for key in reference:
-                reference[key].append(ref[key]["mean"])
-                build = ref[key]["build"]
-
-    pp_name, tg_name = f"pp{args.prompt_tokens}", f"tg{args.gen_tokens}"
-    rows = []
-    for key, name in (("pp", pp_name), ("tg", tg_name)):
-        mean, sd = mean_sd(quill[key])
-        ref_mean, ref_sd = mean_sd(reference[key])
-        paired = [q / r for q, r in zip(quill[key], reference[key], strict=True)]
-        rows.append(
-            {
-                "test": name,
-                "quill": mean,
-                "quill_sd": sd,
-                "llama_bench": ref_mean,
-                "llama_bench_sd": ref_sd,
-                "ratio_of_means": mean / ref_mean,
-                "ratio_median_paired": statistics.median(paired),
-                "ratio_paired_iqr": quartiles(paired),
-                "quill_samples": quill[key],
-                "llama_bench_samples": reference[key],
-            }
+    rng = random.Random(0)
+    results = []
+    build = "?"
+    for kv in args.kv_type.split(","):
+        options = LoadOptions(
+            n_ctx=max(depths) + p + n + 2, threads=threads, kv_type_k=kv, kv_type_v=kv
         )
+        with Engine(model, options) as engine:
+            repack = engine.repack
+            for depth in depths:
+                context = [rng.randrange(engine.n_vocab) for _ in range(depth)]
+                measure_prompt(engine, context, p, 1, rng)  # warm-up, dropped
+                quill = {"pp": [], "tg": []}
+                reference = {"pp": [], "tg": []}
+                for _ in range(args.rounds):
+                    quill["pp"] += measure_prompt(engine, context, p, 1, rng, warmup=False).samples
+                    quill["tg"] += measure_generation(
+                        engine, context, n, 1, rng, warmup=False
+                    ).samples
+                    ref = llama_bench(binary, model, threads, p, n, depth, kv, repack)
+                    for key in reference:
+                        reference[key].append(ref[key]["rate"])
+                    build = ref["pp"]["build"]
+                for key, test in (("pp", f"pp{p}"), ("tg", f"tg{n}")):
+                    row = {
+                        "test": test,
+                        "depth": depth,
+                        "kv_type": kv,
+                        **summary(quill[key], reference[key]),
+                    }
+                    results.append(row)
+                    print(
+                        f"{test} @ d{depth} {kv}: quill {row['quill']:.1f}, llama-bench "
+                        f"{row['llama_bench']:.1f}, ratio {row['ratio_of_means']:.3f}",
+                        file=sys.stderr,
+                    )
+
     record = {
         "date": time.strftime("%Y-%m-%d"),
         "model": model.name,
-        "threads": args.threads,
-        "repetitions": args.repetitions,
+        "threads": threads,
+        "rounds": args.rounds,
         "llama_cpp_python": llama_cpp.__version__,
         "llama_cpp_build": build,
         "weight_repacking": repack,
         "cpu": f"{cpu_model()}, {os.cpu_count()} CPUs",
-        "rows": rows,
+        "rows": results,
     }
     print(
-        f"model {model.name}, threads {args.threads}, {args.repetitions} repetitions, "
-        f"llama-cpp-python {llama_cpp.__version__} (llama.cpp {record['llama_cpp_build']})"
+        f"model {model.name}, threads {threads}, {args.rounds} interleaved rounds, "
+        f"llama-cpp-python {llama_cpp.__version__} (llama.cpp {build})"
     )
     print(
-        "| test | quill tok/s | llama-bench tok/s | ratio of means | paired ratio: median (IQR) |"
+        "| test | depth | KV | quill tok/s | llama-bench tok/s | ratio of means "
+        "| paired ratio: median (IQR) |"
     )
-    print("|---|---|---|---|---|")
-    for row in rows:
+    print("|---|---|---|---|---|---|---|")
+    for row in results:
+        low, high = row["ratio_paired_iqr"]
         print(
-            f"| {row['test']} | {row['quill']:.1f} ± {row['quill_sd']:.1f} | "
-            f"{row['llama_bench']:.1f} ± {row['llama_bench_sd']:.1f} | "
+            f"| {row['test']} | {row['depth']} | {row['kv_type']} | {row['quill']:.1f} ± "
+            f"{row['quill_sd']:.1f} | {row['llama_bench']:.1f} ± {row['llama_bench_sd']:.1f} | "
             f"{row['ratio_of_means']:.3f} | {row['ratio_median_paired']:.3f} "
-            f"({row['ratio_paired_iqr'][0]:.3f}-{row['ratio_paired_iqr'][1]:.3f}) |"
+            f"({low:.3f}-{high:.3f}) |"
         )
-    results = HERE / "results"
-    results.mkdir(exist_ok=True)
-    (results / f"vs-llama-bench-{record['date']}.json").write_text(json.dumps(record, indent=2))
+    results_dir = HERE / "results"
+    results_dir.mkdir(exist_ok=True)
+    (results_dir / f"grid-vs-llama-bench-{record['date']}.json").write_text(
+        json.dumps(record, indent=2)
+    )
     return 0
 
 

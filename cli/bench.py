@@ -116,9 +116,9 @@ def run_bench(
             for depth in grid.depths:
                 context = [rng.randrange(engine.n_vocab) for _ in range(depth)]
                 for p in grid.prompt_tokens:
-                    yield _prompt_row(engine, context, p, grid.repetitions, rng, kv_type, batch)
+                    yield measure_prompt(engine, context, p, grid.repetitions, rng)
                 for n in grid.gen_tokens:
-                    yield _gen_row(engine, context, n, grid.repetitions, rng, kv_type, batch)
+                    yield measure_generation(engine, context, n, grid.repetitions, rng)
 
 
 def _fill(engine: Engine, context: list[int]) -> None:
@@ -127,19 +127,25 @@ def _fill(engine: Engine, context: list[int]) -> None:
             pass
 
 
-def _prompt_row(
-    engine: Engine, context: list[int], p: int, reps: int, rng: random.Random, kv: str, batch: int
+def measure_prompt(
+    engine: Engine,
+    context: list[int],
+    p: int,
+    reps: int,
+    rng: random.Random,
+    warmup: bool = True,
 ) -> BenchRow:
+    """ppP at depth len(context): prefill speed and time to the first token."""
     rates: list[float] = []
     ttfts: list[float] = []
-    for rep in range(reps + 1):  # the first round warms up and is dropped
+    for rep in range(reps + warmup):  # a warm-up round is dropped
         _fill(engine, context)
         prompt = context + [rng.randrange(engine.n_vocab) for _ in range(p)]
         started = time.perf_counter()
         first = next(iter(engine.stream_generate(prompt, 1, GREEDY_NO_EOS)))
         waited = time.perf_counter() - started
         assert first.cached_prompt_tokens >= len(context) - 1
-        if rep:
+        if rep or not warmup:
             rates.append(first.prefill_tokens_per_s)
             ttfts.append(waited * 1000)
     rate, rate_sd = mean_sd(rates)
@@ -147,9 +153,9 @@ def _prompt_row(
     return BenchRow(
         f"pp{p}",
         len(context),
-        kv,
+        engine.kv_type_k,
         engine.threads,
-        batch,
+        engine.n_batch,
         rate,
         rate_sd,
         ttft,
@@ -158,16 +164,22 @@ def _prompt_row(
     )
 
 
-def _gen_row(
-    engine: Engine, context: list[int], n: int, reps: int, rng: random.Random, kv: str, batch: int
+def measure_generation(
+    engine: Engine,
+    context: list[int],
+    n: int,
+    reps: int,
+    rng: random.Random,
+    warmup: bool = True,
 ) -> BenchRow:
+    """tgN at depth len(context): decode speed, bytes read per token, implied bandwidth."""
     rates: list[float] = []
-    for rep in range(reps + 1):
+    for rep in range(reps + warmup):
         _fill(engine, context)
         prompt = [*context, rng.randrange(engine.n_vocab)]
         last = list(engine.stream_generate(prompt, n + 1, GREEDY_NO_EOS))[-1]
         assert last.generation_tokens == n + 1
-        if rep:
+        if rep or not warmup:
             rates.append(last.decode_tokens_per_s)
     rate, rate_sd = mean_sd(rates)
     # Each decode step reads every weight once and the KV cache of every position before it.
@@ -176,9 +188,9 @@ def _gen_row(
     return BenchRow(
         f"tg{n}",
         len(context),
-        kv,
+        engine.kv_type_k,
         engine.threads,
-        batch,
+        engine.n_batch,
         rate,
         rate_sd,
         bytes_per_token=bytes_per_token,
