@@ -61,6 +61,20 @@ def parse_gpu_layers(value: str | None) -> int | None:
     raise UsageError(f"--gpu-layers takes a number of layers or 'all', not {value!r}")
 
 
+KV_TYPE_HELP = "KV-cache type for K and V: f16, q8_0 or q4_0 (also bf16, f32, q4_1, q5_0, q5_1)."
+
+
+def kv_types(kv_type: str, kv_k: str | None, kv_v: str | None) -> tuple[str, str]:
+    from quant.kv import check_kv_types
+
+    type_k, type_v = kv_k or kv_type, kv_v or kv_type
+    try:
+        check_kv_types(type_k, type_v)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+    return type_k, type_v
+
+
 def stdin_is_terminal() -> bool:
     return sys.stdin.isatty()
 
@@ -144,6 +158,17 @@ def run(
             help="Layers to offload, a number or 'all'. Default: all on a GPU build, else 0.",
         ),
     ] = None,
+    kv_type: Annotated[str, typer.Option("--kv-type", help=KV_TYPE_HELP)] = "f16",
+    kv_k: Annotated[
+        str | None, typer.Option("--kv-k", help="K cache type (overrides --kv-type).")
+    ] = None,
+    kv_v: Annotated[
+        str | None,
+        typer.Option(
+            "--kv-v",
+            help="V cache type (overrides --kv-type); quantized V turns on flash attention.",
+        ),
+    ] = None,
     offline: Annotated[
         bool, typer.Option("--offline", help="Use only models already on disk; no network.")
     ] = False,
@@ -187,6 +212,7 @@ def run(
                 ctx=ctx,
                 threads=threads,
                 gpu_layers=parse_gpu_layers(gpu_layers),
+                kv_types=kv_types(kv_type, kv_k, kv_v),
                 offline=offline,
                 json_output=json_output,
                 show_stats=not no_stats,
@@ -326,24 +352,50 @@ def inspect(
             help="A model on disk: alias[:tag], OWNER/REPO[:QUANT], hf://..., or a path."
         ),
     ],
+    ctx: Annotated[
+        int | None,
+        typer.Option("--ctx", min=1, help="Plan memory for this context (default 4096)."),
+    ] = None,
+    kv_type: Annotated[str, typer.Option("--kv-type", help=KV_TYPE_HELP)] = "f16",
+    kv_k: Annotated[str | None, typer.Option("--kv-k", help="K cache type.")] = None,
+    kv_v: Annotated[str | None, typer.Option("--kv-v", help="V cache type.")] = None,
+    mem: Annotated[
+        str | None,
+        typer.Option("--mem", help="A memory budget, e.g. 4GiB: the largest context that fits."),
+    ] = None,
     json_output: Annotated[bool, typer.Option("--json", help="One JSON object on stdout.")] = False,
 ) -> None:
-    """Show what a GGUF file holds (architecture, sizes, tensor types), without loading weights."""
+    """Show what a GGUF file holds and the memory it needs at a context, without loading weights."""
     import json
 
     from cli import render
     from cli.gguf_info import read_gguf
     from cli.registry import load_registry
     from cli.store import local_path, parse_model_name
+    from quant.memory import ModelShape, largest_context, parse_size, plan
 
     try:
-        info = read_gguf(local_path(parse_model_name(name, load_registry())))
+        path = local_path(parse_model_name(name, load_registry()))
+        info = read_gguf(path)
+        type_k, type_v = kv_types(kv_type, kv_k, kv_v)
+        try:
+            budget = parse_size(mem) if mem is not None else None
+        except ValueError as error:
+            raise UsageError(f"--mem: {error}") from None
     except QuillError as error:
         _fail(error)
+    shape = ModelShape.from_gguf(path)
+    n_ctx = ctx or min(4096, shape.trained_ctx or 4096)
+    memory = plan(shape, n_ctx, type_k, type_v)
+    largest = largest_context(shape, budget, type_k, type_v) if budget is not None else None
     if json_output:
-        render.write_stdout(json.dumps(info.as_dict(), indent=1) + "\n")
+        data = {**info.as_dict(), "memory": memory.as_dict()}
+        if budget is not None:
+            data["memory_budget"] = {"bytes": budget, "largest_context": largest}
+        render.write_stdout(json.dumps(data, indent=1) + "\n")
     else:
         render.gguf_report(info)
+        render.memory_report(memory, budget, largest)
 
 
 def _numbers(value: str, flag: str) -> tuple[int, ...]:

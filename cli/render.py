@@ -171,3 +171,42 @@ def gguf_report(info: Any) -> None:
         tensors.add_row(kind.type, str(kind.tensors), human_bytes(kind.bytes))
     stdout_console.print()
     stdout_console.print(tensors)
+
+
+def memory_line(memory: Any) -> str:
+    kv = f"{memory.type_k}/{memory.type_v}" if memory.type_k != memory.type_v else memory.type_k
+    return (
+        f"memory plan at {memory.n_ctx} cells: weights {human_bytes(memory.weights_bytes)}, "
+        f"KV {kv} {human_bytes(memory.kv_bytes)}, compute {human_bytes(memory.compute_bytes)}, "
+        f"output {human_bytes(memory.output_bytes)}, total {human_bytes(memory.total_bytes)}"
+    )
+
+
+def memory_report(memory: Any, budget: int | None, largest: int | None) -> None:
+    from rich.table import Table
+
+    kv = f"{memory.type_k}/{memory.type_v}" if memory.type_k != memory.type_v else memory.type_k
+    table = Table(box=None, show_header=False, pad_edge=False)
+    table.add_column(style="dim", no_wrap=True)
+    table.add_column(justify="right")
+    table.add_column(style="dim")
+    table.add_row("weights", human_bytes(memory.weights_bytes), "")
+    note = f"{memory.n_ctx} cells"
+    if memory.kv_bytes_windowed != memory.kv_bytes:
+        windowed = human_bytes(memory.kv_bytes_windowed)
+        note += f"; {windowed} if sliding-window layers kept only their window"
+    table.add_row(f"KV cache ({kv})", human_bytes(memory.kv_bytes), note)
+    table.add_row(
+        "compute buffer", human_bytes(memory.compute_bytes), "one batch of logits, mostly"
+    )
+    table.add_row("output buffer", human_bytes(memory.output_bytes), "")
+    table.add_row("total", human_bytes(memory.total_bytes), "")
+    stdout_console.print()
+    stdout_console.print(Text(f"memory at a context of {memory.n_ctx} tokens", style="bold"))
+    stdout_console.print(table)
+    if budget is not None:
+        if largest:
+            line = f"largest context that fits {human_bytes(budget)}: {largest} tokens"
+        else:
+            line = f"the model does not fit {human_bytes(budget)} even with 256 tokens of context"
+        stdout_console.print(line)

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cli import render
-from cli.engine import ALL_LAYERS, Engine, LoadOptions
+from cli.engine import ALL_LAYERS, DEFAULT_CTX, Engine, LoadOptions
 from cli.errors import EXIT_INTERRUPTED, EXIT_OK, ContextOverflowError
 from cli.metrics import MetricsRecorder
 from cli.progress import download_progress
@@ -33,6 +33,7 @@ class RunRequest:
     ctx: int | None = None
     threads: int | None = None
     gpu_layers: int | None = None  # None: all on a GPU build, else 0
+    kv_types: tuple[str, str] = ("f16", "f16")  # K, V
     offline: bool = False
     json_output: bool = False
     show_stats: bool = True
@@ -70,7 +71,15 @@ def run_once(request: RunRequest) -> int:
         n_ctx=request.ctx,
         threads=request.threads,
         gpu_layers=resolve_gpu_layers(request.gpu_layers),
+        kv_type_k=request.kv_types[0],
+        kv_type_v=request.kv_types[1],
     )
+    if request.verbose:
+        from quant.memory import ModelShape, plan
+
+        shape = ModelShape.from_gguf(path)
+        n_ctx = request.ctx or min(DEFAULT_CTX, shape.trained_ctx or DEFAULT_CTX)
+        render.info_line(render.memory_line(plan(shape, n_ctx, *request.kv_types)))
     with Engine(path, options, verbose=request.verbose) as engine:
         recorder = MetricsRecorder()  # the request starts here: TTFT includes templating
         prompt_text = request.prompt

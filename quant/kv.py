@@ -52,3 +52,11 @@ def kv_cache_bytes(
     per_v = kv_bytes_per_element(type_v or type_k)
     total = sum(h * n_ctx * (head_dim_k * per_k + head_dim_v * per_v) for h in heads)
     return int(total)
+
+
+def check_kv_types(type_k: str, type_v: str) -> None:
+    """Refuse cache types llama.cpp cannot store, before anything is loaded."""
+    for which, cache_type in (("K", type_k), ("V", type_v)):
+        if cache_type not in KV_CACHE_TYPES:
+            known = ", ".join(KV_CACHE_TYPES)
+            raise ValueError(f"unknown {which} cache type {cache_type!r}; llama.cpp takes {known}")

@@ -1,0 +1,197 @@
+"""How much memory a model needs at a given context: weights, KV cache, compute buffers.
+
+The arithmetic follows what llama.cpp (the version quill ships with) allocates on the CPU:
+- the context is rounded up to a multiple of 256 cells;
+- KV cache: for each layer, KV heads x (K head dim x bytes per K element + V head dim x bytes per V
+  element) x cells. quill keeps the full context for sliding-window layers as well (llama.cpp's
+  swa_full, its C default, which lets the prefix cache reuse a conversation); what a cache limited
+  to the window would take is reported beside it;
+- compute buffer, with flash attention (as quill runs on the CPU): n_ubatch x 4 bytes x
+  (vocabulary + 2 x embedding length), dominated by the logits of one batch; output buffer:
+  vocabulary x 4 bytes. These match llama.cpp's own report for SmolLM2 and Gemma 3 with an f16
+  cache; with a quantized cache llama.cpp's graph allocator takes 1-5% more (measured on
+  SmolLM2 at 768 and 4096 cells), and GPU backends and other architectures allocate
+  differently: the compute figure is an estimate. The KV figure is exact.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from quant.kv import kv_bytes_per_element
+
+CELL_PADDING = 256
+# Sliding-window layer patterns llama.cpp applies when the GGUF does not list them:
+# (period, dense_first). With dense_first False, the last layer of each period is full attention.
+SWA_PATTERNS: dict[str, tuple[int, bool]] = {
+    "gemma2": (2, False),
+    "gemma3": (6, False),
+    "gemma3n": (5, False),
+    "cohere2": (4, False),
+    "llama4": (4, False),
+    "gpt-oss": (2, False),
+}
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What the plan needs to know about a model, read from its GGUF header."""
+
+    architecture: str
+    n_layers: int
+    kv_heads: tuple[int, ...]  # per layer
+    head_dim_k: int
+    head_dim_v: int
+    n_embd: int
+    n_vocab: int
+    trained_ctx: int
+    weights_bytes: int
+    sliding_window: int = 0
+    swa_layers: tuple[bool, ...] = ()
+
+    @classmethod
+    def from_gguf(cls, path: Path) -> ModelShape:
+        from gguf import GGUFReader
+
+        reader = GGUFReader(path)
+
+        def value(key: str, default: Any = None) -> Any:
+            found = reader.fields.get(key)
+            return default if found is None else found.contents()
+
+        arch = value("general.architecture", "unknown")
+        n_layers = int(value(f"{arch}.block_count", 0))
+        n_embd = int(value(f"{arch}.embedding_length", 0))
+        heads = value(f"{arch}.attention.head_count", 1)
+        heads = heads if isinstance(heads, int) else max(heads)
+        kv = value(f"{arch}.attention.head_count_kv", heads)
+        kv_heads = tuple(kv) if isinstance(kv, list) else (int(kv),) * n_layers
+        head_dim_k = int(value(f"{arch}.attention.key_length", n_embd // max(heads, 1)))
+        window = int(value(f"{arch}.attention.sliding_window", 0) or 0)
+        pattern = value(f"{arch}.attention.sliding_window_pattern")
+        if window and isinstance(pattern, list):
+            swa = tuple(bool(x) for x in pattern[:n_layers])
+        elif window and arch in SWA_PATTERNS:
+            period, dense_first = SWA_PATTERNS[arch]
+            swa = tuple(
+                (i % period != 0) if dense_first else (i % period < period - 1)
+                for i in range(n_layers)
+            )
+        else:
+            # An unknown sliding-window architecture: counted as full attention everywhere.
+            swa = (False,) * n_layers
+        tokens = value("tokenizer.ggml.tokens", [])
+        return cls(
+            architecture=arch,
+            n_layers=n_layers,
+            kv_heads=kv_heads,
+            head_dim_k=head_dim_k,
+            head_dim_v=int(value(f"{arch}.attention.value_length", head_dim_k)),
+            n_embd=n_embd,
+            n_vocab=len(tokens),
+            trained_ctx=int(value(f"{arch}.context_length", 0)),
+            weights_bytes=sum(int(t.n_bytes) for t in reader.tensors),
+            sliding_window=window,
+            swa_layers=swa,
+        )
+
+    def kv_bytes_per_cell(self, type_k: str, type_v: str, layers: list[int] | None = None) -> float:
+        per_k, per_v = kv_bytes_per_element(type_k), kv_bytes_per_element(type_v)
+        chosen = range(self.n_layers) if layers is None else layers
+        return float(
+            sum(
+                self.kv_heads[i] * (self.head_dim_k * per_k + self.head_dim_v * per_v)
+                for i in chosen
+            )
+        )
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    n_ctx: int  # cells, after llama.cpp's rounding
+    type_k: str
+    type_v: str
+    weights_bytes: int
+    kv_bytes: int
+    kv_bytes_windowed: int  # what the KV cache would take with sliding-window layers windowed
+    compute_bytes: int
+    output_bytes: int
+
+    @property
+    def total_bytes(self) -> int:
+        return self.weights_bytes + self.kv_bytes + self.compute_bytes + self.output_bytes
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "total_bytes": self.total_bytes}
+
+
+def padded(n_ctx: int) -> int:
+    return -(-n_ctx // CELL_PADDING) * CELL_PADDING
+
+
+def plan(
+    shape: ModelShape,
+    n_ctx: int,
+    type_k: str = "f16",
+    type_v: str | None = None,
+    n_ubatch: int = 512,
+) -> MemoryPlan:
+    type_v = type_v or type_k
+    cells = padded(n_ctx)
+    n_ubatch = min(n_ubatch, cells)
+    kv = shape.kv_bytes_per_cell(type_k, type_v) * cells
+    swa = [i for i, is_swa in enumerate(shape.swa_layers) if is_swa]
+    full = [i for i in range(shape.n_layers) if i not in set(swa)]
+    window_cells = min(cells, padded(shape.sliding_window + n_ubatch)) if swa else 0
+    windowed = (
+        shape.kv_bytes_per_cell(type_k, type_v, full) * cells
+        + shape.kv_bytes_per_cell(type_k, type_v, swa) * window_cells
+    )
+    return MemoryPlan(
+        n_ctx=cells,
+        type_k=type_k,
+        type_v=type_v,
+        weights_bytes=shape.weights_bytes,
+        kv_bytes=int(kv),
+        kv_bytes_windowed=int(windowed),
+        compute_bytes=n_ubatch * 4 * (shape.n_vocab + 2 * shape.n_embd),
+        output_bytes=shape.n_vocab * 4,
+    )
+
+
+def largest_context(
+    shape: ModelShape, budget_bytes: int, type_k: str = "f16", type_v: str | None = None
+) -> int:
+    """The longest context (a multiple of 256, at most the trained one) whose plan fits the
+    budget; 0 when not even 256 cells fit."""
+    type_v = type_v or type_k
+    # At 512 cells and more the batch, hence the compute buffer, no longer grows with the context.
+    base = plan(shape, 2 * CELL_PADDING, type_k, type_v)
+    fixed = base.total_bytes - base.kv_bytes
+    per_cell = shape.kv_bytes_per_cell(type_k, type_v)
+    cells = int((budget_bytes - fixed) // per_cell) if budget_bytes > fixed else 0
+    cells -= cells % CELL_PADDING
+    if shape.trained_ctx:
+        cells = min(cells, shape.trained_ctx - shape.trained_ctx % CELL_PADDING)
+    while cells > 0 and plan(shape, cells, type_k, type_v).total_bytes > budget_bytes:
+        cells -= CELL_PADDING
+    if cells == 0 and plan(shape, CELL_PADDING, type_k, type_v).total_bytes <= budget_bytes:
+        cells = CELL_PADDING
+    return cells
+
+
+def parse_size(text: str) -> int:
+    """'4GiB', '512MiB', '2G', '1.5GB', '1000000' -> bytes; G and GB count as GiB."""
+    units = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+    cleaned = text.strip().upper().replace("IB", "").replace("B", "")
+    number = cleaned.rstrip("KMGT")
+    unit = cleaned[len(number) :]
+    try:
+        value = float(number)
+    except ValueError:
+        raise ValueError(f"not a size: {text!r}; write it like 4GiB or 512MiB") from None
+    if unit not in units or value <= 0:
+        raise ValueError(f"not a size: {text!r}; write it like 4GiB or 512MiB")
+    return int(value * units[unit])

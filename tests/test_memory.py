@@ -1,0 +1,130 @@
+"""The memory plan against what llama.cpp really allocates, on SmolLM2 and on Gemma 3 (whose
+sliding-window layers make it a case of its own)."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from cli.app import app
+from cli.engine import Engine, LoadOptions
+from cli.registry import load_registry
+from cli.store import obtain, parse_model_name
+from quant.memory import ModelShape, largest_context, parse_size, plan
+
+
+@pytest.fixture(scope="session")
+def gemma_path(quill_home):
+    request = parse_model_name("gemma3-270m", load_registry())
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("HF_HUB_OFFLINE", "1")
+        return obtain(request, home=quill_home)
+
+
+def allocated(log: str) -> dict[str, float]:
+    """What llama.cpp reported allocating, in MiB."""
+    kv = sum(float(x) for x in re.findall(r"llama_kv_cache: size =\s+([\d.]+) MiB", log))
+    compute = re.search(r"CPU compute buffer size =\s+([\d.]+) MiB", log)
+    output = re.search(r"CPU\s+output buffer size =\s+([\d.]+) MiB", log)
+    assert kv and compute and output, log[-2000:]
+    return {"kv": kv, "compute": float(compute.group(1)), "output": float(output.group(1))}
+
+
+@pytest.mark.parametrize("model", ["smollm2", "gemma"])
+@pytest.mark.parametrize("cache_type", ["f16", "q8_0", "q4_0"])
+@pytest.mark.parametrize("n_ctx", [700, 4096])
+def test_plan_matches_llama_cpps_allocation(
+    model, cache_type, n_ctx, smollm2_path, gemma_path, capsys
+):
+    path = smollm2_path if model == "smollm2" else gemma_path
+    memory = plan(ModelShape.from_gguf(path), n_ctx, cache_type)
+    options = LoadOptions(n_ctx=n_ctx, threads=2, kv_type_k=cache_type, kv_type_v=cache_type)
+    with Engine(path, options, verbose=True) as engine:
+        assert engine.n_ctx == memory.n_ctx  # the same rounding
+    real = allocated(capsys.readouterr().err)
+    assert memory.kv_bytes / 2**20 == pytest.approx(real["kv"], rel=0.01, abs=0.005)
+    assert memory.compute_bytes / 2**20 == pytest.approx(real["compute"], rel=0.05)  # an estimate
+    assert memory.output_bytes / 2**20 == pytest.approx(real["output"], rel=0.01, abs=0.005)
+
+
+def test_gemma_sliding_window_layers(gemma_path):
+    shape = ModelShape.from_gguf(gemma_path)
+    assert shape.sliding_window == 512
+    assert sum(shape.swa_layers) == 15 and not shape.swa_layers[5]  # every sixth layer is global
+    memory = plan(shape, 8192)
+    # Windowed, 15 of 18 layers would keep 1024 cells (window 512 + one batch of 512).
+    assert memory.kv_bytes_windowed == pytest.approx(
+        memory.kv_bytes * (3 / 18 + 15 / 18 * 1024 / 8192)
+    )
+
+
+def test_largest_context_fits_and_one_step_more_does_not(smollm2_path):
+    shape = ModelShape.from_gguf(smollm2_path)
+    budget = parse_size("300MiB")
+    largest = largest_context(shape, budget)
+    assert largest % 256 == 0 and 0 < largest < shape.trained_ctx
+    assert plan(shape, largest).total_bytes <= budget < plan(shape, largest + 256).total_bytes
+    assert largest_context(shape, budget, "q4_0") > largest  # a smaller cache fits more context
+    assert largest_context(shape, parse_size("100MiB")) == 0
+    assert largest_context(shape, parse_size("64GiB")) == shape.trained_ctx
+
+
+def test_parse_size():
+    assert parse_size("4GiB") == 4 * 2**30 == parse_size("4G") == parse_size("4 gb")
+    assert parse_size("512MiB") == 512 * 2**20 and parse_size("1.5K") == 1536
+    for bad in ("lots", "-1G", "4XB"):
+        with pytest.raises(ValueError, match="write it like 4GiB"):
+            parse_size(bad)
+
+
+def test_inspect_shows_the_plan_and_the_budget(runner, smollm2_path):
+    result = runner.invoke(
+        app,
+        [
+            "inspect",
+            "smollm2-135m",
+            "--ctx",
+            "2048",
+            "--kv-type",
+            "q8_0",
+            "--mem",
+            "300MiB",
+            "--json",
+        ],
+    )
+    assert result.exit_code == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["memory"]["n_ctx"] == 2048 and data["memory"]["type_k"] == "q8_0"
+    assert data["memory"]["kv_bytes"] == int(2 * 30 * 3 * 64 * 2048 * 34 / 32)
+    assert data["memory_budget"]["largest_context"] > 2048
+    text = runner.invoke(app, ["inspect", "smollm2-135m", "--mem", "300MiB"])
+    assert "memory at a context of 4096 tokens" in text.stdout
+    assert "largest context that fits 300.0 MiB" in text.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--kv-type", "q3_k"], "unknown K cache type 'q3_k'"),
+        (["--kv-v", "int4"], "unknown V cache type 'int4'"),
+        (["--mem", "lots"], "--mem: not a size"),
+    ],
+)
+def test_bad_memory_options(runner, smollm2_path, args, needle):
+    result = runner.invoke(app, ["inspect", "smollm2-135m", *args])
+    assert result.exit_code == 2 and needle in result.stderr
+
+
+def test_run_with_a_quantized_and_a_mixed_cache(runner, smollm2_path):
+    for args, shown in (
+        (["--kv-type", "q4_0"], "q4_0"),
+        (["--kv-k", "q8_0", "--kv-v", "f16"], "q8_0/f16"),
+    ):
+        result = runner.invoke(app, ["run", "-n", "4", "--json", *args, "Hello"])
+        assert result.exit_code == 0, result.stderr
+        out = json.loads(result.stdout)
+        assert out["kv_cache_type"] == shown and out["generation_tokens"] >= 1
+    refused = runner.invoke(app, ["run", "--kv-type", "q3", "Hello"])
+    assert refused.exit_code == 2 and "unknown K cache type 'q3'" in refused.stderr
