@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -14,7 +15,14 @@ except ImportError:  # pragma: no cover
     from click.exceptions import ClickException, NoArgsIsHelpError
 
 from cli import __version__
-from cli.errors import EXIT_INTERRUPTED, EXIT_USAGE, ModelNotFoundError, QuillError, UsageError
+from cli.errors import (
+    EXIT_INTERRUPTED,
+    EXIT_USAGE,
+    ModelLoadError,
+    ModelNotFoundError,
+    QuillError,
+    UsageError,
+)
 from cli.sampling import SamplingParams
 
 app = typer.Typer(
@@ -396,6 +404,130 @@ def inspect(
     else:
         render.gguf_report(info)
         render.memory_report(memory, budget, largest)
+
+
+@app.command(epilog=EXIT_CODES_HELP)
+def quantize(
+    name: Annotated[str, typer.Argument(help="The model to quantize (F32/F16/BF16 GGUF).")],
+    to: Annotated[
+        str,
+        typer.Option("--to", help="int8 (q8_0), int4 (q4_k_m), q4_0, q5_k_m, q6_k, ... or f16."),
+    ],
+    output: Annotated[
+        Path | None, typer.Option("-o", "--output", help="Where to write it.")
+    ] = None,
+    threads: Annotated[
+        int | None, typer.Option("-t", "--threads", min=1, help="Default: physical cores.")
+    ] = None,
+    allow_requantize: Annotated[
+        bool,
+        typer.Option(
+            "--allow-requantize", help="Quantize an already-quantized model (loses quality)."
+        ),
+    ] = False,
+    force: Annotated[
+        bool, typer.Option("--force", help="Replace the output if it exists.")
+    ] = False,
+    json_output: Annotated[bool, typer.Option("--json", help="One JSON object on stdout.")] = False,
+    offline: Annotated[
+        bool, typer.Option("--offline", help="Use only models already on disk.")
+    ] = False,
+) -> None:
+    """Quantize a model's weights with llama.cpp's quantizer; --to f16 turns a quantized model back
+    into F16 (it cannot restore the precision already lost)."""
+    import json
+    import time
+
+    from cli import render
+    from cli.gguf_info import read_gguf
+    from cli.hardware import physical_cores
+    from cli.llamalog import llama_log
+    from cli.progress import download_progress
+    from cli.registry import load_registry
+    from cli.store import Download, obtain, parse_model_name, quill_home, record
+    from cli.units import human_bytes
+    from quant.quantize import (
+        FLOAT_FILE_TYPES,
+        QuantizeError,
+        QuantizeFailedError,
+        source_file_type,
+        weight_type,
+    )
+    from quant.quantize import (
+        quantize as run_quantizer,
+    )
+
+    try:
+        try:
+            target = weight_type(to)
+        except QuantizeError as error:
+            raise UsageError(str(error)) from None
+        registry = load_registry()
+        request = parse_model_name(name, registry)
+        source = obtain(
+            request,
+            offline=offline,
+            report=render.info_line,
+            progress=download_progress(),
+            terminal=sys.stderr.isatty(),
+        )
+        read_gguf(source)  # not a GGUF, or truncated: one clear error before llama.cpp tries
+        file_type, _ = source_file_type(source)
+        dequantize = target in FLOAT_FILE_TYPES.values() and file_type not in FLOAT_FILE_TYPES
+        if dequantize:
+            render.warning_line(
+                f"{name} is quantized: the {target} copy holds exactly its rounded weights, "
+                "it cannot restore the precision they lost"
+            )
+        stem = re.sub(r"[-._](q\d\w*|f16|bf16|f32|iq\w+)$", "", source.stem, flags=re.IGNORECASE)
+        base = name.partition(":")[0]
+        alias = base if base in registry.models else re.sub(r"[^\w.-]", "_", stem)
+        in_store = request.path is None or source.resolve().is_relative_to(quill_home().resolve())
+        if output is None:
+            folder = quill_home() / "models" / alias / target if in_store else source.parent
+            output = folder / f"{stem}-{target}.gguf"
+        threads = threads or physical_cores()
+        log = llama_log()
+        log.drain()
+        render.info_line(f"quantizing {source.name} to {target} with {threads} threads")
+        try:
+            result = run_quantizer(
+                source,
+                output,
+                target,
+                threads,
+                allow_requantize=allow_requantize or dequantize,
+                force=force,
+            )
+        except QuantizeFailedError as error:
+            reasons = "; ".join(log.drain()[-2:]) or "run with --verbose for llama.cpp's log"
+            raise ModelLoadError(f"{error}: {reasons}") from None
+        except QuantizeError as error:
+            raise UsageError(str(error)) from None
+        made_name = f"{alias}:{target}"
+        if in_store or output.resolve().is_relative_to(quill_home().resolve()):
+            record(
+                quill_home(),
+                Download(
+                    str(output),
+                    made_name,
+                    "quantize",
+                    None,
+                    output.name,
+                    result.output_bytes,
+                    None,
+                    time.time(),
+                ),
+            )
+    except QuillError as error:
+        _fail(error)
+    if json_output:
+        render.write_stdout(json.dumps({"name": made_name, **result.as_dict()}, indent=1) + "\n")
+    render.info_line(
+        f"{made_name}: {human_bytes(result.output_bytes)} from {human_bytes(result.source_bytes)} "
+        f"({result.ratio:.3f}), {result.bits_per_weight:.2f} bits per weight, "
+        f"{result.seconds:.1f} s with {result.threads} threads -> {result.output}"
+    )
 
 
 def _numbers(value: str, flag: str) -> tuple[int, ...]:

@@ -102,6 +102,9 @@ def parse_model_name(name: str, registry: Registry) -> ModelRequest:
             "GGUF repository, hf://OWNER/REPO/FILE.gguf, or a .gguf path"
         )
     tag = tag or entry.default_tag
+    made = made_model(f"{base}:{tag}")
+    if made is not None:  # `quill quantize` output takes precedence over fetching the tag
+        return ModelRequest(name, path=made)
     if tag not in entry.tags:
         tags = ", ".join(f"{base}:{t}" for t in entry.tags)
         raise ModelNotFoundError(f"{base} has no tag {tag!r}; available: {tags}")
@@ -143,6 +146,18 @@ def _save_manifest(home: Path, downloads: list[Download]) -> None:
     partial = target.with_suffix(".json.part")
     partial.write_text(json.dumps({"downloads": [asdict(d) for d in downloads]}, indent=1))
     partial.replace(target)
+
+
+def made_model(name: str, home: Path | None = None) -> Path | None:
+    """The file `quill quantize` made under this name, if it is still there."""
+    for download in load_manifest(home or quill_home()):
+        if (
+            download.source == "quantize"
+            and download.name == name
+            and Path(download.path).is_file()
+        ):
+            return Path(download.path)
+    return None
 
 
 def record(home: Path, download: Download) -> None:

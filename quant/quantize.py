@@ -1,0 +1,158 @@
+"""Weight quantization with llama.cpp's own quantizer, run in process.
+
+The quantizer reads an F32, F16 or BF16 GGUF and writes every weight matrix in the chosen type
+(norms and other small tensors stay in float). It writes to a temporary file that is renamed only
+on success, so a failed or interrupted run never leaves a half-written model under the real name.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+# The names llama.cpp's llama-quantize accepts, with their llama_ftype numbers.
+WEIGHT_TYPES: dict[str, int] = {
+    "f32": 0, "f16": 1, "bf16": 32, "q8_0": 7, "q4_0": 2, "q4_1": 3, "q5_0": 8, "q5_1": 9,
+    "q2_k": 10, "q3_k_s": 11, "q3_k_m": 12, "q3_k_l": 13, "q4_k_s": 14, "q4_k_m": 15,
+    "q5_k_s": 16, "q5_k_m": 17, "q6_k": 18, "iq4_nl": 25, "iq4_xs": 30, "iq3_xxs": 23,
+    "iq3_s": 26, "iq3_m": 27, "iq2_xxs": 19, "iq2_xs": 20, "iq2_s": 28, "iq2_m": 29,
+    "iq1_s": 24, "iq1_m": 31, "q2_k_s": 21, "tq1_0": 36, "tq2_0": 37,
+}  # fmt: skip
+ALIASES = {"int8": "q8_0", "int4": "q4_k_m"}
+# Too few bits to be usable without an importance matrix (llama-quantize refuses them too).
+NEEDS_IMATRIX = frozenset({"iq2_xxs", "iq2_xs", "iq2_s", "iq2_m", "iq1_s", "iq1_m", "q2_k_s"})
+FLOAT_FILE_TYPES = {0: "f32", 1: "f16", 32: "bf16"}
+
+
+class QuantizeError(Exception):
+    """A quantization that cannot be done, with the reason and what to do instead."""
+
+
+class UnknownTypeError(QuantizeError):
+    pass
+
+
+class NeedsImatrixError(QuantizeError):
+    pass
+
+
+class AlreadyQuantizedError(QuantizeError):
+    pass
+
+
+class OutputExistsError(QuantizeError):
+    pass
+
+
+class QuantizeFailedError(QuantizeError):
+    pass
+
+
+class OutputNotWritableError(QuantizeError):
+    pass
+
+
+def weight_type(name: str) -> str:
+    """int8/int4 or a llama.cpp type name -> the llama.cpp type; refuses what it cannot make."""
+    chosen = ALIASES.get(name.lower(), name.lower())
+    if chosen in NEEDS_IMATRIX:
+        raise NeedsImatrixError(
+            f"{chosen} packs weights into about 2 bits or less, which only works with an "
+            "importance matrix (llama-imatrix), which quill does not make; choose q2_k, q3_k_m "
+            "or a larger type"
+        )
+    if chosen not in WEIGHT_TYPES:
+        known = ", ".join(["int8", "int4", *sorted(set(WEIGHT_TYPES) - NEEDS_IMATRIX)])
+        raise UnknownTypeError(f"unknown weight type {name!r}; quill can make {known}")
+    return chosen
+
+
+@dataclass(frozen=True)
+class QuantizeResult:
+    source: str
+    output: str
+    type: str
+    source_bytes: int
+    output_bytes: int
+    parameters: int
+    seconds: float
+    threads: int
+
+    @property
+    def ratio(self) -> float:
+        return self.output_bytes / self.source_bytes
+
+    @property
+    def bits_per_weight(self) -> float:
+        return 8 * self.output_bytes / self.parameters
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "ratio": self.ratio, "bits_per_weight": self.bits_per_weight}
+
+
+def source_file_type(path: Path) -> tuple[int, int]:
+    """(llama_ftype of the file, number of parameters), from its header."""
+    from gguf import GGUFReader
+
+    reader = GGUFReader(path)
+    field = reader.fields.get("general.file_type")
+    file_type = int(field.contents()) if field is not None else 1
+    return file_type, sum(int(t.n_elements) for t in reader.tensors)
+
+
+def quantize(
+    source: Path,
+    output: Path,
+    type_name: str,
+    threads: int,
+    allow_requantize: bool = False,
+    force: bool = False,
+) -> QuantizeResult:
+    import llama_cpp
+
+    chosen = weight_type(type_name)
+    file_type, parameters = source_file_type(source)
+    if file_type not in FLOAT_FILE_TYPES and not allow_requantize:
+        raise AlreadyQuantizedError(
+            f"{source} is already quantized; quantizing it again compounds the rounding errors. "
+            "Start from an F16/BF16/F32 file (`quill quantize NAME --to f16` makes one), or pass "
+            "--allow-requantize to do it anyway"
+        )
+    if output.exists() and not force:
+        raise OutputExistsError(f"{output} exists; pass --force to replace it")
+    partial = output.with_name(f".{output.name}.{os.getpid()}.part")
+    try:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        partial.touch()
+    except OSError as error:
+        raise OutputNotWritableError(
+            f"cannot write {output}: {error.strerror}; choose another place with -o"
+        ) from None
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.nthread = threads
+    params.ftype = WEIGHT_TYPES[chosen]
+    params.allow_requantize = allow_requantize
+    started = time.perf_counter()
+    try:
+        status = llama_cpp.llama_model_quantize(
+            str(source).encode(), str(partial).encode(), ctypes.byref(params)
+        )
+        if status != 0:
+            raise QuantizeFailedError(f"llama.cpp's quantizer failed on {source} (status {status})")
+        partial.replace(output)
+    finally:
+        partial.unlink(missing_ok=True)
+    return QuantizeResult(
+        source=str(source),
+        output=str(output),
+        type=chosen,
+        source_bytes=source.stat().st_size,
+        output_bytes=output.stat().st_size,
+        parameters=parameters,
+        seconds=time.perf_counter() - started,
+        threads=threads,
+    )
