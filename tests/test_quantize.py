@@ -44,7 +44,8 @@ def generates(path: str | Path) -> int:
 def test_int8_and_int4_from_f16(runner, smollm2_f16, to, low, high):
     made = quantize_cli(runner, "smollm2-135m:f16", "--to", to, "--force")
     assert made["type"] == weight_type(to)
-    assert low <= made["ratio"] <= high  # q8_0 ~53% of F16; q4_k_m ~39% on a model this small
+    # q8_0 is ~53% of F16; q4_k_m ~39% here, as 576-wide rows fall back to q5_0.
+    assert low <= made["ratio"] <= high
     assert made["name"] == f"smollm2-135m:{made['type']}"
     assert generates(made["output"]) >= 1
     # The made file answers to its name everywhere, ahead of the registry's download of that tag.
