@@ -89,21 +89,28 @@ def test_a_dropped_connection_is_resumed_not_restarted(hub, tmp_path, big_file):
     assert sha256_of(next(blob_dir(tmp_path, "owner/big").iterdir())) == sha256_of(big_file)
 
 
-def test_a_killed_pull_resumes_where_it_stopped(hub, tmp_path, big_file):
+def start_slow_pull(hub: Hub, home: Path, until_sent: int) -> subprocess.Popen[str]:
+    """`quill pull` of the 40 MiB file, throttled, returned once the server has sent until_sent."""
     hub.seconds_per_mib = 0.1  # about 4 s for the file
-    environment = quill_env(tmp_path, HF_ENDPOINT=hub.url, HF_HOME=str(tmp_path / "hf"))
+    environment = quill_env(home, HF_ENDPOINT=hub.url, HF_HOME=str(home / "hf"))
     environment.pop("HF_HUB_OFFLINE")
     process = subprocess.Popen(
         [QUILL, "pull", "hf://owner/big/big.gguf"],
         env=environment,
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and not (
-        hub.transfers and hub.transfers[0].sent > 25 * 2**20
+        hub.transfers and hub.transfers[0].sent > until_sent
     ):
         time.sleep(0.05)
+    return process
+
+
+def test_a_killed_pull_resumes_where_it_stopped(hub, tmp_path, big_file):
+    process = start_slow_pull(hub, tmp_path, until_sent=25 * 2**20)
     process.send_signal(signal.SIGKILL)
     process.wait()
     partial = list(blob_dir(tmp_path, "owner/big").glob("*.incomplete"))
@@ -249,19 +256,7 @@ def test_unknown_names_list_what_exists():
 
 
 def test_ctrl_c_during_pull_keeps_the_partial_file_and_says_how_to_resume(hub, tmp_path):
-    hub.seconds_per_mib = 0.1
-    environment = quill_env(tmp_path, HF_ENDPOINT=hub.url, HF_HOME=str(tmp_path / "hf"))
-    environment.pop("HF_HUB_OFFLINE")
-    process = subprocess.Popen(
-        [QUILL, "pull", "hf://owner/big/big.gguf"],
-        env=environment,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and not (hub.transfers and hub.transfers[0].sent > 8 * 2**20):
-        time.sleep(0.05)
+    process = start_slow_pull(hub, tmp_path, until_sent=8 * 2**20)
     process.send_signal(signal.SIGINT)
     _, stderr = process.communicate(timeout=60)
     assert process.returncode == 130
