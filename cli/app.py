@@ -446,16 +446,8 @@ def quantize(
     from cli.registry import load_registry
     from cli.store import Download, obtain, parse_model_name, quill_home, record
     from cli.units import human_bytes
-    from quant.quantize import (
-        FLOAT_FILE_TYPES,
-        QuantizeError,
-        QuantizeFailedError,
-        source_file_type,
-        weight_type,
-    )
-    from quant.quantize import (
-        quantize as run_quantizer,
-    )
+    from quant.quantize import QuantizeError, QuantizeFailedError, weight_type
+    from quant.quantize import quantize as run_quantizer
 
     try:
         try:
@@ -472,13 +464,6 @@ def quantize(
             terminal=sys.stderr.isatty(),
         )
         read_gguf(source)  # not a GGUF, or truncated: one clear error before llama.cpp tries
-        file_type, _ = source_file_type(source)
-        dequantize = target in FLOAT_FILE_TYPES.values() and file_type not in FLOAT_FILE_TYPES
-        if dequantize:
-            render.warning_line(
-                f"{name} is quantized: the {target} copy holds exactly its rounded weights, "
-                "it cannot restore the precision they lost"
-            )
         stem = re.sub(r"[-._](q\d\w*|f16|bf16|f32|iq\w+)$", "", source.stem, flags=re.IGNORECASE)
         base = name.partition(":")[0]
         alias = base if base in registry.models else re.sub(r"[^\w.-]", "_", stem)
@@ -496,7 +481,7 @@ def quantize(
                 output,
                 target,
                 threads,
-                allow_requantize=allow_requantize or dequantize,
+                allow_requantize=allow_requantize,
                 force=force,
             )
         except QuantizeFailedError as error:
@@ -504,6 +489,11 @@ def quantize(
             raise ModelLoadError(f"{error}: {reasons}") from None
         except QuantizeError as error:
             raise UsageError(str(error)) from None
+        if result.dequantized:
+            render.warning_line(
+                f"{name} is quantized: the {target} copy holds exactly its rounded weights, "
+                "it cannot restore the precision they lost"
+            )
         made_name = f"{alias}:{target}"
         if in_store or output.resolve().is_relative_to(quill_home().resolve()):
             record(

@@ -23,11 +23,10 @@ from cli.hardware import cpu_has_amx, physical_cores
 from cli.llamalog import llama_log
 from cli.sampling import SamplingParams
 from cli.textstream import TextStream
-from quant.kv import kv_cache_bytes
+from quant.kv import QUANTIZED_KV_TYPES, kv_cache_bytes
 
 ALL_LAYERS = -1
 _LLAMA_ALL_LAYERS = 0x7FFFFFFF
-QUANTIZED_KV_TYPES = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1")
 GGML_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "bf16": 30}
 
 

@@ -23,6 +23,11 @@ KV_CACHE_TYPES: dict[str, Fraction] = {
 }
 
 
+# Types that store blocks of 32 values with a scale: a quantized V cache needs flash attention,
+# and a head size must be a multiple of 32.
+QUANTIZED_KV_TYPES = tuple(name for name in KV_CACHE_TYPES if name.startswith("q"))
+
+
 def kv_bytes_per_element(cache_type: str) -> Fraction:
     try:
         return KV_CACHE_TYPES[cache_type]

@@ -81,6 +81,7 @@ class QuantizeResult:
     parameters: int
     seconds: float
     threads: int
+    dequantized: bool  # a float copy of a quantized model: it holds only the rounded weights
 
     @property
     def ratio(self) -> float:
@@ -116,7 +117,9 @@ def quantize(
 
     chosen = weight_type(type_name)
     file_type, parameters = source_file_type(source)
-    if file_type not in FLOAT_FILE_TYPES and not allow_requantize:
+    # Asking a quantized model for f16/bf16/f32 expands it; that is not a second rounding.
+    dequantize = chosen in FLOAT_FILE_TYPES.values() and file_type not in FLOAT_FILE_TYPES
+    if file_type not in FLOAT_FILE_TYPES and not (allow_requantize or dequantize):
         raise AlreadyQuantizedError(
             f"{source} is already quantized; quantizing it again compounds the rounding errors. "
             "Start from an F16/BF16/F32 file (`quill quantize NAME --to f16` makes one), or pass "
@@ -135,7 +138,7 @@ def quantize(
     params = llama_cpp.llama_model_quantize_default_params()
     params.nthread = threads
     params.ftype = WEIGHT_TYPES[chosen]
-    params.allow_requantize = allow_requantize
+    params.allow_requantize = allow_requantize or dequantize
     started = time.perf_counter()
     try:
         status = llama_cpp.llama_model_quantize(
@@ -155,4 +158,5 @@ def quantize(
         parameters=parameters,
         seconds=time.perf_counter() - started,
         threads=threads,
+        dequantized=dequantize,
     )
