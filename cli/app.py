@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -18,10 +17,16 @@ from cli import __version__
 from cli.errors import (
     EXIT_INTERRUPTED,
     EXIT_USAGE,
-    ModelLoadError,
     ModelNotFoundError,
     QuillError,
     UsageError,
+)
+from cli.options import (
+    EXIT_CODES_HELP,
+    KV_TYPE_HELP,
+    fail,
+    kv_types,
+    parse_gpu_layers,
 )
 from cli.sampling import SamplingParams
 
@@ -35,11 +40,6 @@ app = typer.Typer(
 )
 
 DEFAULT_SAMPLING = SamplingParams()  # the CLI shows the engine's own defaults
-
-EXIT_CODES_HELP = (
-    "Exit codes: 0 success (finish stop or length), 2 usage, 3 model not found or not obtainable, "
-    "4 context overflow, 5 model failed to load, 130 interrupted."
-)
 
 
 def _version(value: bool) -> None:
@@ -55,32 +55,6 @@ def _root(
     ] = False,
 ) -> None:
     """Run quantized language models on your own machine, with honest numbers."""
-
-
-def parse_gpu_layers(value: str | None) -> int | None:
-    if value is None:
-        return None
-    if value == "all":
-        from cli.engine import ALL_LAYERS
-
-        return ALL_LAYERS
-    if value.isdigit():
-        return int(value)
-    raise UsageError(f"--gpu-layers takes a number of layers or 'all', not {value!r}")
-
-
-KV_TYPE_HELP = "KV-cache type for K and V: f16, q8_0 or q4_0 (also bf16, f32, q4_1, q5_0, q5_1)."
-
-
-def kv_types(kv_type: str, kv_k: str | None, kv_v: str | None) -> tuple[str, str]:
-    from quant.kv import check_kv_types
-
-    type_k, type_v = kv_k or kv_type, kv_v or kv_type
-    try:
-        check_kv_types(type_k, type_v)
-    except ValueError as error:
-        raise UsageError(str(error)) from None
-    return type_k, type_v
 
 
 def stdin_is_terminal() -> bool:
@@ -229,7 +203,7 @@ def run(
             )
         )
     except QuillError as error:
-        _fail(error)
+        fail(error)
     except KeyboardInterrupt:
         from cli.render import error_line
 
@@ -275,7 +249,7 @@ def pull(
             )
         render.info_line(f"{request.label}: {human_bytes(path.stat().st_size)}")
     except QuillError as error:
-        _fail(error)
+        fail(error)
     except KeyboardInterrupt:
         from cli.render import error_line
 
@@ -298,7 +272,7 @@ def list_models(
     try:
         models = list_local(load_registry())
     except QuillError as error:
-        _fail(error)
+        fail(error)
     quants = {}
     for model in models:
         try:
@@ -349,7 +323,7 @@ def rm(
         removed = remove(request)
         render.info_line(f"removed {removed.name}: {removed.path} ({human_bytes(removed.size)})")
     except QuillError as error:
-        _fail(error)
+        fail(error)
 
 
 @app.command(epilog=EXIT_CODES_HELP)
@@ -391,7 +365,7 @@ def inspect(
         except ValueError as error:
             raise UsageError(f"--mem: {error}") from None
     except QuillError as error:
-        _fail(error)
+        fail(error)
     shape = ModelShape.from_gguf(path)
     n_ctx = ctx or min(4096, shape.trained_ctx or 4096)
     memory = plan(shape, n_ctx, type_k, type_v)
@@ -432,22 +406,23 @@ def quantize(
     offline: Annotated[
         bool, typer.Option("--offline", help="Use only models already on disk.")
     ] = False,
+    verbose: Annotated[
+        bool, typer.Option("--verbose", "-v", help="Show llama.cpp's log (one line per tensor).")
+    ] = False,
 ) -> None:
     """Quantize a model's weights with llama.cpp's quantizer; --to f16 turns a quantized model back
     into F16 (it cannot restore the precision already lost)."""
     import json
-    import time
 
     from cli import render
-    from cli.gguf_info import read_gguf
     from cli.hardware import physical_cores
     from cli.llamalog import llama_log
-    from cli.progress import download_progress
+    from cli.making import make_quantized
+    from cli.progress import StepProgress, download_progress
     from cli.registry import load_registry
-    from cli.store import Download, obtain, parse_model_name, quill_home, record
+    from cli.store import obtain, parse_model_name
     from cli.units import human_bytes
-    from quant.quantize import QuantizeError, QuantizeFailedError, weight_type
-    from quant.quantize import quantize as run_quantizer
+    from quant.quantize import QuantizeError, weight_type
 
     try:
         try:
@@ -463,54 +438,30 @@ def quantize(
             progress=download_progress(),
             terminal=sys.stderr.isatty(),
         )
-        read_gguf(source)  # not a GGUF, or truncated: one clear error before llama.cpp tries
-        stem = re.sub(r"[-._](q\d\w*|f16|bf16|f32|iq\w+)$", "", source.stem, flags=re.IGNORECASE)
-        base = name.partition(":")[0]
-        alias = base if base in registry.models else re.sub(r"[^\w.-]", "_", stem)
-        in_store = request.path is None or source.resolve().is_relative_to(quill_home().resolve())
-        if output is None:
-            folder = quill_home() / "models" / alias / target if in_store else source.parent
-            output = folder / f"{stem}-{target}.gguf"
         threads = threads or physical_cores()
-        log = llama_log()
-        log.drain()
+        llama_log().verbose = verbose
         render.info_line(f"quantizing {source.name} to {target} with {threads} threads")
-        try:
-            result = run_quantizer(
+        with StepProgress("tensors") as progress:
+            made = make_quantized(
+                name,
+                request,
                 source,
-                output,
                 target,
+                registry,
                 threads,
+                output=output,
                 allow_requantize=allow_requantize,
                 force=force,
+                on_tensor=None if verbose else progress.update,
             )
-        except QuantizeFailedError as error:
-            reasons = "; ".join(log.drain()[-2:]) or "run with --verbose for llama.cpp's log"
-            raise ModelLoadError(f"{error}: {reasons}") from None
-        except QuantizeError as error:
-            raise UsageError(str(error)) from None
+        result, made_name = made.result, made.name
         if result.dequantized:
             render.warning_line(
                 f"{name} is quantized: the {target} copy holds exactly its rounded weights, "
                 "it cannot restore the precision they lost"
             )
-        made_name = f"{alias}:{target}"
-        if in_store or output.resolve().is_relative_to(quill_home().resolve()):
-            record(
-                quill_home(),
-                Download(
-                    str(output),
-                    made_name,
-                    "quantize",
-                    None,
-                    output.name,
-                    result.output_bytes,
-                    None,
-                    time.time(),
-                ),
-            )
     except QuillError as error:
-        _fail(error)
+        fail(error)
     if json_output:
         render.write_stdout(json.dumps({"name": made_name, **result.as_dict()}, indent=1) + "\n")
     render.info_line(
@@ -611,7 +562,7 @@ def bench(
                 f"batch {row.batch}: {row.tokens_per_s:.1f} ± {row.tokens_per_s_sd:.1f} tok/s"
             )
     except QuillError as error:
-        _fail(error)
+        fail(error)
     except KeyboardInterrupt:
         render.error_line("interrupted")
         raise typer.Exit(EXIT_INTERRUPTED) from None
@@ -629,15 +580,8 @@ def bench(
         try:
             benchrender.plot(rows, request.label, plot)
         except QuillError as error:
-            _fail(error)
+            fail(error)
         render.info_line(f"plot written to {plot}")
-
-
-def _fail(error: QuillError) -> None:
-    from cli.render import error_line
-
-    error_line(str(error))
-    raise typer.Exit(error.exit_code)
 
 
 def main() -> None:

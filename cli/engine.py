@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import llama_cpp as llama
+import numpy as np
 
 from cli.errors import ModelLoadError, UsageError
 from cli.gguf_info import check_gguf_magic
@@ -339,6 +340,50 @@ class Engine:
             problems = "; ".join(llama_log().drain()[-2:])
             raise RuntimeError(f"llama_decode failed with status {status}: {problems}")
         self._evaluated.extend(tokens)
+
+    def window_logits(self, tokens: Sequence[int], first_scored: int) -> np.ndarray:
+        """Logits after each of tokens[first_scored:], from a fresh cache, as one window.
+
+        Row i predicts tokens[first_scored + i + 1]; what perplexity scores.
+        """
+        if len(tokens) > self.n_ctx:
+            raise ValueError(f"a window of {len(tokens)} tokens exceeds the context {self.n_ctx}")
+        llama.llama_memory_clear(llama.llama_get_memory(self._ctx), True)
+        self._evaluated.clear()
+        rows: list[np.ndarray] = []
+        batch = llama.llama_batch_init(self.n_batch, 0, 1)
+        try:
+            for start in range(0, len(tokens), self.n_batch):
+                chunk = tokens[start : start + self.n_batch]
+                outputs = 0
+                for i, token in enumerate(chunk):
+                    position = start + i
+                    batch.token[i] = token
+                    batch.pos[i] = position
+                    batch.n_seq_id[i] = 1
+                    batch.seq_id[i][0] = 0
+                    batch.logits[i] = position >= first_scored
+                    outputs += position >= first_scored
+                batch.n_tokens = len(chunk)
+                status = llama.llama_decode(self._ctx, batch)
+                if status != 0:
+                    problems = "; ".join(llama_log().drain()[-2:])
+                    raise RuntimeError(f"llama_decode failed with status {status}: {problems}")
+                if outputs:
+                    pointer = llama.llama_get_logits(self._ctx)
+                    rows.append(np.ctypeslib.as_array(pointer, (outputs, self.n_vocab)).copy())
+        finally:
+            llama.llama_batch_free(batch)
+        self._evaluated.extend(tokens)
+        return np.concatenate(rows)
+
+    @property
+    def add_bos(self) -> bool:
+        return bool(llama.llama_vocab_get_add_bos(self._vocab))
+
+    @property
+    def bos_token(self) -> int:
+        return llama.llama_vocab_bos(self._vocab)
 
     def perf(self) -> dict[str, float]:
         """llama.cpp's own counters for the last request (prompt eval and eval times)."""

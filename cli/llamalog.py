@@ -9,6 +9,7 @@ from __future__ import annotations
 import ctypes
 import sys
 from collections import deque
+from collections.abc import Callable
 
 import llama_cpp
 
@@ -19,6 +20,8 @@ _WARN, _ERROR, _CONT = 3, 4, 5
 class LlamaLog:
     def __init__(self) -> None:
         self.verbose = False
+        # Sees every line; how a command follows work that llama.cpp reports only in its log.
+        self.listener: Callable[[str], None] | None = None
         self._problems: deque[str] = deque(maxlen=20)
         self._last_level = 0
         # Keep a reference: llama.cpp holds only the C pointer, and a collected callback crashes.
@@ -33,6 +36,8 @@ class LlamaLog:
         if self.verbose:
             sys.stderr.write(line)
             sys.stderr.flush()
+        if self.listener is not None:
+            self.listener(line)
         if level >= _WARN and line.strip():
             self._problems.append(line.strip())
 

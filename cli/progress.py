@@ -59,3 +59,50 @@ class PlainDownloadLines(tqdm):
 
 def download_progress() -> type[tqdm]:
     return RichDownloadBar if sys.stderr.isatty() else PlainDownloadLines
+
+
+class StepProgress:
+    """Counted steps (tensors, windows) on stderr: a rich bar on a terminal, otherwise a plain
+    line at each tenth. Use as a context manager; call update(done, total, detail)."""
+
+    def __init__(self, description: str) -> None:
+        self.description = description
+        self._bar: Any = None
+        self._task: Any = None
+        self._next_tenth = 1
+
+    def __enter__(self) -> StepProgress:
+        if sys.stderr.isatty():
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+                TimeElapsedColumn,
+            )
+
+            self._bar = Progress(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                TextColumn("{task.fields[detail]}"),
+                console=stderr_console,
+                transient=True,
+            )
+            self._bar.start()
+        return self
+
+    def update(self, done: int, total: int, detail: str = "") -> None:
+        if self._bar is not None:
+            if self._task is None:
+                self._task = self._bar.add_task(self.description, total=total, detail=detail)
+            self._bar.update(self._task, completed=done, total=total, detail=detail)
+            return
+        if total and done * 10 >= self._next_tenth * total:
+            print(f"{self.description}: {done}/{total} {detail}".rstrip(), file=sys.stderr)
+            self._next_tenth = done * 10 // total + 1
+
+    def __exit__(self, *_exc: object) -> None:
+        if self._bar is not None:
+            self._bar.stop()

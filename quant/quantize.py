@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -26,6 +27,16 @@ ALIASES = {"int8": "q8_0", "int4": "q4_k_m"}
 # Too few bits to be usable without an importance matrix (llama-quantize refuses them too).
 NEEDS_IMATRIX = frozenset({"iq2_xxs", "iq2_xs", "iq2_s", "iq2_m", "iq1_s", "iq1_m", "q2_k_s"})
 FLOAT_FILE_TYPES = {0: "f32", 1: "f16", 32: "bf16"}
+
+
+# llama.cpp's quantizer logs one line per tensor: "[  12/ 272] blk.1.attn_k.weight - [...]".
+_TENSOR_LINE = re.compile(r"^\[\s*(\d+)/\s*(\d+)\]\s+(\S+)")
+
+
+def tensor_progress(log_line: str) -> tuple[int, int, str] | None:
+    """(tensor number, tensors in all, tensor name) from a quantizer log line, else None."""
+    match = _TENSOR_LINE.match(log_line)
+    return (int(match[1]), int(match[2]), match[3]) if match else None
 
 
 class QuantizeError(Exception):

@@ -1,0 +1,68 @@
+"""What several commands share: option parsing, the model lookup, and the one way out on error."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import NoReturn
+
+import typer
+
+from cli.errors import QuillError, UsageError
+
+EXIT_CODES_HELP = (
+    "Exit codes: 0 success (finish stop or length), 2 usage, 3 model not found or not obtainable, "
+    "4 context overflow, 5 model failed to load, 130 interrupted."
+)
+
+
+def parse_gpu_layers(value: str | None) -> int | None:
+    if value is None:
+        return None
+    if value == "all":
+        from cli.engine import ALL_LAYERS
+
+        return ALL_LAYERS
+    if value.isdigit():
+        return int(value)
+    raise UsageError(f"--gpu-layers takes a number of layers or 'all', not {value!r}")
+
+
+KV_TYPE_HELP = "KV-cache type for K and V: f16, q8_0 or q4_0 (also bf16, f32, q4_1, q5_0, q5_1)."
+
+
+def kv_types(kv_type: str, kv_k: str | None, kv_v: str | None) -> tuple[str, str]:
+    from quant.kv import check_kv_types
+
+    type_k, type_v = kv_k or kv_type, kv_v or kv_type
+    try:
+        check_kv_types(type_k, type_v)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+    return type_k, type_v
+
+
+def obtain_model(name: str | None, offline: bool) -> tuple[str, Path]:
+    """(label, local path) for a model name, downloading it if needed; None means the default."""
+    from cli import render
+    from cli.progress import download_progress
+    from cli.registry import load_registry
+    from cli.store import obtain, parse_model_name
+
+    registry = load_registry()
+    request = parse_model_name(name or registry.default, registry)
+    path = obtain(
+        request,
+        offline=offline,
+        report=render.info_line,
+        progress=download_progress(),
+        terminal=sys.stderr.isatty(),
+    )
+    return request.label, path
+
+
+def fail(error: QuillError) -> NoReturn:
+    from cli.render import error_line
+
+    error_line(str(error))
+    raise typer.Exit(error.exit_code)
