@@ -13,7 +13,7 @@ try:  # recent typer vendors click; earlier releases use click itself
 except ImportError:  # pragma: no cover
     from click.exceptions import ClickException, NoArgsIsHelpError
 
-from cli import __version__
+from cli import __version__, quality
 from cli.errors import (
     EXIT_INTERRUPTED,
     EXIT_USAGE,
@@ -582,6 +582,10 @@ def bench(
         except QuillError as error:
             fail(error)
         render.info_line(f"plot written to {plot}")
+
+
+app.command(name="perplexity", epilog=quality.PPL_EPILOG)(quality.perplexity)
+app.command(name="quant-report", epilog=EXIT_CODES_HELP)(quality.quant_report)
 
 
 def main() -> None:

@@ -210,3 +210,43 @@ def memory_report(memory: Any, budget: int | None, largest: int | None) -> None:
         else:
             line = f"the model does not fit {human_bytes(budget)} even with 256 tokens of context"
         stdout_console.print(line)
+
+
+def quant_report_table(rows: list[Any], kv_ctx: int, markdown: bool = False) -> None:
+    """weights x KV rows: size, perplexity and its change, speeds, KV bytes at kv_ctx."""
+    headers = [
+        "weights",
+        "KV",
+        "file",
+        "PPL",
+        "vs F16",
+        "prefill tok/s",
+        "decode tok/s",
+        f"KV @ {kv_ctx}",
+    ]
+    cells = [
+        [
+            row.weights,
+            row.kv_type,
+            human_bytes(row.file_bytes),
+            f"{row.perplexity:.4f} ± {row.perplexity_error:.4f}",
+            f"{row.perplexity_change_pct:+.2f}%",
+            f"{row.prefill_tokens_per_s:.0f}",
+            f"{row.decode_tokens_per_s:.1f}",
+            human_bytes(row.kv_bytes),
+        ]
+        for row in rows
+    ]
+    if markdown:
+        lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+        lines += ["| " + " | ".join(line) + " |" for line in cells]
+        write_stdout("\n".join(lines) + "\n")
+        return
+    from rich.table import Table
+
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    for header in headers:
+        table.add_column(header, justify="left" if header in ("weights", "KV") else "right")
+    for line in cells:
+        table.add_row(*line)
+    stdout_console.print(table)

@@ -15,6 +15,8 @@ from cli.store import obtain, parse_model_name
 from tinymodel import write_tiny_llama
 
 SMOLLM2 = "smollm2-135m"
+# The GPL-3 text (verbatim copying is permitted): ~7,600 SmolLM2 tokens of English prose.
+PPL_TEXT = Path(__file__).parent / "data" / "gpl-3.txt"
 
 
 @pytest.fixture(scope="session")
@@ -41,6 +43,25 @@ def tiny32_path(tmp_path_factory: pytest.TempPathFactory, smollm2_path: Path) ->
     """Heads of 32 values, so that quantized KV caches (blocks of 32) fit."""
     folder = tmp_path_factory.mktemp("tiny32")
     return write_tiny_llama(folder / "tiny32.gguf", smollm2_path, n_head=2, n_head_kv=1)
+
+
+@pytest.fixture(scope="session")
+def smollm2_f16(smollm2_path: Path, quill_home: Path) -> dict:
+    """SmolLM2 dequantized to F16 by `quill quantize --to f16`: the source the quant tests need."""
+    import json
+
+    from cli.app import app
+
+    with pytest.MonkeyPatch.context() as patch:  # session scope: the autouse env is not set yet
+        patch.setenv("QUILL_HOME", str(quill_home))
+        patch.setenv("HF_HUB_OFFLINE", "1")
+        result = CliRunner().invoke(
+            app, ["quantize", "smollm2-135m", "--to", "f16", "--force", "--json"]
+        )
+    assert result.exit_code == 0, result.stderr
+    made = json.loads(result.stdout)
+    assert made["name"] == "smollm2-135m:f16" and made["bits_per_weight"] > 15
+    return made
 
 
 @pytest.fixture(autouse=True)

@@ -67,6 +67,18 @@ class Reference:
             assert llama.llama_decode(self.ctx, llama.llama_batch_get_one(one, 1)) == 0
         return out
 
+    def step_logits(self, tokens: list[int]) -> np.ndarray:
+        """Row i: the logits after tokens[: i + 1], decoding one token per call from an empty
+        cache (no multi-output batches, unlike quill's perplexity)."""
+        llama.llama_memory_clear(llama.llama_get_memory(self.ctx), True)
+        rows = []
+        for token in tokens:
+            one = (llama.llama_token * 1)(token)
+            assert llama.llama_decode(self.ctx, llama.llama_batch_get_one(one, 1)) == 0
+            logits = llama.llama_get_logits_ith(self.ctx, -1)
+            rows.append(np.ctypeslib.as_array(logits, (self.n_vocab,)).copy())
+        return np.stack(rows)
+
     def text(self, tokens: list[int]) -> str:
         visible = [t for t in tokens if not llama.llama_vocab_is_eog(self.vocab, t)]
         return b"".join(self.piece(t) for t in visible).decode("utf-8", errors="replace")

@@ -20,18 +20,6 @@ def quantize_cli(runner, *args):
     return json.loads(result.stdout)
 
 
-@pytest.fixture(scope="module")
-def smollm2_f16(smollm2_path, quill_home):
-    from typer.testing import CliRunner
-
-    with pytest.MonkeyPatch.context() as patch:  # module scope: the autouse env is not set yet
-        patch.setenv("QUILL_HOME", str(quill_home))
-        patch.setenv("HF_HUB_OFFLINE", "1")
-        made = quantize_cli(CliRunner(), "smollm2-135m", "--to", "f16", "--force")
-    assert made["name"] == "smollm2-135m:f16" and made["bits_per_weight"] > 15
-    return made
-
-
 def generates(path: str | Path) -> int:
     with Engine(Path(path), LoadOptions(n_ctx=256, threads=2)) as engine:
         tokens = engine.tokenize("The three primary colors are")
