@@ -14,6 +14,7 @@ except ImportError:  # pragma: no cover
     from click.exceptions import ClickException, NoArgsIsHelpError
 
 from cli import __version__, quality
+from cli import chat as chat_command
 from cli.errors import (
     EXIT_INTERRUPTED,
     EXIT_USAGE,
@@ -584,6 +585,7 @@ def bench(
         render.info_line(f"plot written to {plot}")
 
 
+app.command(name="chat", epilog=chat_command.CHAT_EPILOG)(chat_command.chat)
 app.command(name="perplexity", epilog=quality.PPL_EPILOG)(quality.perplexity)
 app.command(name="quant-report", epilog=EXIT_CODES_HELP)(quality.quant_report)
 

@@ -348,8 +348,7 @@ class Engine:
         """
         if len(tokens) > self.n_ctx:
             raise ValueError(f"a window of {len(tokens)} tokens exceeds the context {self.n_ctx}")
-        llama.llama_memory_clear(llama.llama_get_memory(self._ctx), True)
-        self._evaluated.clear()
+        self.clear_cache()
         rows: list[np.ndarray] = []
         batch = llama.llama_batch_init(self.n_batch, 0, 1)
         try:
@@ -376,6 +375,15 @@ class Engine:
             llama.llama_batch_free(batch)
         self._evaluated.extend(tokens)
         return np.concatenate(rows)
+
+    @property
+    def cached_tokens(self) -> int:
+        """Positions whose KV cells hold evaluated tokens (what a next prompt may reuse)."""
+        return len(self._evaluated)
+
+    def clear_cache(self) -> None:
+        llama.llama_memory_clear(llama.llama_get_memory(self._ctx), True)
+        self._evaluated.clear()
 
     @property
     def add_bos(self) -> bool:

@@ -111,6 +111,12 @@ def write_stdout(text: str) -> None:
         sys.stdout.buffer.flush()
 
 
+def write_stderr(text: str) -> None:
+    """Plain text on stderr (help, tables of settings): no markup, no wrapping."""
+    sys.stderr.write(text)
+    sys.stderr.flush()
+
+
 def silence_stdout() -> None:
     """Point stdout at /dev/null so that Python's final flush at exit finds no broken pipe."""
     devnull = os.open(os.devnull, os.O_WRONLY)

@@ -1,0 +1,256 @@
+"""A conversation over one engine: history, the chat template, the context window, the transcript.
+
+Each turn renders the whole history with the model's chat template and hands it to
+Engine.stream_generate, whose prefix cache finds everything up to the new user message already in
+the KV cache: only the new tokens are prefilled. The transcript is written (temporary file, then
+rename) when a message is added and every few tokens while a reply streams, so a killed process
+loses at most those few tokens. Nothing here reads the keyboard or prints.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from cli.engine import Engine, StreamEvent
+from cli.sampling import SamplingParams
+
+OVERFLOW_POLICIES = ("truncate", "error")
+SAVE_EVERY_TOKENS = 8
+
+
+class ChatOverflowError(Exception):
+    """The next turn does not fit the context window and the policy is not to drop turns."""
+
+
+class TranscriptError(Exception):
+    """A transcript file that cannot be read or written."""
+
+
+@dataclass
+class Message:
+    role: str  # "user" or "assistant"
+    content: str
+    interrupted: bool = False  # a reply stopped by Ctrl-C, kept as far as it got
+    finish_reason: str | None = None
+
+
+@dataclass
+class ChatSettings:
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    max_tokens: int = 512
+    stop: tuple[str, ...] = ()
+    on_overflow: str = "truncate"
+
+
+@dataclass(frozen=True)
+class TurnStart:
+    """Sent before the reply streams: what the turn costs and what had to go to make it fit."""
+
+    prompt_tokens: int
+    dropped_messages: int  # oldest messages removed by the truncate policy for this turn
+    max_tokens: int  # the reply's budget: the settings', or what is left of the context
+
+
+class ChatSession:
+    def __init__(
+        self,
+        engine: Engine,
+        model_name: str,
+        transcript: Path | None,
+        system: str | None = None,
+        settings: ChatSettings | None = None,
+    ) -> None:
+        self.engine = engine
+        self.model_name = model_name
+        self.transcript = transcript
+        self.system = system
+        self.settings = settings or ChatSettings()
+        self.messages: list[Message] = []
+        self.last_event: StreamEvent | None = None
+        self.save()
+
+    # --- the conversation -------------------------------------------------------------------
+
+    def conversation(self, messages: list[Message] | None = None) -> list[tuple[str, str]]:
+        chosen = self.messages if messages is None else messages
+        head = [("system", self.system)] if self.system else []
+        return head + [(m.role, m.content) for m in chosen]
+
+    def prompt_tokens(self, messages: list[Message] | None = None) -> list[int]:
+        rendered = self.engine.chat_prompt(self.conversation(messages))
+        if rendered is None:  # no template llama.cpp knows: plain text, one line per message
+            rendered = "".join(f"{role}: {text}\n" for role, text in self.conversation(messages))
+            rendered += "assistant: "
+        return self.engine.tokenize(rendered)
+
+    def context_used(self) -> int:
+        """KV cells holding this conversation (prompt and the replies so far)."""
+        return self.engine.cached_tokens
+
+    def send(self, text: str) -> Iterator[TurnStart | StreamEvent]:
+        """Add a user message and stream the reply: a TurnStart, then the engine's events.
+
+        Closing the iterator early (Ctrl-C) keeps the partial reply, marked interrupted.
+        """
+        self.messages.append(Message("user", text))
+        self.save()
+        yield from self._reply()
+
+    def retry(self) -> Iterator[TurnStart | StreamEvent]:
+        """Drop the last reply and answer the last user message again."""
+        while self.messages and self.messages[-1].role == "assistant":
+            self.messages.pop()
+        if not self.messages:
+            raise ValueError("there is no message to answer again")
+        self.save()
+        yield from self._reply()
+
+    def _reply(self) -> Iterator[TurnStart | StreamEvent]:
+        tokens, dropped = self._fit()
+        budget = min(self.settings.max_tokens, self.engine.n_ctx - len(tokens))
+        yield TurnStart(len(tokens), dropped, budget)
+        reply = Message("assistant", "", interrupted=True)
+        self.messages.append(reply)
+        pieces: list[str] = []
+        try:
+            for event in self.engine.stream_generate(
+                tokens, budget, self.settings.sampling, self.settings.stop
+            ):
+                pieces.append(event.text)
+                self.last_event = event
+                reply.content = "".join(pieces)
+                if event.finish_reason is not None:
+                    reply.interrupted = False
+                    reply.finish_reason = event.finish_reason
+                elif event.generation_tokens % SAVE_EVERY_TOKENS == 0:
+                    self.save()
+                yield event
+        finally:
+            reply.content = "".join(pieces)
+            self.save()
+
+    def _fit(self) -> tuple[list[int], int]:
+        """The prompt for the next reply, dropping the oldest turns if the policy allows."""
+        n_ctx = self.engine.n_ctx
+        # Leave room for a useful reply: the requested length, up to a quarter of the window.
+        room = min(self.settings.max_tokens, n_ctx // 4)
+        tokens = self.prompt_tokens()
+        dropped = 0
+        while len(tokens) + room > n_ctx:
+            alone = len(self.messages) <= 1
+            if alone or self.settings.on_overflow == "error":
+                self.messages.pop()  # the new message was never answered: it is not kept
+                self.save()
+                if alone:
+                    raise ChatOverflowError(
+                        f"this message takes {len(tokens)} tokens and a reply needs {room} more, "
+                        f"but the context holds {n_ctx}: shorten it or restart with a larger --ctx"
+                    )
+                raise ChatOverflowError(
+                    f"the conversation needs {len(tokens) + room} tokens with room for a reply, "
+                    f"but the context holds {n_ctx}: /clear, or restart with --on-overflow "
+                    "truncate or a larger --ctx"
+                )
+            # The oldest exchange goes: a user message and the reply that followed it.
+            self.messages.pop(0)
+            dropped += 1
+            while self.messages and self.messages[0].role != "user":
+                self.messages.pop(0)
+                dropped += 1
+            tokens = self.prompt_tokens()
+        if dropped:
+            self.save()
+        return tokens, dropped
+
+    def clear(self) -> None:
+        """Forget the conversation and the KV cache (the system prompt stays)."""
+        self.messages.clear()
+        self.engine.clear_cache()
+        self.save()
+
+    def set_system(self, text: str | None) -> None:
+        self.system = text or None
+        self.save()
+
+    # --- the transcript ---------------------------------------------------------------------
+
+    def as_dict(self) -> dict[str, Any]:
+        sampling = asdict(self.settings.sampling)
+        return {
+            "model": self.model_name,
+            "system": self.system,
+            "settings": {
+                **sampling,
+                "max_tokens": self.settings.max_tokens,
+                "stop": list(self.settings.stop),
+            },
+            "messages": [asdict(m) for m in self.messages],
+            "saved": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        }
+
+    def save(self, path: Path | None = None) -> None:
+        target = path or self.transcript
+        if target is None:
+            return
+        write_json_atomically(target, self.as_dict())
+
+    def load(self, path: Path) -> None:
+        """Replace the conversation with a saved one (its system prompt and messages)."""
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+            messages = [Message(**m) for m in data["messages"]]
+            system = data.get("system")
+        except OSError as error:
+            raise TranscriptError(f"cannot read {path}: {error.strerror}") from None
+        except (ValueError, KeyError, TypeError) as error:
+            raise TranscriptError(
+                f"{path} is not a quill chat transcript ({error}); /save writes one"
+            ) from None
+        self.messages = messages
+        self.system = system
+        self.save()
+
+
+def write_json_atomically(path: Path, data: dict[str, Any]) -> None:
+    partial = path.with_name(f".{path.name}.{os.getpid()}.part")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial.write_text(json.dumps(data, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
+        partial.replace(path)
+    except OSError as error:
+        partial.unlink(missing_ok=True)
+        raise TranscriptError(f"cannot write {path}: {error.strerror}") from None
+
+
+def with_setting(settings: ChatSettings, key: str, value: str) -> ChatSettings:
+    """settings with one `/set KEY VALUE` applied; ValueError says what is accepted."""
+    numeric = {
+        "temperature": float,
+        "top_p": float,
+        "top_k": int,
+        "min_p": float,
+        "repeat_penalty": float,
+        "seed": int,
+    }
+    if key in numeric:
+        try:
+            number = numeric[key](value)
+        except ValueError:
+            raise ValueError(f"{key} takes a number, not {value!r}") from None
+        return replace(settings, sampling=replace(settings.sampling, **{key: number}))
+    if key == "max_tokens":
+        if not value.isdigit() or int(value) < 1:
+            raise ValueError(f"max_tokens takes a whole number of at least 1, not {value!r}")
+        return replace(settings, max_tokens=int(value))
+    if key == "stop":
+        # Backslash escapes so that a newline can be typed: /set stop \n\n
+        stops = tuple(s.encode().decode("unicode_escape") for s in value.split(",") if s)
+        return replace(settings, stop=stops)
+    known = ", ".join([*numeric, "max_tokens", "stop"])
+    raise ValueError(f"unknown setting {key!r}; /set takes {known}")
