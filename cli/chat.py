@@ -34,7 +34,8 @@ DEFAULTS = SamplingParams()
 BLOCK = '"""'
 HELP = """\
 /help              this list
-/clear             forget the conversation and its KV cache (the system prompt stays)
+/clear             forget the conversation and its KV cache (the system prompt stays,
+                   the transcript keeps the messages under "earlier")
 /system TEXT       set the system prompt (/system alone removes it)
 /set KEY VALUE     temperature, top_p, top_k, min_p, repeat_penalty, seed, max_tokens,
                    stop (comma-separated, backslash escapes: /set stop \\n\\n; /set stop clears)
@@ -262,8 +263,8 @@ class Repl:
                     if item.dropped_messages:
                         render.warning_line(
                             f"the context window is full: dropped the {item.dropped_messages} "
-                            "oldest messages to fit this turn (the transcript keeps only what "
-                            "the model still sees; --on-overflow error refuses instead)"
+                            "oldest messages to fit this turn (the model no longer sees them; "
+                            "the transcript keeps them; --on-overflow error refuses instead)"
                         )
                     continue
                 if first_at is None:

@@ -72,6 +72,8 @@ class ChatSession:
         self.system = system
         self.settings = settings or ChatSettings()
         self.messages: list[Message] = []
+        # Messages the model no longer sees (dropped to fit, or /clear): kept in the transcript.
+        self.earlier: list[Message] = []
         self.last_event: StreamEvent | None = None
         self.save()
 
@@ -158,10 +160,10 @@ class ChatSession:
                     "truncate or a larger --ctx"
                 )
             # The oldest exchange goes: a user message and the reply that followed it.
-            self.messages.pop(0)
+            self.earlier.append(self.messages.pop(0))
             dropped += 1
             while self.messages and self.messages[0].role != "user":
-                self.messages.pop(0)
+                self.earlier.append(self.messages.pop(0))
                 dropped += 1
             tokens = self.prompt_tokens()
         if dropped:
@@ -169,7 +171,9 @@ class ChatSession:
         return tokens, dropped
 
     def clear(self) -> None:
-        """Forget the conversation and the KV cache (the system prompt stays)."""
+        """Forget the conversation and the KV cache (the system prompt stays; the transcript
+        keeps the messages under "earlier")."""
+        self.earlier.extend(self.messages)
         self.messages.clear()
         self.engine.clear_cache()
         self.save()
@@ -191,6 +195,7 @@ class ChatSession:
                 "stop": list(self.settings.stop),
             },
             "messages": [asdict(m) for m in self.messages],
+            "earlier": [asdict(m) for m in self.earlier],
             "saved": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         }
 
@@ -212,6 +217,7 @@ class ChatSession:
             raise TranscriptError(
                 f"{path} is not a quill chat transcript ({error}); /save writes one"
             ) from None
+        self.earlier.extend(self.messages)
         self.messages = messages
         self.system = system
         self.save()

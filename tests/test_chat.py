@@ -75,6 +75,8 @@ def test_recalls_a_fact_two_turns_back_reuses_the_cache_and_clear_forgets(
     child.expect(pexpect.EOF)
     messages = saved(transcript)["messages"]
     assert [m["role"] for m in messages] == ["user", "assistant"]
+    earlier = saved(transcript)["earlier"]  # /clear hid them from the model, not from the user
+    assert len(earlier) == 6 and earlier[0]["content"] == "My dog is called Rex."
 
 
 def test_ctrl_c_stops_the_reply_keeps_it_and_returns_to_the_prompt(
@@ -141,6 +143,9 @@ def test_overflow_drops_the_oldest_turns_and_says_so(smollm2_path, quill_home, t
     messages = saved(transcript)["messages"]
     assert not messages[0]["content"].startswith("Turn 0:")
     assert messages[-2]["content"].startswith(f"Turn {turn}:")
+    earlier = saved(transcript)["earlier"]  # dropped for the model, kept for the user
+    assert earlier[0]["content"].startswith("Turn 0:")
+    assert len(earlier) + len(messages) == 2 * (turn + 1)
     child.sendline("/bye")
     child.expect(pexpect.EOF)
 
@@ -177,7 +182,7 @@ def test_a_killed_chat_leaves_its_transcript(smollm2_path, quill_home, transcrip
     assert messages[1]["interrupted"] is True and len(messages[1]["content"].split()) >= 8
 
 
-def test_slash_commands_set_show_and_unknown(smollm2_path, quill_home, transcript):
+def test_slash_commands_set_show_and_unknown(smollm2_path, tiny_path, quill_home, transcript):
     child = spawn(quill_home, transcript)
     child.sendline("/set temperature 0.3")
     child.expect_exact("temperature = 0.3")
@@ -200,6 +205,20 @@ def test_slash_commands_set_show_and_unknown(smollm2_path, quill_home, transcrip
     child.expect_exact(PROMPT)
     assert saved(transcript)["messages"][0]["content"] == "Say the word\nyes."
     assert saved(transcript)["system"] == "You are terse."
+    child.sendline("/retry")  # the same message answered again: the reply is replaced
+    child.expect(STATS)
+    child.expect_exact(PROMPT)
+    assert [m["role"] for m in saved(transcript)["messages"]] == ["user", "assistant"]
+    child.sendline(f"/model {tiny_path}")
+    child.expect_exact("now chatting with")
+    child.expect_exact(PROMPT)
+    child.sendline("/show")
+    child.expect_exact(str(tiny_path))
+    child.expect_exact("2 messages")
+    child.expect_exact(PROMPT)
+    child.sendline("/model no-such-model")
+    child.expect_exact("quill: error:")
+    child.expect_exact(PROMPT)
     child.sendeof()
     child.expect(pexpect.EOF)
 
