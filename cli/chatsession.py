@@ -138,36 +138,44 @@ class ChatSession:
             self.save()
 
     def _fit(self) -> tuple[list[int], int]:
-        """The prompt for the next reply, dropping the oldest turns if the policy allows."""
+        """The prompt for the next reply, dropping the oldest turns if the policy allows.
+
+        A drop changes the start of the prompt, so the next turn prefills the whole remaining
+        history. Dropping down to half the window (as llama.cpp's server discards half) buys
+        several turns of cache reuse before the next drop, instead of a full prefill every turn.
+        """
         n_ctx = self.engine.n_ctx
         # Leave room for a useful reply: the requested length, up to a quarter of the window.
         room = min(self.settings.max_tokens, n_ctx // 4)
+        limit = n_ctx - room
         tokens = self.prompt_tokens()
+        if len(tokens) <= limit:
+            return tokens, 0
+        if self.settings.on_overflow == "error" and len(self.messages) > 1:
+            self.messages.pop()  # the refused message was never answered: it is not kept
+            self.save()
+            raise ChatOverflowError(
+                f"the conversation needs {len(tokens) + room} tokens with room for a reply, "
+                f"but the context holds {n_ctx}: /clear, or restart with --on-overflow "
+                "truncate or a larger --ctx"
+            )
         dropped = 0
-        while len(tokens) + room > n_ctx:
-            alone = len(self.messages) <= 1
-            if alone or self.settings.on_overflow == "error":
-                self.messages.pop()  # the new message was never answered: it is not kept
-                self.save()
-                if alone:
-                    raise ChatOverflowError(
-                        f"this message takes {len(tokens)} tokens and a reply needs {room} more, "
-                        f"but the context holds {n_ctx}: shorten it or restart with a larger --ctx"
-                    )
-                raise ChatOverflowError(
-                    f"the conversation needs {len(tokens) + room} tokens with room for a reply, "
-                    f"but the context holds {n_ctx}: /clear, or restart with --on-overflow "
-                    "truncate or a larger --ctx"
-                )
+        while len(self.messages) > 1 and len(tokens) > min(limit, n_ctx // 2):
             # The oldest exchange goes: a user message and the reply that followed it.
             self.earlier.append(self.messages.pop(0))
             dropped += 1
-            while self.messages and self.messages[0].role != "user":
+            while len(self.messages) > 1 and self.messages[0].role != "user":
                 self.earlier.append(self.messages.pop(0))
                 dropped += 1
             tokens = self.prompt_tokens()
-        if dropped:
+        if len(tokens) > limit:
+            self.messages.pop()
             self.save()
+            raise ChatOverflowError(
+                f"this message takes {len(tokens)} tokens and a reply needs {room} more, "
+                f"but the context holds {n_ctx}: shorten it or restart with a larger --ctx"
+            )
+        self.save()
         return tokens, dropped
 
     def clear(self) -> None:
