@@ -95,8 +95,10 @@ def perplexity(
                     f"{file} has {len(tokens)} tokens; scoring windows of {ctx} needs at least "
                     f"{2 * ctx}: give a longer text or a smaller --ctx"
                 )
+            available = len(tokens) // ctx
+            scored = f", scoring the first {chunks}" if chunks and chunks < available else ""
             render.info_line(
-                f"{file.name}: {len(tokens)} tokens, {len(tokens) // ctx} windows of {ctx}"
+                f"{file.name}: {len(tokens)} tokens, {available} windows of {ctx}{scored}"
             )
             with StepProgress("windows") as progress:
                 for last in score(engine, tokens, ctx, chunks):
