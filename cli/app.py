@@ -15,6 +15,7 @@ except ImportError:  # pragma: no cover
 
 from cli import __version__, quality
 from cli import chat as chat_command
+from cli import serve as serve_command
 from cli.errors import (
     EXIT_INTERRUPTED,
     EXIT_USAGE,
@@ -170,6 +171,18 @@ def run(
     verbose: Annotated[
         bool, typer.Option("--verbose", "-v", help="Show llama.cpp's own log lines.")
     ] = False,
+    endpoint: Annotated[
+        str | None,
+        typer.Option(
+            "--endpoint",
+            help="An OpenAI-compatible server (e.g. http://127.0.0.1:8080/v1) instead of a "
+            "local model; -m names its model.",
+        ),
+    ] = None,
+    api_key: Annotated[
+        str | None,
+        typer.Option("--api-key", envvar="QUILL_API_KEY", help="Bearer token for --endpoint."),
+    ] = None,
 ) -> None:
     """Generate a reply to PROMPT, streamed to stdout; timing goes to stderr."""
     from cli import runner
@@ -201,6 +214,8 @@ def run(
                 show_stats=not no_stats,
                 timeline=timeline,
                 verbose=verbose,
+                endpoint=endpoint,
+                api_key=api_key,
             )
         )
     except QuillError as error:
@@ -586,6 +601,7 @@ def bench(
 
 
 app.command(name="chat", epilog=chat_command.CHAT_EPILOG)(chat_command.chat)
+app.command(name="serve", epilog=serve_command.SERVE_EPILOG)(serve_command.serve)
 app.command(name="perplexity", epilog=quality.PPL_EPILOG)(quality.perplexity)
 app.command(name="quant-report", epilog=EXIT_CODES_HELP)(quality.quant_report)
 

@@ -39,6 +39,7 @@ class LoadOptions:
     gpu_layers: int = 0  # ALL_LAYERS offloads every layer
     kv_type_k: str = "f16"
     kv_type_v: str = "f16"
+    parallel: int = 1  # sequences sharing the context (quill serve); each gets n_ctx tokens
 
 
 DEFAULT_CTX = 4096
@@ -100,7 +101,9 @@ class Engine:
         self.threads = options.threads or physical_cores()
 
         context_params = llama.llama_context_default_params()
-        context_params.n_ctx = n_ctx
+        context_params.n_ctx = n_ctx * options.parallel
+        context_params.n_seq_max = options.parallel
+        context_params.kv_unified = False  # each sequence owns n_ctx cells: no one starves another
         context_params.n_batch = min(options.n_batch, n_ctx)
         context_params.n_ubatch = min(options.n_batch, n_ctx)
         context_params.n_threads = self.threads
@@ -121,7 +124,8 @@ class Engine:
         self.load_s = time.perf_counter() - started
 
         self.path = path
-        self.n_ctx = llama.llama_n_ctx(self._ctx)
+        self.parallel = options.parallel
+        self.n_ctx = llama.llama_n_ctx_seq(self._ctx)  # positions one sequence can hold
         self.n_batch = context_params.n_batch
         self.gpu_layers = (
             min(options.gpu_layers, self.n_layers) if options.gpu_layers >= 0 else self.n_layers
@@ -167,7 +171,7 @@ class Engine:
 
     @property
     def kv_bytes_per_position(self) -> float:
-        return self.kv_cache_bytes / self.n_ctx
+        return self.kv_cache_bytes / (self.n_ctx * self.parallel)
 
     @property
     def architecture(self) -> str:
@@ -189,7 +193,7 @@ class Engine:
             self.n_layers,
             llama.llama_model_n_head_kv(self._model),
             head_dim_k,
-            self.n_ctx,
+            self.n_ctx * self.parallel,
             self.kv_type_k,
             self.kv_type_v,
             head_dim_v,

@@ -36,7 +36,8 @@ def stats_parts(metrics: RunMetrics) -> list[tuple[str, str]]:
     finish = m.finish_reason or "n/a"
     if m.stop_string is not None:
         finish += f" ({json.dumps(m.stop_string, ensure_ascii=False)})"
-    return [
+    local = m.n_ctx > 0  # a model behind --endpoint has no load time, KV or threads of ours
+    parts = [
         ("load", f"{m.load_s:.2f} s"),
         ("TTFT", _ms(m.ttft_s)),
         ("prefill", prefill),
@@ -48,6 +49,12 @@ def stats_parts(metrics: RunMetrics) -> list[tuple[str, str]]:
         ("threads", str(m.threads)),
         ("GPU layers", str(m.gpu_layers)),
     ]
+    if local:
+        return parts
+    return [(label, value) for label, value in parts if label in REMOTE_PARTS]
+
+
+REMOTE_PARTS = ("TTFT", "prefill", "decode", "ITL", "total", "finish")
 
 
 def print_stats(metrics: RunMetrics) -> None:

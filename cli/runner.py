@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from cli import render
-from cli.engine import ALL_LAYERS, DEFAULT_CTX, Engine, LoadOptions
+from cli.engine import ALL_LAYERS, DEFAULT_CTX, Engine, LoadOptions, StreamEvent
 from cli.errors import EXIT_INTERRUPTED, EXIT_OK, ContextOverflowError
 from cli.metrics import MetricsRecorder
 from cli.progress import download_progress
@@ -39,6 +40,8 @@ class RunRequest:
     show_stats: bool = True
     timeline: bool = False
     verbose: bool = False
+    endpoint: str | None = None  # an OpenAI-compatible server instead of a local model
+    api_key: str | None = None
 
 
 def resolve_gpu_layers(requested: int | None) -> int:
@@ -57,6 +60,8 @@ def resolve_gpu_layers(requested: int | None) -> int:
 
 
 def run_once(request: RunRequest) -> int:
+    if request.endpoint:
+        return run_endpoint(request)
     registry = load_registry()
     model_request = parse_model_name(request.model or registry.default, registry)
     path = obtain(
@@ -99,7 +104,10 @@ def run_once(request: RunRequest) -> int:
                 len(tokens), request.max_tokens, engine.n_ctx, engine.trained_ctx
             )
         try:
-            return _stream(engine, recorder, tokens, request, model_request.name, path)
+            events = engine.stream_generate(
+                tokens, request.max_tokens, request.sampling, request.stop
+            )
+            return _stream(engine, recorder, events, request, model_request.name, path)
         except BrokenPipeError:
             # The reader went away (quill run ... | head): stop quietly, as cat and grep do.
             render.silence_stdout()
@@ -109,17 +117,15 @@ def run_once(request: RunRequest) -> int:
 def _stream(
     engine: Engine,
     recorder: MetricsRecorder,
-    tokens: list[int],
+    events: Iterator[StreamEvent],
     request: RunRequest,
     model_name: str,
-    path: Path,
+    path: Path | str,  # the model file, or the endpoint's URL
 ) -> int:
     pieces: list[str] = []
     finish_override = None
     try:
-        for event in engine.stream_generate(
-            tokens, request.max_tokens, request.sampling, request.stop
-        ):
+        for event in events:
             pieces.append(event.text)
             if not request.json_output:
                 render.write_stdout(event.text)
@@ -137,6 +143,38 @@ def _stream(
             render.print_timeline(recorder.arrivals())
         if request.show_stats:
             render.print_stats(metrics)
-    if request.verbose:
+    if request.verbose and isinstance(engine, Engine):
         render.info_line(f"llama.cpp perf: {engine.perf()}; weight repacking {engine.repack}")
     return EXIT_INTERRUPTED if finish_override else EXIT_OK
+
+
+def run_endpoint(request: RunRequest) -> int:
+    """The same output and metrics, from a server's SSE stream instead of a local engine."""
+    from cli.endpoint import RemoteInfo, first_model, stream_chat
+
+    endpoint = request.endpoint or ""
+    model = request.model or first_model(endpoint, request.api_key) or "default"
+    messages = [("system", request.system)] if request.system else []
+    messages.append(("user", request.prompt))
+    recorder = MetricsRecorder()
+    events = stream_chat(
+        endpoint,
+        messages,
+        model,
+        request.max_tokens,
+        request.sampling,
+        request.stop,
+        request.api_key,
+    )
+    try:
+        return _stream(
+            RemoteInfo(),  # type: ignore[arg-type]
+            recorder,
+            events,
+            request,
+            model,
+            endpoint,
+        )
+    except BrokenPipeError:
+        render.silence_stdout()
+        return EXIT_OK

@@ -93,6 +93,8 @@ def test_ctrl_c_stops_the_reply_keeps_it_and_returns_to_the_prompt(
     assert reply["role"] == "assistant" and reply["interrupted"] is True
     assert len(reply["content"].split()) >= 5
     # The chat goes on: the next turn answers, with the interrupted reply in its history.
+    child.sendline("/set max_tokens 16")
+    child.expect_exact(PROMPT)
     _, _, cached = say(child, "Thank you.")
     assert cached > 0
     child.sendintr()  # Ctrl-C at an empty prompt leaves

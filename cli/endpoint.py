@@ -1,0 +1,176 @@
+"""Any OpenAI-compatible server as a source of StreamEvents: quill serve, llama-server, vLLM,
+Ollama's /v1. TTFT and tokens/s come from when each Server-Sent Event arrives here, so they are
+what this client saw, network included; the server's own timings are used only where the
+client cannot see a number (how long prefill alone took)."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+from cli.engine import StreamEvent
+from cli.errors import ModelNotFoundError, QuillError, UsageError
+from cli.sampling import SamplingParams
+
+
+class EndpointError(QuillError):
+    """The server refused the request or could not be reached."""
+
+    exit_code = 5
+
+
+@dataclass(frozen=True)
+class RemoteInfo:
+    """What MetricsRecorder.summary reads from an engine, for a model behind an endpoint."""
+
+    load_s: float = 0.0
+    n_ctx: int = 0
+    kv_type_k: str = "remote"
+    kv_type_v: str = "remote"
+    kv_cache_bytes: int = 0
+    threads: int = 0
+    gpu_layers: int = 0
+
+
+def chat_url(base: str) -> str:
+    base = base.rstrip("/")
+    if base.endswith("/chat/completions"):
+        return base
+    if not base.endswith("/v1"):
+        base += "/v1"
+    return base + "/chat/completions"
+
+
+def first_model(base_url: str, api_key: str | None, timeout_s: float = 10) -> str | None:
+    """The first model GET /v1/models lists: what to ask for when the user names none."""
+    url = chat_url(base_url).removesuffix("/chat/completions") + "/models"
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        request = urllib.request.Request(url, headers=headers)
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            listed = json.loads(response.read()).get("data") or []
+    except urllib.error.HTTPError as error:
+        raise _refusal(url, error) from None
+    except (urllib.error.URLError, OSError) as error:
+        reason = getattr(error, "reason", error)
+        raise EndpointError(f"cannot reach {url}: {reason}; is the server running?") from None
+    except ValueError:
+        return None
+    return listed[0].get("id") if listed and isinstance(listed[0], dict) else None
+
+
+def stream_chat(
+    base_url: str,
+    messages: Sequence[tuple[str, str]],
+    model: str | None,
+    max_tokens: int,
+    sampling: SamplingParams,
+    stop: Sequence[str] = (),
+    api_key: str | None = None,
+    timeout_s: float = 600,
+) -> Iterator[StreamEvent]:
+    model = model or first_model(base_url, api_key) or "default"
+    body = {
+        "model": model,
+        "messages": [{"role": role, "content": text} for role, text in messages],
+        "stream": True,
+        "max_tokens": max_tokens,
+        "temperature": sampling.temperature,
+        "top_p": sampling.top_p,
+        "stop": list(stop) or None,
+        "stream_options": {"include_usage": True},
+    }
+    if sampling.seed is not None:
+        body["seed"] = sampling.seed
+    headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
+    url = chat_url(base_url)
+    request = urllib.request.Request(url, json.dumps(body).encode(), headers, method="POST")
+    started = time.perf_counter()
+    try:
+        response = urllib.request.urlopen(request, timeout=timeout_s)
+    except urllib.error.HTTPError as error:
+        raise _refusal(url, error) from None
+    except (urllib.error.URLError, OSError) as error:
+        reason = getattr(error, "reason", error)
+        raise EndpointError(f"cannot reach {url}: {reason}; is the server running?") from None
+    first_at: float | None = None
+    generated = 0
+    finish: str | None = None
+    usage: dict = {}
+    timings: dict = {}
+    with response:
+        for raw in response:
+            line = raw.decode("utf-8").strip()
+            if not line.startswith("data:"):
+                continue
+            data = line[5:].strip()
+            if data == "[DONE]":
+                break
+            chunk = json.loads(data)
+            usage = chunk.get("usage") or usage
+            timings = chunk.get("timings") or timings
+            for choice in chunk.get("choices") or []:
+                text = (choice.get("delta") or {}).get("content") or choice.get("text") or ""
+                finish = choice.get("finish_reason") or finish
+                if not text:
+                    continue
+                now = time.perf_counter()
+                generated += 1
+                if first_at is None:
+                    first_at = now
+                yield _event(text, generated, now - started, first_at - started, now - first_at)
+    now = time.perf_counter()
+    prompt_tokens = int(usage.get("prompt_tokens") or 0)
+    completion = int(usage.get("completion_tokens") or generated)
+    ttft = (first_at or now) - started
+    prefill_s = timings["prompt_ms"] / 1000 if "prompt_ms" in timings else ttft
+    yield StreamEvent(
+        text="",
+        token=None,
+        prompt_tokens=prompt_tokens,
+        cached_prompt_tokens=0,
+        prefill_s=prefill_s,
+        generation_tokens=completion,
+        decode_s=now - (first_at or now),
+        finish_reason=finish or "stop",
+        stop_string=None,
+        seed=sampling.seed if sampling.seed is not None else -1,
+        peak_rss_bytes=0,
+    )
+
+
+def _event(text: str, generated: int, _at: float, ttft: float, decode_s: float) -> StreamEvent:
+    return StreamEvent(
+        text=text,
+        token=-1,  # the server does not say which token; one event per content chunk
+        prompt_tokens=0,
+        cached_prompt_tokens=0,
+        prefill_s=ttft,
+        generation_tokens=generated,
+        decode_s=decode_s,
+        finish_reason=None,
+        stop_string=None,
+        seed=-1,
+        peak_rss_bytes=0,
+    )
+
+
+def _refusal(url: str, error: urllib.error.HTTPError) -> QuillError:
+    try:
+        message = json.loads(error.read())["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        message = error.reason
+    text = f"{url} answered {error.code}: {message}"
+    if error.code == 401:
+        return UsageError(f"{text} (pass --api-key)")
+    if error.code == 404:
+        return ModelNotFoundError(text)
+    if error.code in (400, 413, 422):
+        return UsageError(text)
+    return EndpointError(text)
