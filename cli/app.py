@@ -536,9 +536,21 @@ def bench(
     offline: Annotated[
         bool, typer.Option("--offline", help="Use only models already on disk.")
     ] = False,
+    endpoint: Annotated[
+        str | None,
+        typer.Option(
+            "--endpoint",
+            help="Measure an OpenAI-compatible server instead (-p, -n and -r apply; MODEL is "
+            "its model name).",
+        ),
+    ] = None,
+    api_key: Annotated[
+        str | None,
+        typer.Option("--api-key", envvar="QUILL_API_KEY", help="Bearer token for --endpoint."),
+    ] = None,
 ) -> None:
     """Measure prefill and decode speed over a grid of lengths, depths, KV types and threads."""
-    from cli import benchrender, render
+    from cli import render
     from cli.bench import BenchGrid, run_bench
     from cli.gguf_info import read_gguf
     from cli.progress import download_progress
@@ -560,6 +572,11 @@ def bench(
             repetitions=repetitions,
         )
         grid.check()
+        if endpoint:
+            rows = _bench_endpoint(endpoint, model, grid, api_key)
+            label = model or "endpoint"
+            _show_bench(rows, label, json_output, csv_output, markdown_output, plot)
+            return
         registry = load_registry()
         request = parse_model_name(model or registry.default, registry)
         path = obtain(
@@ -582,8 +599,31 @@ def bench(
     except KeyboardInterrupt:
         render.error_line("interrupted")
         raise typer.Exit(EXIT_INTERRUPTED) from None
+    _show_bench(rows, request.label, json_output, csv_output, markdown_output, plot)
+
+
+def _bench_endpoint(endpoint: str, model: str | None, grid, api_key: str | None) -> list:
+    from cli import render
+    from cli.bench import run_endpoint_bench
+    from cli.endpoint import first_model
+
+    if grid.depths != (0,) or grid.kv_types != ("f16",) or grid.threads or grid.batches != (512,):
+        raise UsageError("--depth, --kv-type, --threads and --batch are the server's to choose")
+    model = model or first_model(endpoint, api_key) or "default"
+    rows = []
+    for row in run_endpoint_bench(endpoint, model, grid, api_key):
+        rows.append(row)
+        render.info_line(
+            f"{row.test} at {endpoint}: {row.tokens_per_s:.1f} ± {row.tokens_per_s_sd:.1f} tok/s"
+        )
+    return rows
+
+
+def _show_bench(rows, label, json_output, csv_output, markdown_output, plot) -> None:
+    from cli import benchrender, render
+
     if json_output:
-        render.write_stdout(benchrender.json_text(request.label, rows))
+        render.write_stdout(benchrender.json_text(label, rows))
     elif csv_output:
         render.write_stdout(benchrender.csv_text(rows))
     elif markdown_output:
@@ -594,7 +634,7 @@ def bench(
             render.stdout_console.print(line)
     if plot is not None:
         try:
-            benchrender.plot(rows, request.label, plot)
+            benchrender.plot(rows, label, plot)
         except QuillError as error:
             fail(error)
         render.info_line(f"plot written to {plot}")

@@ -197,3 +197,39 @@ def measure_generation(
         bandwidth_gb_s=bytes_per_token * rate / 1e9,
         samples=rates,
     )
+
+
+def run_endpoint_bench(
+    url: str, model: str, grid: BenchGrid, api_key: str | None = None
+) -> Iterator[BenchRow]:
+    """ppP and tgN against an OpenAI-compatible server, timed from SSE arrivals here.
+
+    The prompt is P copies of a one-token word, so its length is about P tokens (the server's
+    usage count is what the rate is computed from); ppP's rate is prompt tokens over the time to
+    the first token, which includes the network and any queueing, as a client sees it.
+    """
+    from cli.endpoint import stream_chat
+
+    for p in grid.prompt_tokens:
+        rates, ttfts = [], []
+        for rep in range(grid.repetitions + 1):
+            events = list(
+                stream_chat(url, [("user", " the" * p)], model, 1, GREEDY_NO_EOS, api_key=api_key)
+            )
+            last = events[-1]
+            if rep:  # the first round warms the server up
+                ttfts.append(last.prefill_s * 1000)
+                rates.append(last.prompt_tokens / last.prefill_s if last.prefill_s else 0.0)
+        rate, rate_sd = mean_sd(rates)
+        ttft, ttft_sd = mean_sd(ttfts)
+        yield BenchRow(f"pp{p}", 0, "remote", 0, 0, rate, rate_sd, ttft, ttft_sd, samples=rates)
+    for n in grid.gen_tokens:
+        rates = []
+        for rep in range(grid.repetitions + 1):
+            last = list(
+                stream_chat(url, [("user", "Hi")], model, n + 1, GREEDY_NO_EOS, api_key=api_key)
+            )[-1]
+            if rep:
+                rates.append(last.decode_tokens_per_s)
+        rate, rate_sd = mean_sd(rates)
+        yield BenchRow(f"tg{n}", 0, "remote", 0, 0, rate, rate_sd, samples=rates)

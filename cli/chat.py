@@ -21,6 +21,7 @@ from cli.chatsession import (
     ChatOverflowError,
     ChatSession,
     ChatSettings,
+    RemoteModel,
     TranscriptError,
     TurnStart,
     with_setting,
@@ -107,6 +108,18 @@ def chat(
         bool, typer.Option("--offline", help="Use only models already on disk.")
     ] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show llama.cpp's log.")] = False,
+    endpoint: Annotated[
+        str | None,
+        typer.Option(
+            "--endpoint",
+            help="Chat with a model on an OpenAI-compatible server (e.g. "
+            "http://127.0.0.1:8080/v1); NAME is then the server's model name.",
+        ),
+    ] = None,
+    api_key: Annotated[
+        str | None,
+        typer.Option("--api-key", envvar="QUILL_API_KEY", help="Bearer token for --endpoint."),
+    ] = None,
 ) -> None:
     """Chat with a model in the terminal: each turn prefills only what is new."""
     from cli.engine import LoadOptions
@@ -125,8 +138,15 @@ def chat(
             kv_type_k=type_k,
             kv_type_v=type_v,
         )
-        label, path = obtain_model(name, offline)
-        engine = Engine(path, options, verbose=verbose)
+        backend: Engine | RemoteModel
+        if endpoint:
+            from cli.endpoint import first_model
+
+            label = name or first_model(endpoint, api_key) or "default"
+            backend = RemoteModel(endpoint, label, api_key)
+        else:
+            label, path = obtain_model(name, offline)
+            backend = Engine(path, options, verbose=verbose)
         if transcript is None:
             stamp = time.strftime("%Y%m%d-%H%M%S")
             transcript = quill_home() / "chats" / f"{stamp}-{label.replace('/', '_')}.json"
@@ -144,7 +164,7 @@ def chat(
             on_overflow=on_overflow,
         )
         try:
-            session = ChatSession(engine, label, transcript, system, settings)
+            session = ChatSession(backend, label, transcript, system, settings)
         except TranscriptError as error:
             raise UsageError(str(error)) from None
     except QuillError as error:
@@ -174,15 +194,19 @@ class Repl:
 
     def run(self) -> None:
         session = self.session
-        if session.engine.chat_prompt([("user", "?")]) is None:
+        local = session.remote is None
+        if local and session.engine.chat_prompt([("user", "?")]) is None:
             render.warning_line(
                 f"{session.model_name} has no chat template llama.cpp can apply (a base model?); "
                 "the conversation is sent as 'user: ...' lines, which base models only continue"
             )
         if self.interactive:
             _start_history()
+            where = (
+                f"context {session.engine.n_ctx} tokens" if local else f"at {session.remote.url}"  # type: ignore[union-attr]
+            )
             render.info_line(
-                f"quill chat · {session.model_name} · context {session.engine.n_ctx} tokens · "
+                f"quill chat · {session.model_name} · {where} · "
                 f"/help for commands, Ctrl-D to leave · transcript {session.transcript}"
             )
         try:
@@ -192,7 +216,7 @@ class Repl:
                         self._command(message)
                     else:
                         self._stream(lambda text=message: session.send(text))
-                except (ChatOverflowError, TranscriptError, ValueError) as error:
+                except (ChatOverflowError, TranscriptError, QuillError, ValueError) as error:
                     render.error_line(str(error))
         except Quit:
             pass
@@ -291,8 +315,10 @@ class Repl:
             f"prefill {new} new tokens ({last.cached_prompt_tokens} cached), "
             f"{last.prefill_tokens_per_s:.0f} tok/s · TTFT {ttft * 1000:.0f} ms · "
             f"decode {last.generation_tokens} tok, {last.decode_tokens_per_s:.1f} tok/s · "
-            f"finish {finish} · context {session.context_used()}/{session.engine.n_ctx}"
+            f"finish {finish}"
         )
+        if session.remote is None:
+            self.last_stats += f" · context {session.context_used()}/{session.engine.n_ctx}"
         if self.show_stats:
             render.info_line(self.last_stats)
 
@@ -343,6 +369,20 @@ class Repl:
         from cli.units import human_bytes
 
         session, engine = self.session, self.session.engine
+        if isinstance(engine, RemoteModel):
+            sampling = session.settings.sampling
+            lines = [
+                f"model      {session.model_name} at {engine.url}",
+                f"system     {session.system or '(none)'}",
+                f"sampling   temperature {sampling.temperature}, top_p {sampling.top_p}, "
+                f"seed {sampling.seed} (the server applies its own top_k and min_p)",
+                f"replies    max_tokens {session.settings.max_tokens}, stop "
+                f"{list(session.settings.stop)}",
+                f"context    {len(session.messages)} messages (the server keeps the cache)",
+                f"transcript {session.transcript}",
+            ]
+            render.write_stderr("\n".join(lines) + "\n")
+            return
         sampling = session.settings.sampling
         lines = [
             f"model      {session.model_name} ({engine.path})",
@@ -371,7 +411,8 @@ class Repl:
         old = self.session.engine
         self.session.engine = engine
         self.session.model_name = label
-        old.close()
+        if isinstance(old, Engine):
+            old.close()
         self.session.save()
         render.info_line(f"now chatting with {label}; the conversation is kept")
 

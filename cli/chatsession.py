@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from cli.engine import Engine, StreamEvent
+from cli.errors import QuillError
 from cli.sampling import SamplingParams
 
 OVERFLOW_POLICIES = ("truncate", "error")
@@ -57,10 +58,19 @@ class TurnStart:
     max_tokens: int  # the reply's budget: the settings', or what is left of the context
 
 
+@dataclass(frozen=True)
+class RemoteModel:
+    """A model behind an OpenAI-compatible server: the server keeps its own cache and limits."""
+
+    url: str
+    model: str
+    api_key: str | None = None
+
+
 class ChatSession:
     def __init__(
         self,
-        engine: Engine,
+        engine: Engine | RemoteModel,
         model_name: str,
         transcript: Path | None,
         system: str | None = None,
@@ -91,9 +101,13 @@ class ChatSession:
             rendered += "assistant: "
         return self.engine.tokenize(rendered)
 
+    @property
+    def remote(self) -> RemoteModel | None:
+        return self.engine if isinstance(self.engine, RemoteModel) else None
+
     def context_used(self) -> int:
-        """KV cells holding this conversation (prompt and the replies so far)."""
-        return self.engine.cached_tokens
+        """KV cells holding this conversation (prompt and the replies so far); 0 when remote."""
+        return 0 if isinstance(self.engine, RemoteModel) else self.engine.cached_tokens
 
     def send(self, text: str) -> Iterator[TurnStart | StreamEvent]:
         """Add a user message and stream the reply: a TurnStart, then the engine's events.
@@ -113,17 +127,47 @@ class ChatSession:
         self.save()
         yield from self._reply()
 
-    def _reply(self) -> Iterator[TurnStart | StreamEvent]:
+    def _events(self) -> Iterator[TurnStart | StreamEvent]:
+        settings = self.settings
+        if isinstance(self.engine, RemoteModel):
+            from cli.endpoint import stream_chat
+
+            remote = self.engine
+            stream = stream_chat(
+                remote.url,
+                self.conversation(),
+                remote.model,
+                settings.max_tokens,
+                settings.sampling,
+                settings.stop,
+                remote.api_key,
+            )
+            try:
+                first = next(stream)  # the server answers, or refuses before a reply begins
+            except QuillError:
+                self.messages.pop()  # the refused message was never answered: it is not kept
+                self.save()
+                raise
+            yield TurnStart(0, 0, settings.max_tokens)  # the server checks its own window
+            yield first
+            yield from stream
+            return
         tokens, dropped = self._fit()
-        budget = min(self.settings.max_tokens, self.engine.n_ctx - len(tokens))
+        budget = min(settings.max_tokens, self.engine.n_ctx - len(tokens))
         yield TurnStart(len(tokens), dropped, budget)
+        yield from self.engine.stream_generate(tokens, budget, settings.sampling, settings.stop)
+
+    def _reply(self) -> Iterator[TurnStart | StreamEvent]:
+        events = self._events()
+        start = next(events)  # fits the conversation, or raises before a reply is begun
+        yield start
         reply = Message("assistant", "", interrupted=True)
         self.messages.append(reply)
         pieces: list[str] = []
         try:
-            for event in self.engine.stream_generate(
-                tokens, budget, self.settings.sampling, self.settings.stop
-            ):
+            for event in events:
+                if isinstance(event, TurnStart):
+                    continue
                 pieces.append(event.text)
                 self.last_event = event
                 reply.content = "".join(pieces)
@@ -183,7 +227,8 @@ class ChatSession:
         keeps the messages under "earlier")."""
         self.earlier.extend(self.messages)
         self.messages.clear()
-        self.engine.clear_cache()
+        if not isinstance(self.engine, RemoteModel):
+            self.engine.clear_cache()
         self.save()
 
     def set_system(self, text: str | None) -> None:

@@ -1,7 +1,7 @@
 """Any OpenAI-compatible server as a source of StreamEvents: quill serve, llama-server, vLLM,
 Ollama's /v1. TTFT and tokens/s come from when each Server-Sent Event arrives here, so they are
-what this client saw, network included; the server's own timings are used only where the
-client cannot see a number (how long prefill alone took)."""
+what this client saw, queueing and network included; token counts come from the server's usage.
+"""
 
 from __future__ import annotations
 
@@ -81,11 +81,17 @@ def stream_chat(
         "max_tokens": max_tokens,
         "temperature": sampling.temperature,
         "top_p": sampling.top_p,
+        # Extensions that llama-server, vLLM and quill serve accept, so sampling matches local runs.
+        "top_k": sampling.top_k,
+        "min_p": sampling.min_p,
+        "repeat_penalty": sampling.repeat_penalty,
         "stop": list(stop) or None,
         "stream_options": {"include_usage": True},
     }
     if sampling.seed is not None:
         body["seed"] = sampling.seed
+    if sampling.ignore_eos:
+        body["ignore_eos"] = True
     headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
     if api_key:
         headers["Authorization"] = f"Bearer {api_key}"
@@ -103,7 +109,6 @@ def stream_chat(
     generated = 0
     finish: str | None = None
     usage: dict = {}
-    timings: dict = {}
     with response:
         for raw in response:
             line = raw.decode("utf-8").strip()
@@ -114,7 +119,6 @@ def stream_chat(
                 break
             chunk = json.loads(data)
             usage = chunk.get("usage") or usage
-            timings = chunk.get("timings") or timings
             for choice in chunk.get("choices") or []:
                 text = (choice.get("delta") or {}).get("content") or choice.get("text") or ""
                 finish = choice.get("finish_reason") or finish
@@ -129,7 +133,7 @@ def stream_chat(
     prompt_tokens = int(usage.get("prompt_tokens") or 0)
     completion = int(usage.get("completion_tokens") or generated)
     ttft = (first_at or now) - started
-    prefill_s = timings["prompt_ms"] / 1000 if "prompt_ms" in timings else ttft
+    prefill_s = ttft  # as the client saw it: queueing, prefill and the network included
     yield StreamEvent(
         text="",
         token=None,

@@ -5,6 +5,7 @@ quill run --endpoint against it."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import threading
@@ -261,3 +262,36 @@ def test_run_endpoint_reports_the_servers_reply_and_metrics(server):
     assert reply["finish_reason"] in ("stop", "length")
     refused = CliRunner().invoke(app, ["run", "--endpoint", f"{server}/v1", "hi"])
     assert refused.exit_code == 2 and "pass --api-key" in refused.stderr
+
+
+def test_chat_endpoint_keeps_a_conversation_with_the_server(server, quill_home, tmp_path):
+    transcript = tmp_path / "remote.json"
+    result = subprocess.run(
+        [QUILL, "chat", "--endpoint", f"{server}/v1", "--api-key", KEY, "--temperature", "0",
+         "-n", "20", "--transcript", str(transcript)],
+        input="What is the capital of France?\nAnd of Italy?\n",
+        capture_output=True, text=True, env=quill_env(quill_home), timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    messages = json.loads(transcript.read_text())["messages"]
+    assert [m["role"] for m in messages] == ["user", "assistant"] * 2
+    assert "Paris" in messages[1]["content"] and messages[3]["content"]
+    assert result.stdout.startswith(messages[1]["content"])
+    # The second turn sent the whole history: the server counted more prompt tokens.
+    counts = [int(n) for n in re.findall(r"prefill (\d+) new tokens", result.stderr)]
+    assert len(counts) == 2 and counts[1] > counts[0] + len(messages[1]["content"].split())
+
+
+def test_bench_endpoint_measures_the_server(server):
+    result = CliRunner().invoke(
+        app,
+        ["bench", "--endpoint", f"{server}/v1", "--api-key", KEY, "-p", "64", "-n", "16",
+         "-r", "1", "--json"],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    rows = {row["test"]: row for row in json.loads(result.stdout)["rows"]}
+    assert set(rows) == {"pp64", "tg16"}
+    assert rows["pp64"]["tokens_per_s"] > 0 and rows["pp64"]["ttft_ms"] > 0
+    assert rows["tg16"]["tokens_per_s"] > 0
+    refused = CliRunner().invoke(app, ["bench", "--endpoint", f"{server}/v1", "-d", "512"])
+    assert refused.exit_code == 2 and "server's to choose" in refused.stderr
