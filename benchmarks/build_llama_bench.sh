@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Build llama.cpp's own llama-bench and llama-perplexity from the very llama-cpp-python sdist
-# that quill runs on, so both sides of every ratio share one llama.cpp source and compile flags.
+# Build llama.cpp's own llama-bench, llama-perplexity and llama-batched-bench from the very
+# llama-cpp-python sdist quill runs on: both sides of every ratio share one source and flags.
 # Usage: benchmarks/build_llama_bench.sh   (inside the venv quill is installed in; ~5 min on 2 cores)
 # Prints the path of the llama-bench binary on its last line.
 set -euo pipefail
@@ -13,10 +13,13 @@ if [ ! -d "$work/src" ]; then
   mkdir -p "$work/src"
   tar -xzf "$work"/llama_cpp_python-"$version".tar.gz -C "$work/src" --strip-components=1
 fi
-if [ ! -x "$work/build/bin/llama-bench" ] || [ ! -x "$work/build/bin/llama-perplexity" ]; then
+tools="llama-bench llama-perplexity llama-batched-bench"
+missing=0
+for tool in $tools; do [ -x "$work/build/bin/$tool" ] || missing=1; done
+if [ "$missing" = 1 ]; then
   cmake -S "$work/src/vendor/llama.cpp" -B "$work/build" -DCMAKE_BUILD_TYPE=Release \
     -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
     -DLLAMA_BUILD_SERVER=OFF -DLLAMA_CURL=OFF >&2
-  cmake --build "$work/build" --target llama-bench llama-perplexity -j "$(nproc)" >&2
+  cmake --build "$work/build" --target $tools -j "$(nproc)" >&2
 fi
 echo "$work/build/bin/llama-bench"
