@@ -13,7 +13,7 @@ try:  # recent typer vendors click; earlier releases use click itself
 except ImportError:  # pragma: no cover
     from click.exceptions import ClickException, NoArgsIsHelpError
 
-from cli import __version__, quality
+from cli import __version__, quality, tokenize_command
 from cli import chat as chat_command
 from cli import serve as serve_command
 from cli.errors import (
@@ -641,6 +641,7 @@ def _show_bench(rows, label, json_output, csv_output, markdown_output, plot) -> 
 
 
 app.command(name="chat", epilog=chat_command.CHAT_EPILOG)(chat_command.chat)
+app.command(name="tokenize", epilog=tokenize_command.EPILOG)(tokenize_command.tokenize)
 app.command(name="serve", epilog=serve_command.SERVE_EPILOG)(serve_command.serve)
 app.command(name="perplexity", epilog=quality.PPL_EPILOG)(quality.perplexity)
 app.command(name="quant-report", epilog=EXIT_CODES_HELP)(quality.quant_report)
