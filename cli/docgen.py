@@ -1,0 +1,57 @@
+"""docs/reference.md, generated from the Typer app: `python -m cli.docgen > docs/reference.md`.
+
+tests/test_docs.py regenerates it and fails when the file in the repository differs, so the
+reference cannot fall behind a new command or flag.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import typer
+
+HEADER = """\
+# Command reference
+
+Every quill command and flag, generated from the program itself (`python -m cli.docgen >
+docs/reference.md`; a test fails when this file is out of date). What the numbers mean is in
+[metrics](metrics.md); worked examples with real output are linked from the [guide](guide.md).
+"""
+
+
+def _cell(text: str) -> str:
+    return " ".join(text.split()).replace("|", "\\|")
+
+
+def reference_markdown() -> str:
+    from cli.app import app
+
+    click = __import__("typer._click", fromlist=["Context"])
+    group = typer.main.get_command(app)
+    root = click.Context(group, info_name="quill")
+    lines = [HEADER]
+    commands = group.list_commands(root)
+    lines.append("Commands: " + ", ".join(f"[`{name}`](#quill-{name})" for name in commands))
+    lines.append("")
+    for name in commands:
+        command = group.get_command(root, name)
+        context = click.Context(command, info_name=name, parent=root)
+        usage = " ".join(command.collect_usage_pieces(context))
+        lines += [f"## quill {name}", "", "```text", f"quill {name} {usage}", "```", ""]
+        lines += [inspect.cleandoc(command.help or ""), ""]
+        rows = []
+        for parameter in command.params:
+            record = parameter.get_help_record(context)
+            if record is None:
+                continue
+            flags, help_text = record
+            rows.append(f"| `{_cell(flags)}` | {_cell(help_text)} |")
+        if rows:
+            lines += ["| argument or option | meaning |", "|---|---|", *rows, ""]
+        if command.epilog:
+            lines += [_cell(command.epilog), ""]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+if __name__ == "__main__":
+    print(reference_markdown(), end="")

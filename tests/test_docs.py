@@ -1,0 +1,119 @@
+"""The docs cannot drift from the program: the reference is regenerated and compared, every
+`$ quill ...` line in docs/ and the README must parse with today's flags, links must resolve,
+and the greedy or seeded `quill run` examples are run again and must print what the docs show."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+import typer
+
+from cli.app import app
+from cli.docgen import reference_markdown
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = [*sorted((ROOT / "docs").glob("*.md")), ROOT / "README.md"]
+OPERATORS = {"|", "||", "&&", ";", ">", ">>", "<", "2>", "&", "(", ")"}
+
+
+REDIRECTION = re.compile(r"\s\d*>>?&?\s*\S+")
+
+
+def quill_commands() -> list[tuple[str, int, list[str], str, bool]]:
+    """(file, line number, argv after `quill`, the text shown after it, whether the line is a
+    plain command whose output shown is its stdout: no pipe or redirection) for each example."""
+    found = []
+    for path in DOCS:
+        lines = path.read_text(encoding="utf-8").splitlines()
+        for number, line in enumerate(lines, 1):
+            if not line.startswith("$ ") or "quill " not in line:
+                continue
+            command = REDIRECTION.sub(" ", line[2:])
+            lexer = shlex.shlex(command, posix=True, punctuation_chars=True)
+            lexer.whitespace_split = True
+            tokens = list(lexer)
+            if "quill" not in tokens:
+                continue
+            start = tokens.index("quill") + 1
+            argv = []
+            for token in tokens[start:]:
+                if token in OPERATORS:
+                    break
+                argv.append(token)
+            plain = start == 1 and len(argv) == len(tokens) - 1 and command == line[2:]
+            shown = []
+            for following in lines[number:]:
+                if following.startswith(("$ ", "```")):
+                    break
+                shown.append(following)
+            found.append((path.name, number, argv, "\n".join(shown), plain))
+    return found
+
+
+COMMANDS = quill_commands()
+
+
+def test_the_reference_is_up_to_date():
+    on_disk = (ROOT / "docs" / "reference.md").read_text(encoding="utf-8")
+    assert on_disk == reference_markdown(), (
+        "docs/reference.md is out of date: python -m cli.docgen > docs/reference.md"
+    )
+
+
+def test_the_docs_show_many_commands():
+    assert len(COMMANDS) >= 40
+    shown = {argv[0] for _, _, argv, _, _ in COMMANDS if argv}
+    group = typer.main.get_command(app)
+    assert shown >= {"run", "chat", "quantize", "perplexity", "serve", "tokenize", "bench"}
+    assert set(group.list_commands(None)) - shown <= {"rm", "pull", "list", "inspect"} - shown
+
+
+@pytest.mark.parametrize(("doc", "line", "argv", "shown", "_plain"), COMMANDS,
+                         ids=[f"{d}:{n}" for d, n, *_ in COMMANDS])  # fmt: skip
+def test_every_documented_command_parses(doc, line, argv, shown, _plain):
+    """Unknown flags, wrong types, missing arguments fail the parse as they would for a user;
+    only an example that shows that very error may fail."""
+    from typer._click.exceptions import ClickException
+
+    group = typer.main.get_command(app)
+    if argv in (["--help"], ["--version"]):
+        return
+    name, rest = argv[0], argv[1:]
+    command = group.get_command(None, name)
+    assert command is not None, f"{doc}:{line}: no command {name!r}"
+    if "--help" in rest or "-h" in rest:
+        return
+    try:
+        command.make_context(name, list(rest))
+    except ClickException as error:
+        assert "quill: error:" in shown, f"{doc}:{line}: {error.format_message()}"
+
+
+def test_links_between_docs_resolve():
+    for path in DOCS:
+        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", path.read_text(encoding="utf-8")):
+            if target.startswith(("http://", "https://", "mailto:")):
+                continue
+            assert (path.parent / target).exists(), f"{path.name} links to missing {target}"
+
+
+GREEDY_RUNS = [
+    (doc, line, argv, shown)
+    for doc, line, argv, shown, plain in COMMANDS
+    if plain and argv[:1] == ["run"] and "quill: error:" not in shown
+    and "--temperature" in argv and "--endpoint" not in argv
+    and (argv[argv.index("--temperature") + 1] == "0" or "--seed" in argv)
+    and not any(a.startswith("smollm2-135m:") or a.startswith("gemma") for a in argv)
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("doc", "line", "argv", "shown"), GREEDY_RUNS,
+                         ids=[f"{d}:{n}" for d, n, _, _ in GREEDY_RUNS])  # fmt: skip
+def test_greedy_run_examples_print_what_the_docs_show(runner, smollm2_path, doc, line, argv, shown):
+    result = runner.invoke(app, [*argv, "--no-stats"])
+    assert result.exit_code == 0, result.stderr
+    first_line = next(text for text in shown.splitlines() if text.strip())
+    assert first_line.strip() in result.stdout, f"{doc}:{line} shows {first_line!r}"
