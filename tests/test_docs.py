@@ -24,7 +24,8 @@ REDIRECTION = re.compile(r"\s\d*>>?&?\s*\S+")
 
 def quill_commands() -> list[tuple[str, int, list[str], str, bool]]:
     """(file, line number, argv after `quill`, the text shown after it, whether the line is a
-    plain command whose output shown is its stdout: no pipe or redirection) for each example."""
+    plain command: `quill ...` with no pipe or redirection, at most a `$(...)` argument) for
+    each example."""
     found = []
     for path in DOCS:
         lines = path.read_text(encoding="utf-8").splitlines()
@@ -43,7 +44,9 @@ def quill_commands() -> list[tuple[str, int, list[str], str, bool]]:
                 if token in OPERATORS:
                     break
                 argv.append(token)
-            plain = start == 1 and len(argv) == len(tokens) - 1 and command == line[2:]
+            plain = (start == 1 and len(argv) == len(tokens) - 1 and command == line[2:]) or (
+                line.startswith("$ quill ") and "$(" in line and "|" not in line
+            )
             shown = []
             for following in lines[number:]:
                 if following.startswith(("$ ", "```")):

@@ -1,0 +1,103 @@
+"""Every plain `$ quill ...` example in the docs, run verbatim, in the order the page shows them,
+in a quill home of the page's own that starts with only the default model.
+
+An example whose output shows `quill: error:` must fail (with the exit code the page shows after
+it, if it shows one); any other must succeed. Examples that take minutes (bench grids,
+quant-report) carry the `docs_long` mark and run with `pytest -m docs_long`; examples that need
+the network, a running server or files made by shell commands on the page say so and are skipped.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from test_docs import COMMANDS, ROOT
+
+from conftest import quill_env
+
+QUILL = str(Path(sys.executable).with_name("quill"))
+LONG = {"bench", "quant-report"}
+SKIP = {
+    "gemma3-270m": "downloads Gemma 3 270M (240 MB) from the package index",
+    "llama3.2-1b:q2_k": "needs the Hugging Face Hub",
+    "--endpoint": "needs quill serve running on port 8080 (tests/test_serve.py covers it)",
+    "cut.gguf": "needs the truncated file the page makes with head -c",
+    "notes.gguf": "needs the text file the page makes",
+    "tiny.gguf": "needs the tiny test model (tests/test_engine.py covers it)",
+}
+PAGES = sorted({doc for doc, *_ in COMMANDS})
+
+
+def examples(page: str) -> list[tuple[int, list[str], str]]:
+    """The page's plain examples in order, its `rm` examples last (a page shows deleting a model
+    as an example, not as a step before the examples that follow it)."""
+    chosen = [(line, argv, shown) for doc, line, argv, shown, plain in COMMANDS
+              if doc == page and plain and argv]  # fmt: skip
+    return sorted(chosen, key=lambda example: example[1][0] == "rm")
+
+
+def expected_exit(shown: str) -> int | None:
+    """0 for success; the code after `$ echo $?` if the page shows one; None: any failure."""
+    if "quill: error:" not in shown:
+        return 0
+    match = re.search(r"^\$ echo \$\?\n(\d+)", shown, re.MULTILINE)
+    return int(match[1]) if match else None
+
+
+@pytest.fixture
+def page_home(tmp_path_factory, smollm2_path, quill_home) -> Path:
+    """A quill home of each page's own, holding only the default model, as after the README's
+    first run."""
+    home = tmp_path_factory.mktemp("docs-home")
+    relative = smollm2_path.relative_to(quill_home)
+    (home / relative).parent.mkdir(parents=True)
+    shutil.copy(smollm2_path, home / relative)
+    manifest = (quill_home / "manifest.json").read_text()
+    entries = [line for line in manifest.splitlines()]
+    (home / "manifest.json").write_text("\n".join(entries).replace(str(quill_home), str(home)))
+    return home
+
+
+def run_page(page: str, home: Path, long: bool, workdir: Path) -> list[str]:
+    problems = []
+    for line, argv, shown in examples(page):
+        if "--help" in argv or "-h" in argv:
+            continue
+        reason = next((why for key, why in SKIP.items() if key in argv), None)
+        if reason or (argv[0] in LONG) != long:
+            continue
+        if argv[0] == "serve" or (argv[0] == "chat" and "--endpoint" in argv):
+            continue  # a server runs until stopped: tests/test_serve.py starts and stops one
+        raw = (ROOT / "docs" / page if page != "README.md" else ROOT / page).read_text()
+        typed = raw.splitlines()[line - 1][2:]
+        # Through bash as the user types it, so that $(...) and quoting behave the same.
+        env = quill_env(home, PATH=f"{Path(QUILL).parent}:{os.environ['PATH']}")
+        result = subprocess.run(
+            ["bash", "-c", typed], env=env, cwd=workdir, capture_output=True, text=True,
+            stdin=subprocess.DEVNULL, timeout=900,
+        )  # fmt: skip
+        want = expected_exit(shown)
+        ok = result.returncode == want if want is not None else result.returncode not in (0, 1)
+        if not ok or "Traceback" in result.stderr:
+            problems.append(
+                f"{page}:{line} quill {' '.join(argv)} exited {result.returncode} "
+                f"(the page shows {want}): {result.stderr.strip()[-300:]}"
+            )
+    return problems
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_documented_examples_run(page, page_home, tmp_path):
+    assert run_page(page, page_home, False, tmp_path) == []
+
+
+@pytest.mark.docs_long
+@pytest.mark.parametrize("page", PAGES)
+def test_long_documented_examples_run(page, page_home, tmp_path):
+    assert run_page(page, page_home, True, tmp_path) == []
