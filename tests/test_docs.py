@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 import shlex
+import sys
 from pathlib import Path
 
 import pytest
@@ -120,3 +121,16 @@ def test_greedy_run_examples_print_what_the_docs_show(runner, smollm2_path, doc,
     assert result.exit_code == 0, result.stderr
     first_line = next(text for text in shown.splitlines() if text.strip())
     assert first_line.strip() in result.stdout, f"{doc}:{line} shows {first_line!r}"
+
+
+def test_pasted_help_is_current():
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from refresh_help import current_help, help_blocks
+
+    stale = []
+    for path in DOCS:
+        lines = path.read_text(encoding="utf-8").split("\n")
+        for start, end, args in help_blocks(lines):
+            if [line.rstrip() for line in lines[start:end]] != current_help(args):
+                stale.append(f"{path.name}:{start} quill {' '.join(args)} --help")
+    assert not stale, f"stale --help in the docs (python scripts/refresh_help.py): {stale}"
