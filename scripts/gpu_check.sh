@@ -5,7 +5,8 @@
 #   1. the build reports GPU offload support;
 #   2. `quill run` offloads every layer by default and with --gpu-layers all, and llama.cpp agrees;
 #   3. --gpu-layers 0 stays on the CPU, and greedy text matches the CPU run's first tokens;
-#   4. decode on the GPU is faster than on the CPU.
+#   4. decode on the GPU is faster than on the CPU;
+#   5. quill serve batches concurrent requests on the GPU (benchmarks/serve_load.py at 1 and 8).
 # With no network on the GPU machine, set WHEELHOUSE to a folder holding the sdists and wheels that
 # `pip download` gathered beforehand (llama-cpp-python's sdist and its build requirements, quill's
 # dependencies) and a copy of the model file as MODEL.
@@ -40,4 +41,5 @@ gpu_text=$(echo "$all" | field text); cpu_text=$(echo "$cpu" | field text)
 gpu_tps=$(echo "$all" | field decode_tokens_per_s); cpu_tps=$(echo "$cpu" | field decode_tokens_per_s)
 echo "decode tokens/s: GPU $gpu_tps, CPU $cpu_tps"
 python -c "import sys; sys.exit(0 if $gpu_tps > $cpu_tps else 'FAIL: GPU decode is not faster than CPU')"
+python benchmarks/serve_load.py --concurrency 1,8 --requests 16 --max-tokens 64
 echo "ok: the GPU path works"
