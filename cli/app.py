@@ -25,9 +25,13 @@ from cli.errors import (
 )
 from cli.options import (
     EXIT_CODES_HELP,
-    KV_TYPE_HELP,
+    ApiKey,
+    KvType,
+    Offline,
+    Threads,
     fail,
     kv_types,
+    obtain_model,
     parse_gpu_layers,
 )
 from cli.sampling import SamplingParams
@@ -142,7 +146,7 @@ def run(
             help="Layers to offload, a number or 'all'. Default: all on a GPU build, else 0.",
         ),
     ] = None,
-    kv_type: Annotated[str, typer.Option("--kv-type", help=KV_TYPE_HELP)] = "f16",
+    kv_type: KvType = "f16",
     kv_k: Annotated[
         str | None, typer.Option("--kv-k", help="K cache type (overrides --kv-type).")
     ] = None,
@@ -179,10 +183,7 @@ def run(
             "local model; -m names its model.",
         ),
     ] = None,
-    api_key: Annotated[
-        str | None,
-        typer.Option("--api-key", envvar="QUILL_API_KEY", help="Bearer token for --endpoint."),
-    ] = None,
+    api_key: ApiKey = None,
 ) -> None:
     """Generate a reply to PROMPT, streamed to stdout; timing goes to stderr."""
     from cli import runner
@@ -354,7 +355,7 @@ def inspect(
         int | None,
         typer.Option("--ctx", min=1, help="Plan memory for this context (default 4096)."),
     ] = None,
-    kv_type: Annotated[str, typer.Option("--kv-type", help=KV_TYPE_HELP)] = "f16",
+    kv_type: KvType = "f16",
     kv_k: Annotated[str | None, typer.Option("--kv-k", help="K cache type.")] = None,
     kv_v: Annotated[str | None, typer.Option("--kv-v", help="V cache type.")] = None,
     mem: Annotated[
@@ -406,9 +407,7 @@ def quantize(
     output: Annotated[
         Path | None, typer.Option("-o", "--output", help="Where to write it.")
     ] = None,
-    threads: Annotated[
-        int | None, typer.Option("-t", "--threads", min=1, help="Default: physical cores.")
-    ] = None,
+    threads: Threads = None,
     allow_requantize: Annotated[
         bool,
         typer.Option(
@@ -419,9 +418,7 @@ def quantize(
         bool, typer.Option("--force", help="Replace the output if it exists.")
     ] = False,
     json_output: Annotated[bool, typer.Option("--json", help="One JSON object on stdout.")] = False,
-    offline: Annotated[
-        bool, typer.Option("--offline", help="Use only models already on disk.")
-    ] = False,
+    offline: Offline = False,
     verbose: Annotated[
         bool, typer.Option("--verbose", "-v", help="Show llama.cpp's log (one line per tensor).")
     ] = False,
@@ -533,9 +530,7 @@ def bench(
         Path | None,
         typer.Option("--plot", help="Also draw the results into this PNG (needs matplotlib)."),
     ] = None,
-    offline: Annotated[
-        bool, typer.Option("--offline", help="Use only models already on disk.")
-    ] = False,
+    offline: Offline = False,
     endpoint: Annotated[
         str | None,
         typer.Option(
@@ -544,18 +539,12 @@ def bench(
             "its model name).",
         ),
     ] = None,
-    api_key: Annotated[
-        str | None,
-        typer.Option("--api-key", envvar="QUILL_API_KEY", help="Bearer token for --endpoint."),
-    ] = None,
+    api_key: ApiKey = None,
 ) -> None:
     """Measure prefill and decode speed over a grid of lengths, depths, KV types and threads."""
     from cli import render
     from cli.bench import BenchGrid, run_bench
     from cli.gguf_info import read_gguf
-    from cli.progress import download_progress
-    from cli.registry import load_registry
-    from cli.store import obtain, parse_model_name
 
     try:
         if sum((json_output, csv_output, markdown_output)) > 1:
@@ -577,15 +566,7 @@ def bench(
             label = model or "endpoint"
             _show_bench(rows, label, json_output, csv_output, markdown_output, plot)
             return
-        registry = load_registry()
-        request = parse_model_name(model or registry.default, registry)
-        path = obtain(
-            request,
-            offline=offline,
-            report=render.info_line,
-            progress=download_progress(),
-            terminal=sys.stderr.isatty(),
-        )
+        label, path = obtain_model(model, offline)
         grid.check(read_gguf(path).context_length)
         rows = []
         for row in run_bench(path, grid):
@@ -599,7 +580,7 @@ def bench(
     except KeyboardInterrupt:
         render.error_line("interrupted")
         raise typer.Exit(EXIT_INTERRUPTED) from None
-    _show_bench(rows, request.label, json_output, csv_output, markdown_output, plot)
+    _show_bench(rows, label, json_output, csv_output, markdown_output, plot)
 
 
 def _bench_endpoint(endpoint: str, model: str | None, grid, api_key: str | None) -> list:

@@ -28,7 +28,20 @@ from cli.chatsession import (
 )
 from cli.engine import Engine, StreamEvent
 from cli.errors import QuillError, UsageError
-from cli.options import EXIT_CODES_HELP, KV_TYPE_HELP, fail, kv_types, obtain_model
+from cli.options import (
+    EXIT_CODES_HELP,
+    ApiKey,
+    GpuLayers,
+    KvK,
+    KvType,
+    KvV,
+    Offline,
+    Threads,
+    Verbose,
+    fail,
+    kv_types,
+    obtain_model,
+)
 from cli.sampling import SamplingParams
 
 DEFAULTS = SamplingParams()
@@ -91,23 +104,16 @@ def chat(
     transcript: Annotated[
         Path | None, typer.Option("--transcript", help="Where the conversation is saved.")
     ] = None,
-    threads: Annotated[
-        int | None, typer.Option("-t", "--threads", min=1, help="Default: physical cores.")
-    ] = None,
-    gpu_layers: Annotated[
-        str | None,
-        typer.Option("--gpu-layers", help="Layers to offload: N or all (default: all on a GPU)."),
-    ] = None,
-    kv_type: Annotated[str, typer.Option("--kv-type", help=KV_TYPE_HELP)] = "f16",
-    kv_k: Annotated[str | None, typer.Option("--kv-k", help="KV type for K only.")] = None,
-    kv_v: Annotated[str | None, typer.Option("--kv-v", help="KV type for V only.")] = None,
+    threads: Threads = None,
+    gpu_layers: GpuLayers = None,
+    kv_type: KvType = "f16",
+    kv_k: KvK = None,
+    kv_v: KvV = None,
     no_stats: Annotated[
         bool, typer.Option("--no-stats", help="No stats line after each reply.")
     ] = False,
-    offline: Annotated[
-        bool, typer.Option("--offline", help="Use only models already on disk.")
-    ] = False,
-    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show llama.cpp's log.")] = False,
+    offline: Offline = False,
+    verbose: Verbose = False,
     endpoint: Annotated[
         str | None,
         typer.Option(
@@ -116,10 +122,7 @@ def chat(
             "http://127.0.0.1:8080/v1); NAME is then the server's model name.",
         ),
     ] = None,
-    api_key: Annotated[
-        str | None,
-        typer.Option("--api-key", envvar="QUILL_API_KEY", help="Bearer token for --endpoint."),
-    ] = None,
+    api_key: ApiKey = None,
 ) -> None:
     """Chat with a model in the terminal: each turn prefills only what is new."""
     from cli.engine import LoadOptions

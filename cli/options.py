@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import NoReturn
+from typing import Annotated, NoReturn
 
 import typer
 
@@ -14,6 +14,24 @@ EXIT_CODES_HELP = (
     "Exit codes: 0 success (finish stop or length), 2 usage, 3 model not found or not obtainable, "
     "4 context overflow, 5 model failed to load, 130 interrupted."
 )
+
+
+# Options that several commands take, declared once so that they read the same everywhere.
+Threads = Annotated[
+    int | None, typer.Option("-t", "--threads", min=1, help="Default: physical cores.")
+]
+GpuLayers = Annotated[
+    str | None,
+    typer.Option("--gpu-layers", help="Layers to offload: N or all (default: all on a GPU)."),
+]
+KvK = Annotated[str | None, typer.Option("--kv-k", help="KV type for K only.")]
+KvV = Annotated[str | None, typer.Option("--kv-v", help="KV type for V only.")]
+Offline = Annotated[bool, typer.Option("--offline", help="Use only models already on disk.")]
+Verbose = Annotated[bool, typer.Option("--verbose", "-v", help="Show llama.cpp's log.")]
+ApiKey = Annotated[
+    str | None,
+    typer.Option("--api-key", envvar="QUILL_API_KEY", help="Bearer token for --endpoint."),
+]
 
 
 def parse_gpu_layers(value: str | None) -> int | None:
@@ -29,6 +47,7 @@ def parse_gpu_layers(value: str | None) -> int | None:
 
 
 KV_TYPE_HELP = "KV-cache type for K and V: f16, q8_0 or q4_0 (also bf16, f32, q4_1, q5_0, q5_1)."
+KvType = Annotated[str, typer.Option("--kv-type", help=KV_TYPE_HELP)]
 
 
 def kv_types(kv_type: str, kv_k: str | None, kv_v: str | None) -> tuple[str, str]:

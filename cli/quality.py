@@ -9,7 +9,19 @@ from typing import Annotated
 import typer
 
 from cli.errors import EXIT_INTERRUPTED, QuillError, UsageError
-from cli.options import EXIT_CODES_HELP, KV_TYPE_HELP, fail, kv_types, obtain_model
+from cli.options import (
+    EXIT_CODES_HELP,
+    GpuLayers,
+    KvK,
+    KvType,
+    KvV,
+    Offline,
+    Threads,
+    Verbose,
+    fail,
+    kv_types,
+    obtain_model,
+)
 
 PPL_EPILOG = (
     "Scores the text the way llama.cpp's llama-perplexity does: windows of --ctx tokens, each "
@@ -48,21 +60,14 @@ def perplexity(
         int | None,
         typer.Option("--chunks", min=1, help="Score only the first N windows (default: all)."),
     ] = None,
-    kv_type: Annotated[str, typer.Option("--kv-type", help=KV_TYPE_HELP)] = "f16",
-    kv_k: Annotated[str | None, typer.Option("--kv-k", help="KV type for K only.")] = None,
-    kv_v: Annotated[str | None, typer.Option("--kv-v", help="KV type for V only.")] = None,
-    threads: Annotated[
-        int | None, typer.Option("-t", "--threads", min=1, help="Default: physical cores.")
-    ] = None,
-    gpu_layers: Annotated[
-        str | None,
-        typer.Option("--gpu-layers", help="Layers to offload: N or all (default: all on a GPU)."),
-    ] = None,
+    kv_type: KvType = "f16",
+    kv_k: KvK = None,
+    kv_v: KvV = None,
+    threads: Threads = None,
+    gpu_layers: GpuLayers = None,
     json_output: Annotated[bool, typer.Option("--json", help="One JSON object on stdout.")] = False,
-    offline: Annotated[
-        bool, typer.Option("--offline", help="Use only models already on disk.")
-    ] = False,
-    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show llama.cpp's log.")] = False,
+    offline: Offline = False,
+    verbose: Verbose = False,
 ) -> None:
     """Perplexity of a model over a text file, with its ± error: lower is better, and the change
     against the F16 model is what a quantization costs."""
@@ -173,16 +178,12 @@ def quant_report(
     kv_ctx: Annotated[
         int, typer.Option("--kv-ctx", min=1, help="Context the KV bytes are given for.")
     ] = 4096,
-    threads: Annotated[
-        int | None, typer.Option("-t", "--threads", min=1, help="Default: physical cores.")
-    ] = None,
+    threads: Threads = None,
     json_output: Annotated[bool, typer.Option("--json", help="One JSON object on stdout.")] = False,
     markdown_output: Annotated[
         bool, typer.Option("--markdown", help="A Markdown table on stdout.")
     ] = False,
-    offline: Annotated[
-        bool, typer.Option("--offline", help="Use only models already on disk.")
-    ] = False,
+    offline: Offline = False,
 ) -> None:
     """Which quant should I use on this machine? Quantizes the model to each weight type, then
     measures size, perplexity and its change against F16, prefill and decode speed and KV bytes

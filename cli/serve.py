@@ -9,7 +9,19 @@ from typing import Annotated
 import typer
 
 from cli.errors import QuillError, UsageError
-from cli.options import EXIT_CODES_HELP, KV_TYPE_HELP, fail, kv_types, obtain_model
+from cli.options import (
+    EXIT_CODES_HELP,
+    GpuLayers,
+    KvK,
+    KvType,
+    KvV,
+    Offline,
+    Threads,
+    Verbose,
+    fail,
+    kv_types,
+    obtain_model,
+)
 
 SERVE_EPILOG = (
     "Endpoints: POST /v1/chat/completions, POST /v1/completions (stream or not), GET /v1/models, "
@@ -45,20 +57,13 @@ def serve(
     max_body: Annotated[
         int, typer.Option("--max-body", min=1024, help="Largest request body, in bytes.")
     ] = 1 << 20,
-    threads: Annotated[
-        int | None, typer.Option("-t", "--threads", min=1, help="Default: physical cores.")
-    ] = None,
-    gpu_layers: Annotated[
-        str | None,
-        typer.Option("--gpu-layers", help="Layers to offload: N or all (default: all on a GPU)."),
-    ] = None,
-    kv_type: Annotated[str, typer.Option("--kv-type", help=KV_TYPE_HELP)] = "f16",
-    kv_k: Annotated[str | None, typer.Option("--kv-k", help="KV type for K only.")] = None,
-    kv_v: Annotated[str | None, typer.Option("--kv-v", help="KV type for V only.")] = None,
-    offline: Annotated[
-        bool, typer.Option("--offline", help="Use only models already on disk.")
-    ] = False,
-    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show llama.cpp's log.")] = False,
+    threads: Threads = None,
+    gpu_layers: GpuLayers = None,
+    kv_type: KvType = "f16",
+    kv_k: KvK = None,
+    kv_v: KvV = None,
+    offline: Offline = False,
+    verbose: Verbose = False,
 ) -> None:
     """Serve a model over an OpenAI-compatible HTTP API, batching concurrent requests."""
     from cli import render

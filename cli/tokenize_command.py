@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from cli.errors import QuillError
-from cli.options import EXIT_CODES_HELP, fail, obtain_model
+from cli.options import EXIT_CODES_HELP, Offline, fail, obtain_model
 
 
 def shown_piece(piece: bytes) -> str:
@@ -28,9 +28,7 @@ def tokenize(
     json_output: Annotated[
         bool, typer.Option("--json", help="One JSON object: ids, pieces and counts.")
     ] = False,
-    offline: Annotated[
-        bool, typer.Option("--offline", help="Use only models already on disk.")
-    ] = False,
+    offline: Offline = False,
 ) -> None:
     """Show the tokens a text becomes: tokens, not characters, are what context, max_tokens and
     speed are counted in."""
