@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import llama_cpp as llama
 
-from cli.engine import Engine, StreamEvent, _sampler_chain
+from cli.engine import Engine, StreamEvent, sampler_chain
 from cli.llamalog import llama_log
 from cli.sampling import SamplingParams
 from cli.textstream import TextStream
@@ -142,10 +142,10 @@ class BatchScheduler:
                 continue
             sampling = request.sampling
             seed = sampling.seed if sampling.seed is not None else random.randrange(2**31)
-            memory = llama.llama_get_memory(self.engine._ctx)
+            memory = llama.llama_get_memory(self.engine.llama_context)
             llama.llama_memory_seq_rm(memory, index, -1, -1)
             banned = self.engine.eog_tokens if sampling.ignore_eos else ()
-            sampler = _sampler_chain(
+            sampler = sampler_chain(
                 sampling, seed, request.prompt_tokens, banned, self.engine.n_vocab
             )
             self._slots[index] = _Slot(
@@ -168,7 +168,7 @@ class BatchScheduler:
         if slot is None:
             return
         llama.llama_sampler_free(slot.sampler)
-        llama.llama_memory_seq_rm(llama.llama_get_memory(self.engine._ctx), index, -1, -1)
+        llama.llama_memory_seq_rm(llama.llama_get_memory(self.engine.llama_context), index, -1, -1)
         self._slots[index] = None
 
     def _step(self, batch: llama.llama_batch) -> None:
@@ -198,7 +198,7 @@ class BatchScheduler:
                 token = slot.pending.popleft()
                 add(slot, token, not slot.pending)
         batch.n_tokens = n
-        status = llama.llama_decode(self.engine._ctx, batch)
+        status = llama.llama_decode(self.engine.llama_context, batch)
         if status != 0:
             problems = "; ".join(llama_log().drain()[-2:])
             error = RuntimeError(f"llama_decode failed with status {status}: {problems}")
@@ -217,22 +217,15 @@ class BatchScheduler:
 
     def _sample(self, slot: _Slot, now: float) -> None:
         engine = self.engine
-        token = llama.llama_sampler_sample(slot.sampler, engine._ctx, slot.output_index)
+        token = llama.llama_sampler_sample(slot.sampler, engine.llama_context, slot.output_index)
         slot.generated += 1
         if slot.generated == 1:
             slot.prefill_s = now - slot.admitted_at
             slot.first_token_at = now
         slot.last_token = token
         request = slot.request
-        finish = None
-        if llama.llama_vocab_is_eog(engine._vocab, token):
-            released, finish = slot.text.finish(), "stop"
-        else:
-            released = slot.text.push(engine.piece(token))
-            if slot.text.matched_stop is not None:
-                finish = "stop"
-            elif slot.generated >= request.max_tokens or slot.position >= engine.n_ctx:
-                released, finish = released + slot.text.finish(), "length"
+        at_limit = slot.generated >= request.max_tokens or slot.position >= engine.n_ctx
+        released, finish = engine.accept(token, slot.text, at_limit)
         request.events.put(
             StreamEvent(
                 text=released,

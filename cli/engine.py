@@ -285,7 +285,7 @@ class Engine:
         prefill_s = time.perf_counter() - started
 
         banned = self.eog_tokens if sampling.ignore_eos else ()
-        sampler = _sampler_chain(sampling, seed, prompt_tokens, banned, self.n_vocab)
+        sampler = sampler_chain(sampling, seed, prompt_tokens, banned, self.n_vocab)
         text = TextStream(stop)
         first_token_at = time.perf_counter()
         try:
@@ -296,15 +296,7 @@ class Engine:
                 now = time.perf_counter()
                 if generated == 1:
                     first_token_at = now
-                finish = None
-                if llama.llama_vocab_is_eog(self._vocab, token):
-                    released, finish = text.finish(), "stop"
-                else:
-                    released = text.push(self.piece(token))
-                    if text.matched_stop is not None:
-                        finish = "stop"
-                    elif generated >= max_tokens:
-                        released, finish = released + text.finish(), "length"
+                released, finish = self.accept(token, text, at_limit=generated >= max_tokens)
                 yield StreamEvent(
                     text=released,
                     token=token,
@@ -323,6 +315,23 @@ class Engine:
                 self._decode([token])
         finally:
             llama.llama_sampler_free(sampler)
+
+    def accept(self, token: int, text: TextStream, at_limit: bool) -> tuple[str, str | None]:
+        """(text to release, finish reason or None) after sampling token: the end-of-generation
+        token and a completed stop string finish with "stop", reaching the limit with "length"."""
+        if llama.llama_vocab_is_eog(self._vocab, token):
+            return text.finish(), "stop"
+        released = text.push(self.piece(token))
+        if text.matched_stop is not None:
+            return released, "stop"
+        if at_limit:
+            return released + text.finish(), "length"
+        return released, None
+
+    @property
+    def llama_context(self):
+        """llama.cpp's context, for code that drives decode steps itself (the batch scheduler)."""
+        return self._ctx
 
     def _reuse_prefix(self, tokens: Sequence[int]) -> int:
         """Keep the KV cells of the longest common prefix with what was evaluated before."""
@@ -426,7 +435,7 @@ class Engine:
         self.close()
 
 
-def _sampler_chain(
+def sampler_chain(
     sampling: SamplingParams,
     seed: int,
     prompt_tokens: Sequence[int],

@@ -32,16 +32,19 @@ class ServerLimits:
 
 class ApiError(Exception):
     def __init__(
-        self, status: HTTPStatus, message: str, kind: str, code: str | None = None, param=None
-    ):
+        self,
+        status: HTTPStatus,
+        message: str,
+        kind: str,
+        code: str | None = None,
+        param: str | None = None,
+    ) -> None:
         super().__init__(message)
-        self.status, self.message, self.kind, self.code, self.param = (
-            status,
-            message,
-            kind,
-            code,
-            param,
-        )
+        self.status = status
+        self.message = message
+        self.kind = kind
+        self.code = code
+        self.param = param
 
     def body(self) -> dict[str, Any]:
         return {

@@ -25,10 +25,11 @@ def decode(engine: Engine, items: list[tuple[int, int, int, bool]]) -> dict[int,
             if wants:
                 rows[seq] = n
         batch.n_tokens = len(items)
-        assert llama.llama_decode(engine._ctx, batch) == 0
+        context = engine.llama_context
+        assert llama.llama_decode(context, batch) == 0
         shape = (engine.n_vocab,)
         return {
-            seq: np.ctypeslib.as_array(llama.llama_get_logits_ith(engine._ctx, n), shape).copy()
+            seq: np.ctypeslib.as_array(llama.llama_get_logits_ith(context, n), shape).copy()
             for seq, n in rows.items()
         }
     finally:
