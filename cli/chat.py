@@ -26,7 +26,7 @@ from cli.chatsession import (
     TurnStart,
     with_setting,
 )
-from cli.engine import Engine, StreamEvent
+from cli.engine import Engine, LoadOptions, StreamEvent
 from cli.errors import QuillError, UsageError
 from cli.options import (
     EXIT_CODES_HELP,
@@ -125,7 +125,6 @@ def chat(
     api_key: ApiKey = None,
 ) -> None:
     """Chat with a model in the terminal: each turn prefills only what is new."""
-    from cli.engine import LoadOptions
     from cli.options import parse_gpu_layers
     from cli.runner import resolve_gpu_layers
     from cli.store import quill_home
@@ -180,7 +179,7 @@ class Repl:
     def __init__(
         self,
         session: ChatSession,
-        options: object,
+        options: LoadOptions,
         offline: bool,
         verbose: bool,
         show_stats: bool,
@@ -408,7 +407,7 @@ class Repl:
             raise ValueError("usage: /model NAME")
         try:
             label, path = obtain_model(name, self.offline)
-            engine = Engine(path, self.options, verbose=self.verbose)  # type: ignore[arg-type]
+            engine = Engine(path, self.options, verbose=self.verbose)
         except QuillError as error:
             raise ValueError(str(error)) from None
         old = self.session.engine

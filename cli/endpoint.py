@@ -128,7 +128,7 @@ def stream_chat(
                 generated += 1
                 if first_at is None:
                     first_at = now
-                yield _event(text, generated, now - started, first_at - started, now - first_at)
+                yield _event(text, generated, first_at - started, now - first_at)
     now = time.perf_counter()
     prompt_tokens = int(usage.get("prompt_tokens") or 0)
     completion = int(usage.get("completion_tokens") or generated)
@@ -149,7 +149,7 @@ def stream_chat(
     )
 
 
-def _event(text: str, generated: int, _at: float, ttft: float, decode_s: float) -> StreamEvent:
+def _event(text: str, generated: int, ttft: float, decode_s: float) -> StreamEvent:
     return StreamEvent(
         text=text,
         token=-1,  # the server does not say which token; one event per content chunk
