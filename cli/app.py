@@ -27,8 +27,14 @@ from cli.options import (
     EXIT_CODES_HELP,
     ApiKey,
     KvType,
+    MinP,
     Offline,
+    RepeatPenalty,
+    Seed,
+    Temperature,
     Threads,
+    TopK,
+    TopP,
     fail,
     kv_types,
     obtain_model,
@@ -100,24 +106,12 @@ def run(
     max_tokens: Annotated[
         int, typer.Option("-n", "--max-tokens", min=1, help="Most tokens to generate.")
     ] = 512,
-    temperature: Annotated[
-        float, typer.Option("--temperature", "--temp", min=0.0, help="0 means greedy.")
-    ] = DEFAULT_SAMPLING.temperature,
-    top_k: Annotated[
-        int, typer.Option("--top-k", min=0, help="0 turns it off.")
-    ] = DEFAULT_SAMPLING.top_k,
-    top_p: Annotated[
-        float, typer.Option("--top-p", min=0.0, max=1.0, help="1 turns it off.")
-    ] = DEFAULT_SAMPLING.top_p,
-    min_p: Annotated[
-        float, typer.Option("--min-p", min=0.0, max=1.0, help="0 turns it off.")
-    ] = DEFAULT_SAMPLING.min_p,
-    repeat_penalty: Annotated[
-        float, typer.Option("--repeat-penalty", min=0.0, help="1 turns it off.")
-    ] = DEFAULT_SAMPLING.repeat_penalty,
-    seed: Annotated[
-        int | None, typer.Option("--seed", min=0, help="Sampling seed. Default: random, reported.")
-    ] = None,
+    temperature: Temperature = DEFAULT_SAMPLING.temperature,
+    top_k: TopK = DEFAULT_SAMPLING.top_k,
+    top_p: TopP = DEFAULT_SAMPLING.top_p,
+    min_p: MinP = DEFAULT_SAMPLING.min_p,
+    repeat_penalty: RepeatPenalty = DEFAULT_SAMPLING.repeat_penalty,
+    seed: Seed = None,
     ignore_eos: Annotated[
         bool,
         typer.Option(

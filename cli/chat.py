@@ -35,8 +35,14 @@ from cli.options import (
     KvK,
     KvType,
     KvV,
+    MinP,
     Offline,
+    RepeatPenalty,
+    Seed,
+    Temperature,
     Threads,
+    TopK,
+    TopP,
     Verbose,
     fail,
     kv_types,
@@ -82,12 +88,12 @@ def chat(
     max_tokens: Annotated[
         int, typer.Option("-n", "--max-tokens", min=1, help="Longest reply, in tokens.")
     ] = 512,
-    temperature: Annotated[float, typer.Option(help="0 is greedy.")] = DEFAULTS.temperature,
-    top_k: Annotated[int, typer.Option(help="0 disables.")] = DEFAULTS.top_k,
-    top_p: Annotated[float, typer.Option(help="1 disables.")] = DEFAULTS.top_p,
-    min_p: Annotated[float, typer.Option(help="0 disables.")] = DEFAULTS.min_p,
-    repeat_penalty: Annotated[float, typer.Option(help="1 disables.")] = DEFAULTS.repeat_penalty,
-    seed: Annotated[int | None, typer.Option(help="Default: a new one per reply.")] = None,
+    temperature: Temperature = DEFAULTS.temperature,
+    top_k: TopK = DEFAULTS.top_k,
+    top_p: TopP = DEFAULTS.top_p,
+    min_p: MinP = DEFAULTS.min_p,
+    repeat_penalty: RepeatPenalty = DEFAULTS.repeat_penalty,
+    seed: Seed = None,
     stop: Annotated[
         list[str] | None, typer.Option("--stop", help="Stop a reply at this text (repeatable).")
     ] = None,

@@ -24,6 +24,18 @@ GpuLayers = Annotated[
     str | None,
     typer.Option("--gpu-layers", help="Layers to offload: N or all (default: all on a GPU)."),
 ]
+# Sampling, as run and chat take it: the engine's own defaults, and ranges checked at parse time.
+Temperature = Annotated[
+    float, typer.Option("--temperature", "--temp", min=0.0, help="0 means greedy.")
+]
+TopK = Annotated[int, typer.Option("--top-k", min=0, help="0 turns it off.")]
+TopP = Annotated[float, typer.Option("--top-p", min=0.0, max=1.0, help="1 turns it off.")]
+MinP = Annotated[float, typer.Option("--min-p", min=0.0, max=1.0, help="0 turns it off.")]
+RepeatPenalty = Annotated[float, typer.Option("--repeat-penalty", min=0.0, help="1 turns it off.")]
+Seed = Annotated[
+    int | None,
+    typer.Option("--seed", min=0, help="Sampling seed. Default: a new random one each time."),
+]
 KvK = Annotated[str | None, typer.Option("--kv-k", help="KV type for K only.")]
 KvV = Annotated[str | None, typer.Option("--kv-v", help="KV type for V only.")]
 Offline = Annotated[bool, typer.Option("--offline", help="Use only models already on disk.")]
