@@ -129,7 +129,8 @@ def main() -> int:
             n_ctx=max(depths) + p + n + 2, threads=threads, kv_type_k=kv, kv_type_v=kv
         )
         with Engine(model, options) as engine:
-            repack = engine.repack
+            # llama-bench's --repack 1 is llama.cpp's extra buffers, quill's path off AMX CPUs.
+            repack = engine.cpu_path.label == "extra"
             for depth in depths:
                 context = [rng.randrange(engine.n_vocab) for _ in range(depth)]
                 measure_prompt(engine, context, p, 1, rng)  # warm-up, dropped

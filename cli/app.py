@@ -487,6 +487,14 @@ def _numbers(value: str, flag: str) -> tuple[int, ...]:
         ) from None
 
 
+def _switches(value: str, flag: str) -> tuple[bool, ...]:
+    words = {"on": True, "off": False}
+    parts = value.split(",")
+    if not parts or any(part not in words for part in parts):
+        raise UsageError(f"{flag} takes on, off or on,off; got {value!r}")
+    return tuple(words[part] for part in parts)
+
+
 @app.command(epilog=EXIT_CODES_HELP)
 def bench(
     model: Annotated[str | None, typer.Argument(help="The model (default: smollm2-135m).")] = None,
@@ -515,6 +523,14 @@ def bench(
     repetitions: Annotated[
         int, typer.Option("-r", "--repetitions", help="Measured rounds, after one warm-up round.")
     ] = 5,
+    repack: Annotated[
+        str,
+        typer.Option(
+            "--repack",
+            help="Weight repacking: on, off, or on,off to compare (on an AMX CPU, on means "
+            "repacking by tensor name with AMX avoided).",
+        ),
+    ] = "on",
     json_output: Annotated[bool, typer.Option("--json", help="Print JSON on stdout.")] = False,
     csv_output: Annotated[bool, typer.Option("--csv", help="Print CSV on stdout.")] = False,
     markdown_output: Annotated[
@@ -552,6 +568,7 @@ def bench(
             kv_types=tuple(kv_type.split(",")),
             threads=_numbers(threads, "--threads") if threads else (),
             batches=_numbers(batch, "--batch"),
+            repacks=_switches(repack, "--repack"),
             repetitions=repetitions,
         )
         grid.check()
@@ -563,7 +580,11 @@ def bench(
         label, path = obtain_model(model, offline)
         grid.check(read_gguf(path).context_length)
         rows = []
-        for row in run_bench(path, grid):
+
+        def name_cpu_path(engine) -> None:
+            render.info_line(f"CPU path: {engine.cpu_path.describe()}")
+
+        for row in run_bench(path, grid, on_load=name_cpu_path):
             rows.append(row)
             render.info_line(
                 f"{row.test} @ depth {row.depth}, {row.kv_type}, {row.threads} threads, "

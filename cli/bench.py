@@ -38,6 +38,7 @@ class BenchGrid:
     kv_types: tuple[str, ...] = ("f16",)
     threads: tuple[int, ...] = ()  # empty: physical cores
     batches: tuple[int, ...] = (512,)
+    repacks: tuple[bool, ...] = (True,)  # weight repacking on and/or off (cli/loading.py)
     repetitions: int = 5
 
     def check(self, trained_ctx: int | None = None) -> None:
@@ -87,6 +88,7 @@ class BenchRow:
     bytes_per_token: int | None = None  # tg rows: weights + KV read per decode step
     bandwidth_gb_s: float | None = None  # tg rows: bytes_per_token x tokens/s
     samples: list[float] = field(default_factory=list)
+    cpu_path: str = ""  # how the weights sat on the CPU: extra, amx-repack, amx-plain or plain
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -101,8 +103,8 @@ def run_bench(
 ) -> Iterator[BenchRow]:
     """Yield one row per combination, in grid order."""
     rng = random.Random(0)
-    for kv_type, threads, batch in itertools.product(
-        grid.kv_types, grid.threads or (None,), grid.batches
+    for repack, kv_type, threads, batch in itertools.product(
+        grid.repacks, grid.kv_types, grid.threads or (None,), grid.batches
     ):
         options = LoadOptions(
             n_ctx=grid.needed_ctx,
@@ -110,6 +112,7 @@ def run_bench(
             threads=threads,
             kv_type_k=kv_type,
             kv_type_v=kv_type,
+            repack=repack,
         )
         with Engine(model, options) as engine:
             on_load(engine)
@@ -161,6 +164,7 @@ def measure_prompt(
         ttft,
         ttft_sd,
         samples=rates,
+        cpu_path=engine.cpu_path.label,
     )
 
 
@@ -196,6 +200,7 @@ def measure_generation(
         bytes_per_token=bytes_per_token,
         bandwidth_gb_s=bytes_per_token * rate / 1e9,
         samples=rates,
+        cpu_path=engine.cpu_path.label,
     )
 
 

@@ -28,10 +28,11 @@ COLUMNS = (
     "ttft_ms_sd",
     "bytes_per_token",
     "bandwidth_gb_s",
+    "cpu_path",
 )
 
 
-def _cells(row: BenchRow) -> list[str]:
+def _cells(row: BenchRow, with_cpu_path: bool = False) -> list[str]:
     ttft = "" if row.ttft_ms is None else f"{row.ttft_ms:.1f} ± {row.ttft_ms_sd or 0:.1f}"
     per_token = "" if row.bytes_per_token is None else human_bytes(row.bytes_per_token)
     bandwidth = "" if row.bandwidth_gb_s is None else f"{row.bandwidth_gb_s:.2f}"
@@ -45,24 +46,34 @@ def _cells(row: BenchRow) -> list[str]:
         ttft,
         per_token,
         bandwidth,
+        *([row.cpu_path] if with_cpu_path else []),
     ]
 
 
 HEADERS = ["test", "depth", "KV", "threads", "batch", "tokens/s", "TTFT ms", "bytes/token", "GB/s"]
 
 
+def _headers(rows: Sequence[BenchRow]) -> tuple[list[str], bool]:
+    """The table's headers, with a CPU path column when the rows compare several."""
+    several = len({row.cpu_path for row in rows}) > 1
+    return [*HEADERS, "CPU path"] if several else HEADERS, several
+
+
 def table(rows: Sequence[BenchRow]) -> None:
+    headers, with_cpu_path = _headers(rows)
     out = Table(box=None, pad_edge=False, header_style="bold")
-    for header in HEADERS:
-        out.add_column(header, justify="left" if header in ("test", "KV") else "right")
+    for header in headers:
+        left = header in ("test", "KV", "CPU path")
+        out.add_column(header, justify="left" if left else "right")
     for row in rows:
-        out.add_row(*_cells(row))
+        out.add_row(*_cells(row, with_cpu_path))
     stdout_console.print(out)
 
 
 def markdown(rows: Sequence[BenchRow]) -> str:
-    lines = ["| " + " | ".join(HEADERS) + " |", "|" + "---|" * len(HEADERS)]
-    lines += ["| " + " | ".join(_cells(row)) + " |" for row in rows]
+    headers, with_cpu_path = _headers(rows)
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(_cells(row, with_cpu_path)) + " |" for row in rows]
     return "\n".join(lines) + "\n"
 
 

@@ -20,8 +20,9 @@ import numpy as np
 
 from cli.errors import ModelLoadError, UsageError
 from cli.gguf_info import check_gguf_magic
-from cli.hardware import cpu_has_amx, physical_cores
+from cli.hardware import physical_cores
 from cli.llamalog import llama_log
+from cli.loading import load_model
 from cli.sampling import SamplingParams
 from cli.textstream import TextStream
 from quant.kv import QUANTIZED_KV_TYPES, kv_cache_bytes
@@ -40,6 +41,8 @@ class LoadOptions:
     kv_type_k: str = "f16"
     kv_type_v: str = "f16"
     parallel: int = 1  # sequences sharing the context (quill serve); each gets n_ctx tokens
+    repack: bool = True  # repacked weight layouts for faster CPU kernels (cli/loading.py)
+    avoid_amx: bool | None = None  # None: when the CPU has AMX; True forces that path anywhere
 
 
 DEFAULT_CTX = 4096
@@ -83,13 +86,12 @@ class Engine:
         llama.llama_backend_init()
         started = time.perf_counter()
 
-        model_params = llama.llama_model_default_params()
         gpu_layers = _LLAMA_ALL_LAYERS if options.gpu_layers == ALL_LAYERS else options.gpu_layers
-        model_params.n_gpu_layers = gpu_layers
-        # Repacked weight buffers include ggml's AMX kernels, which crash on AMX CPUs.
-        self.repack = not cpu_has_amx()
-        model_params.use_extra_bufts = self.repack
-        self._model = llama.llama_model_load_from_file(str(path).encode(), model_params)
+        loaded = load_model(
+            path, gpu_layers=gpu_layers, repack=options.repack, avoid_amx=options.avoid_amx
+        )
+        self.cpu_path = loaded.cpu_path
+        self._model = loaded.model
         if not self._model:
             raise ModelLoadError(_load_failure(path, log.drain()))
 

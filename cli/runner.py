@@ -144,7 +144,8 @@ def _stream(
         if request.show_stats:
             render.print_stats(metrics)
     if request.verbose and isinstance(engine, Engine):
-        render.info_line(f"llama.cpp perf: {engine.perf()}; weight repacking {engine.repack}")
+        render.info_line(f"llama.cpp perf: {engine.perf()}")
+        render.info_line(f"CPU path: {engine.cpu_path.describe()}")
     return EXIT_INTERRUPTED if finish_override else EXIT_OK
 
 

@@ -1,4 +1,6 @@
-"""An independent greedy decoder on llama-cpp-python's low-level API, sharing no code with quill.
+"""An independent greedy decoder on llama-cpp-python's low-level API, sharing no code with quill
+but the one model loader (cli/loading.py), through which every load in the project passes so that
+no process meets llama.cpp's AMX crash.
 
 Tests compare quill's output with what this computes on the same tokens.
 """
@@ -11,12 +13,15 @@ from pathlib import Path
 import llama_cpp as llama
 import numpy as np
 
+from cli.loading import load_model
+
 
 class Reference:
-    def __init__(self, path: Path, n_ctx: int = 4096, threads: int = 2):
-        llama.llama_backend_init()
-        params = llama.llama_model_default_params()
-        self.model = llama.llama_model_load_from_file(str(path).encode(), params)
+    def __init__(
+        self, path: Path, n_ctx: int = 4096, threads: int = 2, avoid_amx: bool | None = None
+    ):
+        self.loaded = load_model(path, avoid_amx=avoid_amx)
+        self.model = self.loaded.model
         assert self.model, f"reference could not load {path}"
         self.vocab = llama.llama_model_get_vocab(self.model)
         self.n_vocab = llama.llama_vocab_n_tokens(self.vocab)

@@ -111,3 +111,19 @@ def test_run_timeline_lists_every_token_and_the_gaps(runner, tiny_path):
     arrivals = [float(line.split()[1]) for line in lines[start + 1 : start + 7]]
     assert arrivals == sorted(arrivals) and arrivals[0] > 0
     assert "gaps between tokens (ms)" in result.stderr
+
+
+def test_repack_on_and_off_are_compared_and_named(runner, tiny32_path):
+    """`--repack on,off` loads the model both ways and names each row's CPU path."""
+    small = ["bench", str(tiny32_path), "-p", "16", "-n", "4", "-r", "1", "--repack", "on,off"]
+    as_json = runner.invoke(app, [*small, "--json"])
+    assert as_json.exit_code == 0, as_json.stderr
+    rows = json.loads(as_json.stdout)["rows"]
+    assert len(rows) == 4
+    paths = [row["cpu_path"] for row in rows]
+    assert paths[2:] == ["plain", "plain"] and paths[0] == paths[1] != "plain"
+    assert as_json.stderr.count("CPU path: ") == 2 and "CPU path: repack off" in as_json.stderr
+    as_markdown = runner.invoke(app, [*small, "--markdown"])
+    assert as_markdown.stdout.splitlines()[0].endswith("| CPU path |")
+    refused = runner.invoke(app, ["bench", str(tiny32_path), "--repack", "maybe"])
+    assert refused.exit_code == 2 and "--repack takes on, off or on,off" in refused.stderr

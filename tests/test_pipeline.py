@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -36,6 +37,8 @@ def test_stdout_is_only_the_text_and_stats_go_to_stderr(quill_home, smollm2_path
 def test_verbose_shows_llama_cpps_log(quill_home, smollm2_path):
     result = quill(quill_home, "-n", "2", "--verbose", PROMPT)
     assert b"llama_model_loader" in result.stderr and result.returncode == 0
+    # ...and names the CPU path the weights took (cli/loading.py), whatever this CPU is.
+    assert re.search(rb"CPU path: (llama.cpp's extra buffers|AMX avoided)", result.stderr)
 
 
 def test_output_is_utf8_whatever_the_locale(quill_home, smollm2_path):
