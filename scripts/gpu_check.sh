@@ -6,7 +6,8 @@
 #   2. `quill run` offloads every layer by default and with --gpu-layers all, and llama.cpp agrees;
 #   3. --gpu-layers 0 stays on the CPU, and greedy text matches the CPU run's first tokens;
 #   4. decode on the GPU is faster than on the CPU;
-#   5. quill serve batches concurrent requests on the GPU (benchmarks/serve_load.py at 1 and 8).
+#   5. quill serve batches concurrent requests on the GPU (benchmarks/serve_load.py at 1 and 8);
+#   6. on a host CPU with AMX (most GPU servers' Xeons), the AMX guard's tests pass there too.
 # With no network on the GPU machine, set WHEELHOUSE to a folder holding the sdists and wheels that
 # `pip download` gathered beforehand (llama-cpp-python's sdist and its build requirements, quill's
 # dependencies) and a copy of the model file as MODEL.
@@ -34,6 +35,8 @@ layers=$(echo "$all" | field gpu_layers)
 quill run -m "$model" -n 2 --verbose --gpu-layers all "$prompt" 2>&1 >/dev/null \
   | grep -E "offloaded [0-9]+/[0-9]+ layers to GPU" || { echo "FAIL: llama.cpp offloaded nothing" >&2; exit 1; }
 echo "ok: $layers layers offloaded by default and with --gpu-layers all"
+# Offloaded layers stay where llama.cpp puts them: no by-name CPU overrides with GPU layers.
+quill run -m "$model" -n 2 --verbose --gpu-layers all "$prompt" 2>&1 >/dev/null | grep "CPU path:"
 
 gpu_text=$(echo "$all" | field text); cpu_text=$(echo "$cpu" | field text)
 # Different kernels round differently, so only the start of a greedy reply must agree.
@@ -42,4 +45,9 @@ gpu_tps=$(echo "$all" | field decode_tokens_per_s); cpu_tps=$(echo "$cpu" | fiel
 echo "decode tokens/s: GPU $gpu_tps, CPU $cpu_tps"
 python -c "import sys; sys.exit(0 if $gpu_tps > $cpu_tps else 'FAIL: GPU decode is not faster than CPU')"
 python benchmarks/serve_load.py --concurrency 1,8 --requests 16 --max-tokens 64
+if grep -qw amx_int8 /proc/cpuinfo; then
+  echo "this host CPU has AMX: running the guard's tests and the reference-decoder tests here"
+  pip install "${pip_args[@]}" '.[test]' >&2
+  pytest -q tests/test_hardware.py tests/test_cli_run.py tests/test_neartie.py
+fi
 echo "ok: the GPU path works"
