@@ -346,8 +346,9 @@ class QuillApp:
 
     @staticmethod
     async def _send_as_json(send: Send, start: Message, text: bytes) -> None:
-        status = HTTPStatus(start["status"])
-        message = text.decode("utf-8", "replace").strip() or status.phrase
+        status = start["status"]
+        phrase = HTTPStatus(status).phrase if status in HTTPStatus._value2member_map_ else ""
+        message = text.decode("utf-8", "replace").strip() or phrase or f"HTTP {status}"
         body = error_bytes(ApiError(status, message, "invalid_request_error"))
         headers = [
             (name, value)
@@ -564,7 +565,7 @@ class QuillApp:
             while True:
                 item = await events.get()
                 if isinstance(item, Disconnected):
-                    return Response(status_code=499)  # nobody reads it
+                    return Response(status_code=499)  # nginx's "client closed"; nobody reads it
                 if isinstance(item, Drained):
                     outcome[0] = "503"
                     return error_response(_shutting_down())

@@ -79,7 +79,8 @@ def status_and_json(response: bytes) -> tuple[int, dict]:
 def post(url: str, body: bytes | dict, path: str = "/v1/chat/completions", **kwargs):
     content = body if isinstance(body, bytes) else json.dumps(body).encode()
     headers = {**AUTH, "Content-Type": "application/json", **kwargs.pop("headers", {})}
-    return httpx.post(f"{url}{path}", content=content, headers=headers, timeout=60, **kwargs)
+    kwargs.setdefault("timeout", 60)
+    return httpx.post(f"{url}{path}", content=content, headers=headers, **kwargs)
 
 
 def health(url: str) -> dict:
@@ -136,15 +137,15 @@ def test_a_lone_surrogate_in_a_raw_prompt_is_a_400(server):
 
 
 def test_a_request_that_fails_in_the_scheduler_gets_a_500_and_the_rest_go_on(tiny_path):
-    """A failure inside sampler construction (a seed llama.cpp's binding cannot convert, the
-    place where issue 14's repeat_penalty crash happened) fails that request only."""
+    """A failure inside sampler construction (a top_k that llama.cpp's ctypes binding refuses to
+    convert, as it refused issue 14's penalty arguments) fails that request only."""
     engine = Engine(tiny_path, LoadOptions(n_ctx=128, parallel=2))
     scheduler = BatchScheduler(engine)
     try:
         tokens = engine.tokenize("Hello there")
-        bad = scheduler.submit(BatchRequest(tokens, 4, SamplingParams(seed=2**70)))
+        bad = scheduler.submit(BatchRequest(tokens, 4, SamplingParams(top_k=1.5)))  # type: ignore[arg-type]
         good = scheduler.submit(BatchRequest(tokens, 4, SamplingParams(temperature=0)))
-        with pytest.raises(Exception, match=r"int too long|out of range|ArgumentError|convert"):
+        with pytest.raises(Exception, match="wrong type"):
             list(bad.stream())
         assert list(good.stream())[-1].finish_reason == "length"
         assert scheduler.alive
@@ -340,14 +341,16 @@ def test_the_host_header_is_checked_on_a_loopback_bind(server):
 def test_a_non_streaming_client_that_leaves_frees_its_slot(server):
     body = {"messages": [{"role": "user", "content": "Tell me a very long story."}],
             "max_tokens": 480, "ignore_eos": True, "temperature": 0}  # fmt: skip
+    steps_before = health(server)["decode_steps"]
     with pytest.raises(httpx.ReadTimeout):
         post(server, body, timeout=httpx.Timeout(60, read=1.5))
     left = time.monotonic()
-    while health(server)["slots_processing"] and time.monotonic() - left < 10:
+    while health(server)["slots_processing"] and time.monotonic() - left < 60:
         time.sleep(0.1)
     assert health(server)["slots_processing"] == 0
-    # 480 tokens take far longer than this on a CPU: the slot was freed, not finished.
-    assert time.monotonic() - left < 2.5
+    # One decode step per token: had the request run on after its client left, it would have
+    # taken 480 steps before freeing its slot.
+    assert health(server)["decode_steps"] - steps_before < 400
 
 
 def test_a_hundred_clients_at_once_all_get_an_http_answer(server):
