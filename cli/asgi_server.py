@@ -487,8 +487,8 @@ class QuillApp:
             maker = ChunkMaker(ident, chat, self.state.model_name)
             return StreamingResponse(
                 self._stream(events, maker, received, outcome),
-                media_type="text/event-stream",
-                headers={"Cache-Control": "no-cache"},
+                # Set as a header, not a media type: starlette would append a charset.
+                headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"},
                 background=BackgroundTask(finished),
             )
         try:

@@ -41,6 +41,7 @@ def server(smollm2_path, quill_home, tmp_path_factory) -> Iterator[str]:
         tmp_path_factory.mktemp("hostile"),
         "--parallel", "2", "--ctx", "512", "--api-key", KEY, "--max-body", "4096",
         "--header-timeout", "1", "--body-timeout", "1", "--cors", ALLOWED_ORIGIN,
+        "--threads", "1",  # steadier beside other work on a shared 2-core machine
     )  # fmt: skip
     yield url
     process.terminate()
@@ -413,8 +414,9 @@ def stream_events(url: str, events: list[str], started: threading.Event) -> None
 
 def test_sigterm_drains_streams_and_exits_0(smollm2_path, quill_home, tmp_path):
     process, url = start_server(
-        quill_home, tmp_path, "--parallel", "2", "--ctx", "512", "--drain-timeout", "1.5"
-    )
+        quill_home, tmp_path, "--parallel", "2", "--ctx", "512", "--drain-timeout", "1.5",
+        "--threads", "1",
+    )  # fmt: skip
     streams: list[list[str]] = [[], []]
     started = [threading.Event(), threading.Event()]
     threads = [
