@@ -46,6 +46,8 @@ def start(args: argparse.Namespace, *extra: str) -> tuple[subprocess.Popen, str]
     quill = str(Path(sys.executable).with_name("quill"))
     command = [quill, "serve", args.model, "--port", "0", "--parallel", str(args.parallel),
                "--ctx", "512", "--max-queue", str(args.max_queue), *extra]  # fmt: skip
+    if args.threads:
+        command += ["--threads", str(args.threads)]
     server = subprocess.Popen(
         command,
         env=dict(os.environ, QUILL_SERVE_READY_FILE=str(ready)),
@@ -270,6 +272,7 @@ def main() -> None:
     parser.add_argument("--parallel", type=int, default=4)
     parser.add_argument("--max-queue", type=int, default=16)
     parser.add_argument("--drain-timeout", type=float, default=5.0)
+    parser.add_argument("--threads", type=int, default=0, help="quill serve --threads (0: its own)")
     args = parser.parse_args()
 
     server, url = start(args)
@@ -289,8 +292,11 @@ def main() -> None:
     drained = sigterm(args)
 
     print(f"# quill serve under hostile load ({time.strftime('%Y-%m-%d')})\n")
-    print(f"`quill serve {args.model} --parallel {args.parallel} --ctx 512 --max-queue "
-          f"{args.max_queue}` on 127.0.0.1; clients are threads of this script.\n")  # fmt: skip
+    threads = f" --threads {args.threads}" if args.threads else ""
+    print(
+        f"`quill serve {args.model} --parallel {args.parallel} --ctx 512 --max-queue "
+        f"{args.max_queue}{threads}` on 127.0.0.1; clients are this script's threads.\n"
+    )
     print("| burst of streaming clients | outcomes | wall s |")
     print("|---|---|---|")
     for result in bursts:
