@@ -33,6 +33,10 @@ class QueueFullError(Exception):
     """More requests are waiting than the server accepts; the client should retry later."""
 
 
+class SchedulerStoppedError(Exception):
+    """The scheduler's thread has stopped (shut down, or died of an error): it takes no requests."""
+
+
 @dataclass
 class BatchRequest:
     prompt_tokens: list[int]
@@ -74,8 +78,14 @@ class BatchScheduler:
     """Owns the engine's context from a thread of its own; submit() from any thread."""
 
     def __init__(self, engine: Engine, max_queued: int = 16) -> None:
+        if engine.parallel > engine.n_batch:
+            # Every decoding sequence puts one token with logits into each batch.
+            raise ValueError(
+                f"{engine.parallel} sequences cannot share a batch of {engine.n_batch} tokens"
+            )
         self.engine = engine
         self.max_queued = max_queued
+        self.failure: BaseException | None = None  # what killed the loop, if anything did
         self._waiting: deque[BatchRequest] = deque()
         self._slots: list[_Slot | None] = [None] * engine.parallel
         self._wake = threading.Condition()
@@ -89,6 +99,8 @@ class BatchScheduler:
 
     def submit(self, request: BatchRequest) -> BatchRequest:
         with self._wake:
+            if not self.alive:
+                raise SchedulerStoppedError(self.stopped_reason)
             if len(self._waiting) >= self.max_queued:
                 raise QueueFullError(
                     f"{len(self._waiting)} requests are already waiting; retry shortly"
@@ -104,6 +116,16 @@ class BatchScheduler:
     @property
     def queued(self) -> int:
         return len(self._waiting)
+
+    @property
+    def alive(self) -> bool:
+        return not self._stopping and self._thread.is_alive()
+
+    @property
+    def stopped_reason(self) -> str:
+        if self.failure is not None:
+            return f"the batch scheduler stopped on an error: {self.failure!r}"
+        return "the server is shutting down"
 
     def close(self) -> None:
         with self._wake:
@@ -126,11 +148,18 @@ class BatchScheduler:
                 self._drop_cancelled()
                 if self.busy_slots:
                     self._step(batch)
+        except BaseException as error:  # each request's own errors are caught below this
+            self.failure = error  # /health reports it and submit() refuses from now on
         finally:
             llama.llama_batch_free(batch)
+            with self._wake:
+                self._stopping = True
+                ending = RuntimeError(self.stopped_reason)
+                while self._waiting:
+                    self._waiting.popleft().events.put(ending)
             for index, slot in enumerate(self._slots):
                 if slot is not None:
-                    slot.request.events.put(RuntimeError("the server is shutting down"))
+                    slot.request.events.put(ending)
                     self._free(index)
 
     def _admit(self) -> None:
@@ -145,9 +174,13 @@ class BatchScheduler:
             memory = llama.llama_get_memory(self.engine.llama_context)
             llama.llama_memory_seq_rm(memory, index, -1, -1)
             banned = self.engine.eog_tokens if sampling.ignore_eos else ()
-            sampler = sampler_chain(
-                sampling, seed, request.prompt_tokens, banned, self.engine.n_vocab
-            )
+            try:
+                sampler = sampler_chain(
+                    sampling, seed, request.prompt_tokens, banned, self.engine.n_vocab
+                )
+            except Exception as error:  # this request's failure, not the server's
+                request.events.put(error)
+                continue
             self._slots[index] = _Slot(
                 seq_id=index,
                 request=request,
@@ -213,7 +246,11 @@ class BatchScheduler:
         now = time.perf_counter()
         for slot in busy:
             if slot.output_index >= 0:
-                self._sample(slot, now)
+                try:
+                    self._sample(slot, now)
+                except Exception as error:  # this request's failure, not the server's
+                    slot.request.events.put(error)
+                    self._free(slot.seq_id)
 
     def _sample(self, slot: _Slot, now: float) -> None:
         engine = self.engine

@@ -1,24 +1,21 @@
-"""The OpenAI-compatible HTTP API over the batch scheduler: /v1/chat/completions,
-/v1/completions, /v1/models, /health.
+"""The OpenAI wire format over the batch scheduler: what a request body may hold (validated,
+every refusal an OpenAI error object with its HTTP status), and the JSON bodies and Server-Sent
+Events of the replies.
 
-Standard library HTTP server, one thread per connection; every token is written and flushed as
-its own Server-Sent Event. A write that fails means the client went away: its request is
-cancelled and its slot freed at the scheduler's next step.
+No HTTP here: cli/asgi_server.py carries these over uvicorn and starlette.
 """
 
 from __future__ import annotations
 
-import hmac
 import json
+import math
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from cli.batching import BatchRequest, BatchScheduler, QueueFullError
+from cli.batching import BatchRequest, BatchScheduler
 from cli.engine import StreamEvent
 from cli.sampling import SamplingParams
 
@@ -28,6 +25,10 @@ class ServerLimits:
     max_body_bytes: int = 1 << 20
     max_tokens: int = 4096  # the most a request may ask for
     default_max_tokens: int = 512
+    # Every stop string is searched for after every token of the request: a cap on their number
+    # and size keeps one request from slowing the scheduler's step for everyone.
+    max_stop_strings: int = 16
+    max_stop_chars: int = 1024
 
 
 class ApiError(Exception):
@@ -71,17 +72,91 @@ class ServerState:
     on_request: Callable[[str], None] | None = None  # one line per finished request
 
 
+def parse_body(raw: bytes) -> dict:
+    """The request body as a JSON object. NaN and Infinity are not JSON, though Python's parser
+    takes them: refused here, like any other malformed body."""
+
+    def refuse_constant(name: str) -> None:
+        raise ValueError(f"{name} is not a JSON value")
+
+    try:
+        body = json.loads(raw, parse_constant=refuse_constant)
+    except ValueError as error:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise bad_request(f"the body is not valid JSON: {error}") from None
+    if not isinstance(body, dict):
+        raise bad_request("the body must be a JSON object")
+    return body
+
+
 def _number(body: dict, name: str, kind: type, low: float, high: float, default):
     value = body.get(name, default)
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise bad_request(f"'{name}' must be a number", name)
+    if isinstance(value, float) and not math.isfinite(value):  # 1e400 parses as infinity
+        raise bad_request(f"'{name}' must be a finite number, got {value}", name)
     if kind is int and value != int(value):
         raise bad_request(f"'{name}' must be a whole number", name)
     if not low <= value <= high:
         raise bad_request(f"'{name}' must be between {low} and {high}, got {value}", name)
     return kind(value)
+
+
+def _text(value: str, what: str, param: str) -> str:
+    """value, if it can be encoded as UTF-8: JSON's \\ud800 escapes decode to lone surrogates,
+    which are not text and which the tokenizer cannot take."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as error:
+        bad = value[error.start]
+        raise bad_request(
+            f"{what} holds a lone surrogate \\u{ord(bad):04x} at character {error.start}, which "
+            "is not Unicode text; send a valid UTF-16 pair or the character itself",
+            param,
+        ) from None
+    return value
+
+
+def _content(content: Any, index: int) -> str:
+    """A message's content: a string, or an array of content parts whose text parts are joined."""
+    where = f"messages[{index}].content"
+    if isinstance(content, list):
+        texts = []
+        for number, part in enumerate(content):
+            if not isinstance(part, dict):
+                raise bad_request(f"{where}[{number}] must be an object", "messages")
+            if part.get("type", "text") != "text":
+                continue  # images and audio: this server reads text only
+            text = part.get("text")
+            if not isinstance(text, str):
+                raise bad_request(f"{where}[{number}].text must be a string", "messages")
+            texts.append(text)
+        content = "".join(texts)
+    if not isinstance(content, str):
+        raise bad_request(f"{where} must be a string or an array of content parts", "messages")
+    return _text(content, where, "messages")
+
+
+def _stop_strings(body: dict, limits: ServerLimits) -> tuple[str, ...]:
+    stop = body.get("stop") or []
+    if isinstance(stop, str):
+        stop = [stop]
+    if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
+        raise bad_request("'stop' must be a string or an array of strings", "stop")
+    if len(stop) > limits.max_stop_strings:
+        raise bad_request(
+            f"'stop' has {len(stop)} strings; this server takes at most {limits.max_stop_strings}",
+            "stop",
+        )
+    total = sum(len(s) for s in stop)
+    if total > limits.max_stop_chars:
+        raise bad_request(
+            f"the stop strings have {total} characters in all; this server takes at most "
+            f"{limits.max_stop_chars}",
+            "stop",
+        )
+    return tuple(_text(s, "a stop string", "stop") for s in stop)
 
 
 def parse_request(body: dict, state: ServerState, chat: bool) -> tuple[list[int], BatchRequest]:
@@ -112,13 +187,7 @@ def parse_request(body: dict, state: ServerState, chat: bool) -> tuple[list[int]
                 raise bad_request(
                     f"messages[{index}] needs a role of system, user or assistant", "messages"
                 )
-            content = message.get("content")
-            if isinstance(content, list):  # content parts: keep the text ones
-                content = "".join(
-                    part.get("text", "") for part in content if isinstance(part, dict)
-                )
-            if not isinstance(content, str):
-                raise bad_request(f"messages[{index}].content must be a string", "messages")
+            content = _content(message.get("content"), index)
             role = "system" if message["role"] == "developer" else message["role"]
             pairs.append((role, content))
         prompt = engine.chat_prompt(pairs)
@@ -130,6 +199,7 @@ def parse_request(body: dict, state: ServerState, chat: bool) -> tuple[list[int]
             prompt = prompt[0]
         if not isinstance(prompt, str) or not prompt:
             raise bad_request("'prompt' must be a non-empty string", "prompt")
+        _text(prompt, "'prompt'", "prompt")
     if body.get("n", 1) != 1:
         raise bad_request("only n=1 is supported", "n")
     limits = state.limits
@@ -147,11 +217,7 @@ def parse_request(body: dict, state: ServerState, chat: bool) -> tuple[list[int]
         seed=_number(body, "seed", int, 0, 2**63, None),
         ignore_eos=bool(body.get("ignore_eos", False)),  # llama-server's extension
     )
-    stop = body.get("stop") or []
-    if isinstance(stop, str):
-        stop = [stop]
-    if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
-        raise bad_request("'stop' must be a string or an array of strings", "stop")
+    stop = _stop_strings(body, limits)
     tokens = engine.tokenize(prompt)
     if len(tokens) + 1 > engine.n_ctx:
         raise bad_request(
@@ -161,7 +227,7 @@ def parse_request(body: dict, state: ServerState, chat: bool) -> tuple[list[int]
             "context_length_exceeded",
         )
     max_tokens = min(max_tokens, engine.n_ctx - len(tokens))
-    return tokens, BatchRequest(tokens, max_tokens, sampling, tuple(stop))
+    return tokens, BatchRequest(tokens, max_tokens, sampling, stop)
 
 
 def timings(last: StreamEvent, queued_s: float) -> dict[str, float]:
@@ -177,205 +243,6 @@ def timings(last: StreamEvent, queued_s: float) -> dict[str, float]:
     }
 
 
-class Handler(BaseHTTPRequestHandler):
-    server_version = "quill"
-    protocol_version = "HTTP/1.1"
-    state: ServerState  # set on the subclass serve() makes
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass  # the command logs one line per request itself
-
-    # --- routing ----------------------------------------------------------------------------
-
-    def do_GET(self) -> None:
-        self._guard(self._get)
-
-    def do_POST(self) -> None:
-        self._guard(self._post)
-
-    def _guard(self, action) -> None:
-        try:
-            self._authorize()
-            action()
-        except ApiError as error:
-            self._json(error.status, error.body())
-        except (BrokenPipeError, ConnectionResetError):
-            pass
-
-    def _authorize(self) -> None:
-        key = self.state.api_key
-        if key is None or self.path == "/health":
-            return
-        given = self.headers.get("Authorization", "")
-        if not hmac.compare_digest(given.encode(), f"Bearer {key}".encode()):
-            raise ApiError(
-                HTTPStatus.UNAUTHORIZED,
-                "Incorrect API key provided; send 'Authorization: Bearer KEY'",
-                "invalid_request_error",
-                "invalid_api_key",
-            )
-
-    def _get(self) -> None:
-        state = self.state
-        if self.path == "/health":
-            self._json(
-                HTTPStatus.OK,
-                {
-                    "status": "ok",
-                    "slots_processing": state.scheduler.busy_slots,
-                    "slots_idle": state.scheduler.engine.parallel - state.scheduler.busy_slots,
-                    "requests_waiting": state.scheduler.queued,
-                    "decode_steps": state.scheduler.steps,
-                    "max_sequences_in_a_step": state.scheduler.max_sequences_in_a_step,
-                },
-            )
-        elif self.path == "/v1/models":
-            model = {
-                "id": state.model_name,
-                "object": "model",
-                "created": state.created,
-                "owned_by": "quill",
-            }
-            self._json(HTTPStatus.OK, {"object": "list", "data": [model]})
-        else:
-            raise ApiError(HTTPStatus.NOT_FOUND, f"no route {self.path}", "invalid_request_error")
-
-    def _post(self) -> None:
-        if self.path not in ("/v1/chat/completions", "/v1/completions"):
-            raise ApiError(HTTPStatus.NOT_FOUND, f"no route {self.path}", "invalid_request_error")
-        chat = self.path == "/v1/chat/completions"
-        body = self._body()
-        _, request = parse_request(body, self.state, chat)
-        received = time.perf_counter()
-        try:
-            self.state.scheduler.submit(request)
-        except QueueFullError as error:
-            raise ApiError(
-                HTTPStatus.TOO_MANY_REQUESTS, str(error), "rate_limit_error", "queue_full"
-            ) from None
-        ident = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
-        outcome = "client left"
-        try:
-            if body.get("stream"):
-                self._stream(request, ident, chat, received)
-            else:
-                self._complete(request, ident, chat, received)
-            outcome = "200"
-        finally:
-            request.cancelled.set()  # finished already, or the client left: free the slot
-            if self.state.on_request is not None:
-                self.state.on_request(
-                    f"POST {self.path} {outcome} · {len(request.prompt_tokens)} prompt tokens · "
-                    f"{time.perf_counter() - received:.2f} s"
-                )
-
-    def _body(self) -> dict:
-        try:
-            length = int(self.headers.get("Content-Length", "0"))
-        except ValueError:
-            raise bad_request("Content-Length is not a number") from None
-        if length > self.state.limits.max_body_bytes:
-            self.close_connection = True
-            raise ApiError(
-                HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
-                f"the body has {length} bytes; this server takes at most "
-                f"{self.state.limits.max_body_bytes}",
-                "invalid_request_error",
-            )
-        raw = self.rfile.read(length)
-        try:
-            body = json.loads(raw)
-        except ValueError as error:
-            raise bad_request(f"the body is not valid JSON: {error}") from None
-        if not isinstance(body, dict):
-            raise bad_request("the body must be a JSON object")
-        return body
-
-    # --- responses --------------------------------------------------------------------------
-
-    def _json(self, status: HTTPStatus, payload: dict) -> None:
-        data = json.dumps(payload).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def _complete(self, request: BatchRequest, ident: str, chat: bool, received: float) -> None:
-        pieces, last = [], None
-        for event in request.stream():
-            pieces.append(event.text)
-            last = event
-        assert last is not None
-        text = "".join(pieces)
-        choice: dict[str, Any] = {"index": 0, "finish_reason": last.finish_reason}
-        if chat:
-            choice["message"] = {"role": "assistant", "content": text}
-        else:
-            choice["text"] = text
-        queued_s = time.perf_counter() - received - last.prefill_s - last.decode_s
-        self._json(
-            HTTPStatus.OK,
-            {
-                "id": ident,
-                "object": "chat.completion" if chat else "text_completion",
-                "created": int(time.time()),
-                "model": self.state.model_name,
-                "choices": [choice],
-                "usage": _usage(last),
-                "timings": timings(last, max(queued_s, 0.0)),
-            },
-        )
-
-    def _stream(self, request: BatchRequest, ident: str, chat: bool, received: float) -> None:
-        self.send_response(HTTPStatus.OK)
-        self.send_header("Content-Type", "text/event-stream")
-        self.send_header("Cache-Control", "no-cache")
-        self.send_header("Connection", "close")
-        self.end_headers()
-        self.close_connection = True
-        created = int(time.time())
-        base = {
-            "id": ident,
-            "object": "chat.completion.chunk" if chat else "text_completion",
-            "created": created,
-            "model": self.state.model_name,
-        }
-
-        def chunk(delta: str | None, finish: str | None, first: bool = False) -> dict:
-            if chat:
-                content: dict[str, Any] = {}
-                if first:
-                    content["role"] = "assistant"
-                if delta is not None:
-                    content["content"] = delta
-                choice = {"index": 0, "delta": content, "finish_reason": finish}
-            else:
-                choice = {"index": 0, "text": delta or "", "finish_reason": finish}
-            return {**base, "choices": [choice]}
-
-        first_at = None
-        if chat:
-            self._event(chunk("", None, first=True))
-        for event in request.stream():
-            if first_at is None:
-                first_at = time.perf_counter()
-            if event.text:
-                self._event(chunk(event.text, None))
-            if event.finish_reason is not None:
-                final = chunk(None if chat else "", event.finish_reason)
-                queued_s = (first_at - received) - event.prefill_s
-                final["usage"] = _usage(event)
-                final["timings"] = timings(event, max(queued_s, 0.0))
-                self._event(final)
-        self.wfile.write(b"data: [DONE]\n\n")
-        self.wfile.flush()
-
-    def _event(self, payload: dict) -> None:
-        self.wfile.write(b"data: " + json.dumps(payload).encode() + b"\n\n")
-        self.wfile.flush()
-
-
 def _usage(last: StreamEvent) -> dict[str, int]:
     return {
         "prompt_tokens": last.prompt_tokens,
@@ -384,8 +251,59 @@ def _usage(last: StreamEvent) -> dict[str, int]:
     }
 
 
-def make_server(host: str, port: int, state: ServerState) -> ThreadingHTTPServer:
-    handler = type("QuillHandler", (Handler,), {"state": state})
-    server = ThreadingHTTPServer((host, port), handler)
-    server.daemon_threads = True
-    return server
+def completion_body(
+    ident: str, chat: bool, model_name: str, text: str, last: StreamEvent, queued_s: float
+) -> dict[str, Any]:
+    """The whole reply of a request that did not ask to stream."""
+    choice: dict[str, Any] = {"index": 0, "finish_reason": last.finish_reason}
+    if chat:
+        choice["message"] = {"role": "assistant", "content": text}
+    else:
+        choice["text"] = text
+    return {
+        "id": ident,
+        "object": "chat.completion" if chat else "text_completion",
+        "created": int(time.time()),
+        "model": model_name,
+        "choices": [choice],
+        "usage": _usage(last),
+        "timings": timings(last, max(queued_s, 0.0)),
+    }
+
+
+class ChunkMaker:
+    """The chunks of one streamed reply, as Server-Sent Events: a first one with the role (chat),
+    one per piece of text, a last one with finish_reason, usage and timings, then [DONE]."""
+
+    DONE = b"data: [DONE]\n\n"
+
+    def __init__(self, ident: str, chat: bool, model_name: str) -> None:
+        self.chat = chat
+        self.base = {
+            "id": ident,
+            "object": "chat.completion.chunk" if chat else "text_completion",
+            "created": int(time.time()),
+            "model": model_name,
+        }
+
+    def chunk(self, delta: str | None, finish: str | None = None, first: bool = False) -> dict:
+        if self.chat:
+            content: dict[str, Any] = {}
+            if first:
+                content["role"] = "assistant"
+            if delta is not None:
+                content["content"] = delta
+            choice = {"index": 0, "delta": content, "finish_reason": finish}
+        else:
+            choice = {"index": 0, "text": delta or "", "finish_reason": finish}
+        return {**self.base, "choices": [choice]}
+
+    def final(self, last: StreamEvent, queued_s: float) -> dict:
+        payload = self.chunk(None if self.chat else "", last.finish_reason)
+        payload["usage"] = _usage(last)
+        payload["timings"] = timings(last, max(queued_s, 0.0))
+        return payload
+
+
+def sse(payload: dict) -> bytes:
+    return b"data: " + json.dumps(payload).encode() + b"\n\n"

@@ -25,7 +25,8 @@ from cli.options import (
 
 SERVE_EPILOG = (
     "Endpoints: POST /v1/chat/completions, POST /v1/completions (stream or not), GET /v1/models, "
-    "GET /health. Ctrl-C stops the server (exit 0). " + EXIT_CODES_HELP
+    "GET /health. SIGTERM or Ctrl-C drains the server: no new requests, those in flight get up "
+    "to --drain-timeout to finish, then exit 0. " + EXIT_CODES_HELP
 )
 
 
@@ -57,6 +58,36 @@ def serve(
     max_body: Annotated[
         int, typer.Option("--max-body", min=1024, help="Largest request body, in bytes.")
     ] = 1 << 20,
+    max_connections: Annotated[
+        int,
+        typer.Option("--max-connections", min=1, help="Open connections before 429 and close."),
+    ] = 1024,
+    header_timeout: Annotated[
+        float,
+        typer.Option(
+            "--header-timeout", min=0.1, help="Seconds for a request's line and headers (408)."
+        ),
+    ] = 10.0,
+    body_timeout: Annotated[
+        float,
+        typer.Option("--body-timeout", min=0.1, help="Seconds for a request's body (408)."),
+    ] = 30.0,
+    drain_timeout: Annotated[
+        float,
+        typer.Option(
+            "--drain-timeout",
+            min=0,
+            help="Seconds in-flight requests get to finish after SIGTERM or Ctrl-C.",
+        ),
+    ] = 30.0,
+    cors: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--cors",
+            metavar="ORIGIN",
+            help="Allow browsers on ORIGIN (repeatable; * for any). Default: no CORS.",
+        ),
+    ] = None,
     threads: Threads = None,
     gpu_layers: GpuLayers = None,
     kv_type: KvType = "f16",
@@ -67,14 +98,17 @@ def serve(
 ) -> None:
     """Serve a model over an OpenAI-compatible HTTP API, batching concurrent requests."""
     from cli import render
+    from cli.asgi_server import HttpLimits, allowed_hosts_for, listen, run_server
     from cli.batching import BatchScheduler
     from cli.engine import Engine, LoadOptions
-    from cli.openai_api import ServerLimits, ServerState, make_server
+    from cli.openai_api import ServerLimits, ServerState
     from cli.options import parse_gpu_layers
     from cli.runner import resolve_gpu_layers
 
     try:
         type_k, type_v = kv_types(kv_type, kv_k, kv_v)
+        check_parallel(parallel, ctx)
+        max_connections = open_file_room(max_connections)
         label, path = obtain_model(name, offline)
         options = LoadOptions(
             n_ctx=ctx,
@@ -84,6 +118,12 @@ def serve(
             kv_type_v=type_v,
             parallel=parallel,
         )
+        try:
+            sock = listen(host, port)
+        except OSError as error:
+            raise UsageError(
+                f"cannot listen on {host}:{port}: {error.strerror}; choose another --port"
+            ) from None
         engine = Engine(path, options, verbose=verbose)
         scheduler = BatchScheduler(engine, max_queued=max_queue)
         limits = ServerLimits(
@@ -94,20 +134,21 @@ def serve(
         state = ServerState(
             scheduler, label, limits, api_key, int(time.time()), on_request=render.info_line
         )
-        try:
-            server = make_server(host, port, state)
-        except OSError as error:
-            scheduler.close()
-            raise UsageError(
-                f"cannot listen on {host}:{port}: {error.strerror}; choose another --port"
-            ) from None
+        http_limits = HttpLimits(
+            max_connections=max_connections,
+            header_timeout_s=header_timeout,
+            body_timeout_s=body_timeout,
+            drain_timeout_s=drain_timeout,
+            cors_origins=tuple(cors or ()),
+            allowed_hosts=allowed_hosts_for(host),
+        )
     except QuillError as error:
         fail(error)
     if host not in ("127.0.0.1", "localhost", "::1") and not api_key:
         render.warning_line(
             f"listening on {host} without --api-key: anyone who can reach this port can use it"
         )
-    bound_port = server.server_address[1]
+    bound_port = sock.getsockname()[1]
     render.info_line(
         f"quill serve: {label} on http://{host}:{bound_port}/v1 · {parallel} slots of "
         f"{engine.n_ctx} tokens · KV {type_k}/{type_v} · Ctrl-C to stop"
@@ -116,10 +157,56 @@ def serve(
         with open(os.environ["QUILL_SERVE_READY_FILE"], "w") as ready:
             ready.write(str(bound_port))
     try:
-        server.serve_forever()
-    except KeyboardInterrupt:
-        render.info_line("stopping")
+        stopped_by = run_server(sock, state, http_limits, verbose=verbose)
+        if stopped_by is not None:
+            render.info_line(f"stopped by {stopped_by}: drained")
     finally:
-        server.server_close()
         scheduler.close()
         engine.close()
+
+
+def check_parallel(parallel: int, ctx: int) -> None:
+    """Refuse a --parallel that llama.cpp would abort on: every decoding sequence puts a token
+    with logits into each batch, and a batch holds at most min(512, --ctx) tokens."""
+    from cli.engine import LoadOptions
+
+    batch = min(LoadOptions().n_batch, ctx)
+    if parallel > batch:
+        raise UsageError(
+            f"--parallel {parallel} needs a batch of {parallel} tokens, but batches hold "
+            f"{batch} (the smaller of 512 and --ctx {ctx}): use --parallel {batch} or less"
+            + (", or raise --ctx" if ctx < LoadOptions().n_batch else "")
+        )
+    most = max_sequences()
+    if parallel > most:
+        raise UsageError(
+            f"--parallel {parallel} exceeds the {most} sequences llama.cpp can decode together: "
+            f"use --parallel {most} or less"
+        )
+
+
+def max_sequences() -> int:
+    import llama_cpp as llama
+
+    return int(llama.llama_max_parallel_sequences())
+
+
+def open_file_room(max_connections: int) -> int:
+    """Raise the open-file limit so that --max-connections sockets fit; fewer connections, with a
+    warning, where the hard limit does not allow as many."""
+    import resource
+
+    from cli import render
+
+    spare = 64  # the model, logs, the listening socket, threads' files
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = max_connections + spare
+    if hard != resource.RLIM_INFINITY and wanted > hard:
+        max_connections = max(1, hard - spare)
+        render.warning_line(
+            f"the open-file limit is {hard}: serving at most {max_connections} connections"
+        )
+        wanted = hard
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+    return max_connections
