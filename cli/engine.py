@@ -453,12 +453,8 @@ def sampler_chain(
             slot.token, slot.bias = token, float("-inf")
         add(llama.llama_sampler_init_logit_bias(n_vocab, len(banned), biases))
 
-    if sampling.repeat_penalty != 1.0:
-        add(
-            llama.llama_sampler_init_penalties(
-                sampling.repeat_last_n, sampling.repeat_penalty, 0.0, 0.0
-            )
-        )
+    if sampling.penalizes:
+        add(penalties_sampler(sampling, n_vocab))
         # The penalty also looks back into the prompt, as llama.cpp's own tools do.
         for token in prompt_tokens[-sampling.repeat_last_n :]:
             llama.llama_sampler_accept(chain, token)
@@ -474,6 +470,20 @@ def sampler_chain(
     add(llama.llama_sampler_init_temp(sampling.temperature))
     add(llama.llama_sampler_init_dist(seed))
     return chain
+
+
+def penalties_sampler(sampling: SamplingParams, n_vocab: int):
+    """llama.cpp's repeat, frequency and presence penalties in one sampler."""
+    args = (
+        sampling.repeat_last_n,
+        sampling.repeat_penalty,
+        sampling.frequency_penalty,
+        sampling.presence_penalty,
+    )
+    # The pinned llama-cpp-python's llama.cpp takes the vocabulary size first; later ones do not.
+    if len(llama.llama_sampler_init_penalties.argtypes) == 5:
+        return llama.llama_sampler_init_penalties(n_vocab, *args)
+    return llama.llama_sampler_init_penalties(*args)
 
 
 def _load_failure(path: Path, problems: list[str]) -> str:
