@@ -11,7 +11,7 @@ import functools
 import random
 import resource
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -216,7 +216,10 @@ class Engine:
         if not template:
             return None
         array = (llama.llama_chat_message * len(messages))()
-        keep = [(role.encode(), content.encode()) for role, content in messages]
+        # llama.cpp reads each message as a C string, which ends at a NUL: a stand-in carries
+        # it through the template, or everything after it would silently vanish.
+        nul = _nul_stand_in(content for _, content in messages)
+        keep = [(role.encode(), content.replace("\0", nul).encode()) for role, content in messages]
         for slot, (role, content) in zip(array, keep, strict=True):
             slot.role, slot.content = role, content
         size = 4 * sum(len(c) for _, c in keep) + 1024
@@ -226,7 +229,7 @@ class Engine:
             if n < 0:
                 return None
             if n <= size:
-                return buf.raw[:n].decode("utf-8")
+                return buf.raw[:n].decode("utf-8").replace(nul, "\0")
             size = n
         return None
 
@@ -484,6 +487,12 @@ def penalties_sampler(sampling: SamplingParams, n_vocab: int):
     if len(llama.llama_sampler_init_penalties.argtypes) == 5:
         return llama.llama_sampler_init_penalties(n_vocab, *args)
     return llama.llama_sampler_init_penalties(*args)
+
+
+def _nul_stand_in(texts: Iterable[str]) -> str:
+    """A private-use character that none of the texts holds."""
+    seen = set("".join(texts))
+    return next(chr(c) for c in range(0xE000, 0xF900) if chr(c) not in seen)
 
 
 def _load_failure(path: Path, problems: list[str]) -> str:
