@@ -60,10 +60,8 @@ def check_replaceable(target: Path, source: Path | None = None) -> None:
     elsewhere the user may have meant), or the input file itself."""
     try:
         info = target.lstat()
-    except FileNotFoundError:
+    except OSError:  # nothing there (or a folder that is not one): the write itself will say
         return
-    except OSError as error:
-        raise UnsafeTargetError(f"cannot check {target}: {error.strerror}") from None
     if stat.S_ISLNK(info.st_mode):
         raise UnsafeTargetError(
             f"{target} is a symbolic link (to {os.readlink(target)}); quill replaces only "
