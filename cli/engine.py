@@ -19,8 +19,9 @@ import llama_cpp as llama
 import numpy as np
 
 from cli.errors import ModelLoadError, UsageError
+from cli.freecores import CoreLoad, measure_free_cores
 from cli.gguf_info import check_gguf_magic
-from cli.hardware import cpu_has_amx, physical_cores
+from cli.hardware import cpu_has_amx
 from cli.llamalog import llama_log
 from cli.sampling import SamplingParams
 from cli.textstream import TextStream
@@ -35,7 +36,7 @@ GGML_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q
 class LoadOptions:
     n_ctx: int | None = None  # None: min(DEFAULT_CTX, the model's trained context)
     n_batch: int = 512
-    threads: int | None = None  # None: physical cores
+    threads: int | None = None  # None: physical cores that other work leaves free
     gpu_layers: int = 0  # ALL_LAYERS offloads every layer
     kv_type_k: str = "f16"
     kv_type_v: str = "f16"
@@ -98,7 +99,12 @@ class Engine:
         self._refuse_impossible_kv_types()
         self.trained_ctx = llama.llama_model_n_ctx_train(self._model)
         n_ctx = options.n_ctx or min(DEFAULT_CTX, self.trained_ctx)
-        self.threads = options.threads or physical_cores()
+        self.core_load: CoreLoad | None = None  # measured only when the thread count is ours
+        if options.threads:
+            self.threads = options.threads
+        else:  # one per physical core that other processes leave free
+            self.core_load = measure_free_cores()
+            self.threads = self.core_load.threads
 
         context_params = llama.llama_context_default_params()
         context_params.n_ctx = n_ctx * options.parallel
