@@ -160,8 +160,9 @@ def test_quantize_refuses_targets_a_rename_would_destroy(runner, tiny_path, tmp_
 
 def test_a_killed_quantize_leaves_a_part_file_the_next_run_removes(smollm2_f16, tmp_path):
     output = tmp_path / "out.gguf"
-    command = [QUILL, "quantize", "smollm2-135m:f16", "--to", "q8_0", "-o", str(output)]
-    env = quill_env(Path(os.environ["QUILL_HOME"]))
+    command = [QUILL, "quantize", smollm2_f16["output"], "--to", "q8_0", "-o", str(output)]
+    # A home of its own: a store model's output would be recorded under its name in the shared one.
+    env = quill_env(tmp_path / "home")
     killed = subprocess.Popen(command, env=env, stderr=subprocess.DEVNULL)
     part = tmp_path / f".out.gguf.{killed.pid}.part"
     deadline = time.monotonic() + 60
