@@ -24,6 +24,7 @@ from cli.chatsession import (
     RemoteModel,
     TranscriptError,
     TurnStart,
+    check_text,
     with_setting,
 )
 from cli.engine import Engine, LoadOptions, StreamEvent
@@ -177,6 +178,8 @@ def chat(
             raise UsageError(str(error)) from None
     except QuillError as error:
         fail(error)
+    if session.continued:
+        render.info_line(f"continuing the {session.continued} messages in {transcript}")
     repl = Repl(session, options, offline, verbose, show_stats=not no_stats)
     repl.run()
 
@@ -197,6 +200,7 @@ class Repl:
         self.show_stats = show_stats
         self.interactive = sys.stdin.isatty()
         self.last_stats: str | None = None
+        self.lines_read = 0
 
     # --- input ------------------------------------------------------------------------------
 
@@ -249,11 +253,21 @@ class Repl:
                 return
             if line.strip() == BLOCK or (line.startswith(BLOCK) and not line.endswith(BLOCK)):
                 block = self._block(line.strip()[len(BLOCK) :])
-                if block is not None and block.strip():
+                if block is not None and block.strip() and self._valid(block):
                     yield block
                 continue
-            if line.strip():
+            if line.strip() and self._valid(line):
                 yield line.strip() if line.strip().startswith("/") else line
+
+    def _valid(self, text: str) -> bool:
+        """Whether a line (or block) can be sent; if not, say why and go on with the next."""
+        try:
+            check_text(text)
+        except ValueError as error:
+            where = f"line {self.lines_read}" if not self.interactive else "that line"
+            render.error_line(f"{where} is {error}")
+            return False
+        return True
 
     def _block(self, first: str) -> str | None:
         lines = [first] if first else []
@@ -273,9 +287,16 @@ class Repl:
     def _read(self, prompt: str) -> str:
         if self.interactive:
             return input(prompt)
-        line = sys.stdin.readline()
+        # Bytes, decoded here: a line that is not UTF-8 must reach _valid (whatever the locale
+        # makes of stdin's errors), to be refused alone.
+        stdin = getattr(sys.stdin, "buffer", None)
+        if stdin is None:
+            line = sys.stdin.readline()
+        else:
+            line = stdin.readline().decode("utf-8", "surrogateescape")
         if not line:
             raise EOFError
+        self.lines_read += 1
         return line.rstrip("\n")
 
     # --- output -----------------------------------------------------------------------------

@@ -10,7 +10,6 @@ loses at most those few tokens. Nothing here reads the keyboard or prints.
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, replace
@@ -20,6 +19,7 @@ from typing import Any
 from cli.engine import Engine, StreamEvent
 from cli.errors import QuillError
 from cli.sampling import SamplingParams
+from quant.partfiles import UnsafeTargetError, check_replaceable, partial_path
 
 OVERFLOW_POLICIES = ("truncate", "error")
 SAVE_EVERY_TOKENS = 8
@@ -85,6 +85,11 @@ class ChatSession:
         # Messages the model no longer sees (dropped to fit, or /clear): kept in the transcript.
         self.earlier: list[Message] = []
         self.last_event: StreamEvent | None = None
+        # An existing transcript is continued, never truncated: quill refuses a file that is
+        # not one of its transcripts rather than write over it.
+        self.continued = 0  # messages taken over from the transcript
+        if transcript is not None and (transcript.exists() or transcript.is_symlink()):
+            self._continue(transcript, keep_system=system is not None)
         self.save()
 
     # --- the conversation -------------------------------------------------------------------
@@ -114,6 +119,7 @@ class ChatSession:
 
         Closing the iterator early (Ctrl-C) keeps the partial reply, marked interrupted.
         """
+        check_text(text)  # before it is kept: one bad message must not break every later save
         self.messages.append(Message("user", text))
         self.save()
         yield from self._reply()
@@ -232,6 +238,8 @@ class ChatSession:
         self.save()
 
     def set_system(self, text: str | None) -> None:
+        if text:
+            check_text(text)
         self.system = text or None
         self.save()
 
@@ -260,31 +268,83 @@ class ChatSession:
 
     def load(self, path: Path) -> None:
         """Replace the conversation with a saved one (its system prompt and messages)."""
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-            messages = [Message(**m) for m in data["messages"]]
-            system = data.get("system")
-        except OSError as error:
-            raise TranscriptError(f"cannot read {path}: {error.strerror}") from None
-        except (ValueError, KeyError, TypeError) as error:
-            raise TranscriptError(
-                f"{path} is not a quill chat transcript ({error}); /save writes one"
-            ) from None
+        data = read_transcript(path, "/save writes one")
         self.earlier.extend(self.messages)
-        self.messages = messages
-        self.system = system
+        self.messages = data.messages
+        self.system = data.system
         self.save()
+
+    def _continue(self, path: Path, keep_system: bool) -> None:
+        """Take over the conversation in an existing transcript file."""
+        try:
+            check_replaceable(path)
+        except UnsafeTargetError as error:
+            raise TranscriptError(str(error)) from None
+        data = read_transcript(path, "quill will not overwrite it: choose another --transcript")
+        self.messages, self.earlier = data.messages, data.earlier
+        if not keep_system:
+            self.system = data.system
+        self.continued = len(data.messages)
+
+
+@dataclass(frozen=True)
+class SavedConversation:
+    system: str | None
+    messages: list[Message]
+    earlier: list[Message]
+
+
+def read_transcript(path: Path, advice: str) -> SavedConversation:
+    """A transcript file's conversation; TranscriptError says why it cannot be one."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        messages = [Message(**m) for m in data["messages"]]
+        earlier = [Message(**m) for m in data.get("earlier", [])]
+        system = data.get("system")
+        if system is not None and not isinstance(system, str):
+            raise TypeError("'system' is not text")
+        for message in [*messages, *earlier]:
+            if not isinstance(message.content, str) or message.role not in ("user", "assistant"):
+                raise TypeError("a message without a role and text")
+            check_text(message.content)
+    except OSError as error:
+        raise TranscriptError(f"cannot read {path}: {error.strerror}") from None
+    except (ValueError, KeyError, TypeError, AttributeError) as error:
+        raise TranscriptError(
+            f"{path} is not a quill chat transcript ({error}); {advice}"
+        ) from None
+    return SavedConversation(system, messages, earlier)
+
+
+def check_text(text: str) -> None:
+    """ValueError unless text can be written as UTF-8: bytes that were not UTF-8 arrive from
+    stdin as lone surrogates, which would fail every later save of the transcript."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        char = ord(text[error.start])
+        what = (
+            f"byte 0x{char - 0xDC00:02x}"
+            if 0xDC80 <= char <= 0xDCFF
+            else f"a lone surrogate U+{char:04X}"
+        )
+        raise ValueError(
+            f"not valid UTF-8 ({what} at character {error.start + 1}); not sent: "
+            "send the text in UTF-8"
+        ) from None
 
 
 def write_json_atomically(path: Path, data: dict[str, Any]) -> None:
-    partial = path.with_name(f".{path.name}.{os.getpid()}.part")
+    partial = partial_path(path)
     try:
+        text = json.dumps(data, ensure_ascii=False, indent=1) + "\n"
         path.parent.mkdir(parents=True, exist_ok=True)
-        partial.write_text(json.dumps(data, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
+        partial.write_text(text, encoding="utf-8")
         partial.replace(path)
     except OSError as error:
-        partial.unlink(missing_ok=True)
         raise TranscriptError(f"cannot write {path}: {error.strerror}") from None
+    finally:
+        partial.unlink(missing_ok=True)  # whatever went wrong, no part file stays behind
 
 
 def with_setting(settings: ChatSettings, key: str, value: str) -> ChatSettings:

@@ -11,7 +11,7 @@ import functools
 import random
 import resource
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,8 +19,8 @@ import llama_cpp as llama
 import numpy as np
 
 from cli.errors import ModelLoadError, UsageError
+from cli.freecores import CoreLoad, measure_free_cores
 from cli.gguf_info import check_gguf_magic
-from cli.hardware import physical_cores
 from cli.llamalog import llama_log
 from cli.loading import load_model
 from cli.sampling import SamplingParams
@@ -36,7 +36,7 @@ GGML_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q
 class LoadOptions:
     n_ctx: int | None = None  # None: min(DEFAULT_CTX, the model's trained context)
     n_batch: int = 512
-    threads: int | None = None  # None: physical cores
+    threads: int | None = None  # None: physical cores that other work leaves free
     gpu_layers: int = 0  # ALL_LAYERS offloads every layer
     kv_type_k: str = "f16"
     kv_type_v: str = "f16"
@@ -100,7 +100,12 @@ class Engine:
         self._refuse_impossible_kv_types()
         self.trained_ctx = llama.llama_model_n_ctx_train(self._model)
         n_ctx = options.n_ctx or min(DEFAULT_CTX, self.trained_ctx)
-        self.threads = options.threads or physical_cores()
+        self.core_load: CoreLoad | None = None  # measured only when the thread count is ours
+        if options.threads:
+            self.threads = options.threads
+        else:  # one per physical core that other processes leave free
+            self.core_load = measure_free_cores()
+            self.threads = self.core_load.threads
 
         context_params = llama.llama_context_default_params()
         context_params.n_ctx = n_ctx * options.parallel
@@ -218,7 +223,10 @@ class Engine:
         if not template:
             return None
         array = (llama.llama_chat_message * len(messages))()
-        keep = [(role.encode(), content.encode()) for role, content in messages]
+        # llama.cpp reads each message as a C string, which ends at a NUL: a stand-in carries
+        # it through the template, or everything after it would silently vanish.
+        nul = _nul_stand_in(content for _, content in messages)
+        keep = [(role.encode(), content.replace("\0", nul).encode()) for role, content in messages]
         for slot, (role, content) in zip(array, keep, strict=True):
             slot.role, slot.content = role, content
         size = 4 * sum(len(c) for _, c in keep) + 1024
@@ -228,7 +236,7 @@ class Engine:
             if n < 0:
                 return None
             if n <= size:
-                return buf.raw[:n].decode("utf-8")
+                return buf.raw[:n].decode("utf-8").replace(nul, "\0")
             size = n
         return None
 
@@ -455,12 +463,8 @@ def sampler_chain(
             slot.token, slot.bias = token, float("-inf")
         add(llama.llama_sampler_init_logit_bias(n_vocab, len(banned), biases))
 
-    if sampling.repeat_penalty != 1.0:
-        add(
-            llama.llama_sampler_init_penalties(
-                sampling.repeat_last_n, sampling.repeat_penalty, 0.0, 0.0
-            )
-        )
+    if sampling.penalizes:
+        add(penalties_sampler(sampling, n_vocab))
         # The penalty also looks back into the prompt, as llama.cpp's own tools do.
         for token in prompt_tokens[-sampling.repeat_last_n :]:
             llama.llama_sampler_accept(chain, token)
@@ -476,6 +480,26 @@ def sampler_chain(
     add(llama.llama_sampler_init_temp(sampling.temperature))
     add(llama.llama_sampler_init_dist(seed))
     return chain
+
+
+def penalties_sampler(sampling: SamplingParams, n_vocab: int):
+    """llama.cpp's repeat, frequency and presence penalties in one sampler."""
+    args = (
+        sampling.repeat_last_n,
+        sampling.repeat_penalty,
+        sampling.frequency_penalty,
+        sampling.presence_penalty,
+    )
+    # The pinned llama-cpp-python's llama.cpp takes the vocabulary size first; later ones do not.
+    if len(llama.llama_sampler_init_penalties.argtypes) == 5:
+        return llama.llama_sampler_init_penalties(n_vocab, *args)
+    return llama.llama_sampler_init_penalties(*args)
+
+
+def _nul_stand_in(texts: Iterable[str]) -> str:
+    """A private-use character that none of the texts holds."""
+    seen = set("".join(texts))
+    return next(chr(c) for c in range(0xE000, 0xF900) if chr(c) not in seen)
 
 
 def _load_failure(path: Path, problems: list[str]) -> str:

@@ -31,6 +31,8 @@ class RunMetrics:
     kv_cache_type: str
     kv_cache_bytes: int
     threads: int
+    # Cores other processes kept busy when the model loaded (None: --threads chose the count).
+    busy_cores: int | None
     gpu_layers: int
     seed: int | None
     peak_rss_bytes: int | None
@@ -65,6 +67,7 @@ class MetricsRecorder:
         """The numbers so far; finish_reason overrides the stream's (e.g. "interrupted")."""
         now = time.perf_counter()
         last, times = self.last, self._token_times
+        core_load = getattr(engine, "core_load", None)
         gaps_ms = [(b - a) * 1000 for a, b in itertools.pairwise(times)]
         p50, p95 = _percentiles(gaps_ms)
         kv_type = (
@@ -91,6 +94,7 @@ class MetricsRecorder:
             kv_cache_type=kv_type,
             kv_cache_bytes=engine.kv_cache_bytes,
             threads=engine.threads,
+            busy_cores=core_load.busy_cores if core_load else None,
             gpu_layers=engine.gpu_layers,
             seed=last.seed if last else None,
             peak_rss_bytes=last.peak_rss_bytes if last else None,

@@ -214,6 +214,8 @@ def parse_request(body: dict, state: ServerState, chat: bool) -> tuple[list[int]
         top_k=_number(body, "top_k", int, 0, 1 << 20, defaults.top_k),
         min_p=_number(body, "min_p", float, 0, 1, defaults.min_p),
         repeat_penalty=_number(body, "repeat_penalty", float, 0, 10, defaults.repeat_penalty),
+        frequency_penalty=_number(body, "frequency_penalty", float, -2, 2, 0.0),
+        presence_penalty=_number(body, "presence_penalty", float, -2, 2, 0.0),
         seed=_number(body, "seed", int, 0, 2**63, None),
         ignore_eos=bool(body.get("ignore_eos", False)),  # llama-server's extension
     )

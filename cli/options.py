@@ -18,7 +18,13 @@ EXIT_CODES_HELP = (
 
 # Options that several commands take, declared once so that they read the same everywhere.
 Threads = Annotated[
-    int | None, typer.Option("-t", "--threads", min=1, help="Default: physical cores.")
+    int | None,
+    typer.Option(
+        "-t",
+        "--threads",
+        min=1,
+        help="Default: physical cores that other work leaves free (measured at load).",
+    ),
 ]
 GpuLayers = Annotated[
     str | None,

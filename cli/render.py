@@ -37,6 +37,9 @@ def stats_parts(metrics: RunMetrics) -> list[tuple[str, str]]:
     if m.stop_string is not None:
         finish += f" ({json.dumps(m.stop_string, ensure_ascii=False)})"
     local = m.n_ctx > 0  # a model behind --endpoint has no load time, KV or threads of ours
+    threads = str(m.threads)
+    if m.busy_cores:  # other work took cores: why there may be fewer threads than usual
+        threads += f" ({m.busy_cores} {'core' if m.busy_cores == 1 else 'cores'} busy elsewhere)"
     parts = [
         ("load", f"{m.load_s:.2f} s"),
         ("TTFT", _ms(m.ttft_s)),
@@ -46,7 +49,7 @@ def stats_parts(metrics: RunMetrics) -> list[tuple[str, str]]:
         ("total", f"{m.total_s:.2f} s"),
         ("finish", finish),
         ("KV", f"{m.kv_cache_type} {human_bytes(m.kv_cache_bytes)} @ ctx {m.n_ctx}"),
-        ("threads", str(m.threads)),
+        ("threads", threads),
         ("GPU layers", str(m.gpu_layers)),
     ]
     if local:

@@ -15,5 +15,13 @@ class SamplingParams:
     min_p: float = 0.05
     repeat_penalty: float = 1.0
     repeat_last_n: int = 64
+    # OpenAI's: subtract frequency x (times seen) and presence x (seen at all) from a logit.
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
     seed: int | None = None  # None: a random seed, reported so the run can be repeated
     ignore_eos: bool = False  # never sample an end-of-generation token (benchmarks)
+
+    @property
+    def penalizes(self) -> bool:
+        """Whether any penalty is on (llama.cpp's penalties sampler costs time per token)."""
+        return (self.repeat_penalty, self.frequency_penalty, self.presence_penalty) != (1, 0, 0)

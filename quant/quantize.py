@@ -2,18 +2,20 @@
 
 The quantizer reads an F32, F16 or BF16 GGUF and writes every weight matrix in the chosen type
 (norms and other small tensors stay in float). It writes to a temporary file that is renamed only
-on success, so a failed or interrupted run never leaves a half-written model under the real name.
+on success, so a failed or interrupted run never leaves a half-written model under the real name,
+and only ever over a regular file that is not the input (quant.partfiles).
 """
 
 from __future__ import annotations
 
 import ctypes
-import os
 import re
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+
+from quant.partfiles import UnsafeTargetError, check_replaceable, partial_path, remove_stale_parts
 
 # The names llama.cpp's llama-quantize accepts, with their llama_ftype numbers.
 WEIGHT_TYPES: dict[str, int] = {
@@ -64,6 +66,10 @@ class QuantizeFailedError(QuantizeError):
 
 
 class OutputNotWritableError(QuantizeError):
+    pass
+
+
+class UnsafeOutputError(QuantizeError):
     pass
 
 
@@ -136,9 +142,14 @@ def quantize(
             "Start from an F16/BF16/F32 file (`quill quantize NAME --to f16` makes one), or pass "
             "--allow-requantize to do it anyway"
         )
+    try:
+        check_replaceable(output, source)
+    except UnsafeTargetError as error:
+        raise UnsafeOutputError(str(error)) from None
     if output.exists() and not force:
         raise OutputExistsError(f"{output} exists; pass --force to replace it")
-    partial = output.with_name(f".{output.name}.{os.getpid()}.part")
+    remove_stale_parts(output)  # left by a quantize that was killed before it could clean up
+    partial = partial_path(output)
     try:
         output.parent.mkdir(parents=True, exist_ok=True)
         partial.touch()
@@ -157,6 +168,10 @@ def quantize(
         )
         if status != 0:
             raise QuantizeFailedError(f"llama.cpp's quantizer failed on {source} (status {status})")
+        try:
+            check_replaceable(output, source)  # again: the quantizer ran for a while
+        except UnsafeTargetError as error:
+            raise UnsafeOutputError(str(error)) from None
         partial.replace(output)
     finally:
         partial.unlink(missing_ok=True)

@@ -1,0 +1,91 @@
+"""Writing a file safely: into a hidden part file beside it, renamed over the target only when
+complete, and only over a target that is a regular file; part files that a killed process left
+behind are removed by the next writer of the same target."""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+from pathlib import Path
+
+
+class UnsafeTargetError(Exception):
+    """A target that a rename must not replace: a device, a directory, a link, the input."""
+
+
+def partial_path(target: Path, pid: int | None = None) -> Path:
+    """Where this process writes target before the rename: hidden, and unique to the process."""
+    return target.with_name(f".{target.name}.{pid or os.getpid()}.part")
+
+
+def process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: alive
+        return True
+    except OverflowError:
+        return False
+    return True
+
+
+def remove_stale_parts(target: Path) -> list[Path]:
+    """Delete target's part files whose writing process is gone (SIGKILL, power loss); a part
+    file of a live process is left alone. Returns what was removed."""
+    pattern = re.compile(rf"^\.{re.escape(target.name)}\.(\d+)\.part$")
+    removed = []
+    try:
+        names = os.listdir(target.parent)
+    except OSError:
+        return removed
+    for name in names:
+        match = pattern.match(name)
+        if match is None or process_alive(int(match[1])):
+            continue
+        part = target.parent / name
+        try:
+            if part.is_file() and not part.is_symlink():
+                part.unlink()
+                removed.append(part)
+        except OSError:
+            pass  # not ours to remove (permissions): leave it
+    return removed
+
+
+def check_replaceable(target: Path, source: Path | None = None) -> None:
+    """Refuse a target that renaming a finished part file over would damage: anything but a
+    regular file (a device such as /dev/null, a directory, a FIFO, a symbolic link, whose target
+    elsewhere the user may have meant), or the input file itself."""
+    try:
+        info = target.lstat()
+    except OSError:  # nothing there (or a folder that is not one): the write itself will say
+        return
+    if stat.S_ISLNK(info.st_mode):
+        raise UnsafeTargetError(
+            f"{target} is a symbolic link (to {os.readlink(target)}); quill replaces only "
+            "regular files: give the path it points to, or another one"
+        )
+    if not stat.S_ISREG(info.st_mode):
+        kind = _kind(info.st_mode)
+        raise UnsafeTargetError(
+            f"{target} is {kind}, not a regular file; quill will not replace it: choose a file path"
+        )
+    if source is not None and source.exists() and os.path.samefile(source, target):
+        raise UnsafeTargetError(
+            f"{target} is the input file itself; writing there would destroy the input: "
+            "choose another output path"
+        )
+
+
+def _kind(mode: int) -> str:
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    if stat.S_ISFIFO(mode):
+        return "a named pipe"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "a special file"
