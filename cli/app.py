@@ -13,17 +13,12 @@ try:  # recent typer vendors click; earlier releases use click itself
 except ImportError:  # pragma: no cover
     from click.exceptions import ClickException, NoArgsIsHelpError
 
-from cli import __version__, quality, tokenize_command
-from cli import chat as chat_command
-from cli import serve as serve_command
-from cli.errors import (
-    EXIT_INTERRUPTED,
-    EXIT_USAGE,
-    ModelNotFoundError,
-    QuillError,
-    UsageError,
-)
-from cli.options import (
+from cli import __version__
+from cli.commands import chat as chat_command
+from cli.commands import quality
+from cli.commands import serve as serve_command
+from cli.commands import tokenize as tokenize_command
+from cli.commands.options import (
     EXIT_CODES_HELP,
     ApiKey,
     KvType,
@@ -40,7 +35,14 @@ from cli.options import (
     obtain_model,
     parse_gpu_layers,
 )
-from cli.sampling import SamplingParams
+from cli.engine.sampling import SamplingParams
+from cli.errors import (
+    EXIT_INTERRUPTED,
+    EXIT_USAGE,
+    ModelNotFoundError,
+    QuillError,
+    UsageError,
+)
 
 app = typer.Typer(
     name="quill",
@@ -180,7 +182,7 @@ def run(
     api_key: ApiKey = None,
 ) -> None:
     """Generate a reply to PROMPT, streamed to stdout; timing goes to stderr."""
-    from cli import runner
+    from cli.commands import run as runner
 
     try:
         code = runner.run_once(
@@ -216,7 +218,7 @@ def run(
     except QuillError as error:
         fail(error)
     except KeyboardInterrupt:
-        from cli.render import error_line
+        from cli.ui.render import error_line
 
         error_line("interrupted")
         raise typer.Exit(EXIT_INTERRUPTED) from None
@@ -236,10 +238,10 @@ def pull(
     ] = False,
 ) -> None:
     """Download a model into the local cache: resumable, checked against its sha256."""
-    from cli import render
-    from cli.progress import download_progress
-    from cli.registry import load_registry
-    from cli.store import local_path, obtain, parse_model_name
+    from cli.store.models import local_path, obtain, parse_model_name
+    from cli.store.registry import load_registry
+    from cli.ui import render
+    from cli.ui.progress import download_progress
     from cli.units import human_bytes
 
     try:
@@ -262,7 +264,7 @@ def pull(
     except QuillError as error:
         fail(error)
     except KeyboardInterrupt:
-        from cli.render import error_line
+        from cli.ui.render import error_line
 
         error_line("interrupted; run the same command again to resume the download")
         raise typer.Exit(EXIT_INTERRUPTED) from None
@@ -275,10 +277,10 @@ def list_models(
     """List the models on disk: what quill fetched, and registry models other tools cached."""
     import json
 
-    from cli import render
     from cli.gguf_info import read_gguf
-    from cli.registry import load_registry
-    from cli.store import list_local
+    from cli.store.models import list_local
+    from cli.store.registry import load_registry
+    from cli.ui import render
 
     try:
         models = list_local(load_registry())
@@ -315,9 +317,9 @@ def rm(
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask.")] = False,
 ) -> None:
     """Delete a model quill downloaded. Files quill did not fetch or make are never touched."""
-    from cli import render
-    from cli.registry import load_registry
-    from cli.store import local_path, owns, parse_model_name, remove
+    from cli.store.models import local_path, owns, parse_model_name, remove
+    from cli.store.registry import load_registry
+    from cli.ui import render
     from cli.units import human_bytes
 
     try:
@@ -361,10 +363,10 @@ def inspect(
     """Show what a GGUF file holds and the memory it needs at a context, without loading weights."""
     import json
 
-    from cli import render
     from cli.gguf_info import read_gguf
-    from cli.registry import load_registry
-    from cli.store import local_path, parse_model_name
+    from cli.store.models import local_path, parse_model_name
+    from cli.store.registry import load_registry
+    from cli.ui import render
     from quant.memory import ModelShape, largest_context, parse_size, plan
 
     try:
@@ -421,13 +423,13 @@ def quantize(
     into F16 (it cannot restore the precision already lost)."""
     import json
 
-    from cli import render
-    from cli.hardware import physical_cores
-    from cli.llamalog import llama_log
-    from cli.making import make_quantized
-    from cli.progress import StepProgress, download_progress
-    from cli.registry import load_registry
-    from cli.store import obtain, parse_model_name
+    from cli.engine.hardware import physical_cores
+    from cli.engine.llamalog import llama_log
+    from cli.store.making import make_quantized
+    from cli.store.models import obtain, parse_model_name
+    from cli.store.registry import load_registry
+    from cli.ui import render
+    from cli.ui.progress import StepProgress, download_progress
     from cli.units import human_bytes
     from quant.quantize import QuantizeError, weight_type
 
@@ -536,9 +538,9 @@ def bench(
     api_key: ApiKey = None,
 ) -> None:
     """Measure prefill and decode speed over a grid of lengths, depths, KV types and threads."""
-    from cli import render
-    from cli.bench import BenchGrid, run_bench
     from cli.gguf_info import read_gguf
+    from cli.measure.bench import BenchGrid, run_bench
+    from cli.ui import render
 
     try:
         if sum((json_output, csv_output, markdown_output)) > 1:
@@ -578,9 +580,9 @@ def bench(
 
 
 def _bench_endpoint(endpoint: str, model: str | None, grid, api_key: str | None) -> list:
-    from cli import render
-    from cli.bench import run_endpoint_bench
-    from cli.endpoint import first_model
+    from cli.api.client import first_model
+    from cli.measure.bench import run_endpoint_bench
+    from cli.ui import render
 
     if grid.depths != (0,) or grid.kv_types != ("f16",) or grid.threads or grid.batches != (512,):
         raise UsageError("--depth, --kv-type, --threads and --batch are the server's to choose")
@@ -595,7 +597,7 @@ def _bench_endpoint(endpoint: str, model: str | None, grid, api_key: str | None)
 
 
 def _show_bench(rows, label, json_output, csv_output, markdown_output, plot) -> None:
-    from cli import benchrender, render
+    from cli.ui import benchrender, render
 
     if json_output:
         render.write_stdout(benchrender.json_text(label, rows))
@@ -630,7 +632,7 @@ def main() -> None:
         error.ctx.get_help()  # typer renders the help itself
         sys.exit(EXIT_USAGE)
     except ClickException as error:
-        from cli.render import error_line
+        from cli.ui.render import error_line
 
         where = error.ctx.command_path if getattr(error, "ctx", None) else "quill"
         error_line(f"{error.format_message()} (see {where} --help)")

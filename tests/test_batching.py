@@ -6,9 +6,9 @@ from __future__ import annotations
 import llama_cpp as llama
 import numpy as np
 
-from cli.batching import BatchRequest, BatchScheduler
-from cli.engine import Engine, LoadOptions
-from cli.sampling import SamplingParams
+from cli.engine.batching import BatchRequest, BatchScheduler
+from cli.engine.engine import Engine, LoadOptions
+from cli.engine.sampling import SamplingParams
 
 PROMPTS = ("The capital of France is Paris, and the capital of Italy is",
            "Once upon a time there was a dragon who")  # fmt: skip

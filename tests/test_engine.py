@@ -7,8 +7,8 @@ import re
 import llama_cpp
 import pytest
 
-from cli.engine import Engine, LoadOptions
-from cli.sampling import SamplingParams
+from cli.engine.engine import Engine, LoadOptions
+from cli.engine.sampling import SamplingParams
 
 from reference import Reference
 

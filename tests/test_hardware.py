@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from cli import engine as engine_module
-from cli.engine import Engine, LoadOptions
-from cli.hardware import cpu_flags, cpu_has_amx, physical_cores
-from cli.sampling import SamplingParams
+from cli.engine import engine as engine_module
+from cli.engine.engine import Engine, LoadOptions
+from cli.engine.hardware import cpu_flags, cpu_has_amx, physical_cores
+from cli.engine.sampling import SamplingParams
 
 SAPPHIRE_RAPIDS = "processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f amx_bf16 amx_tile amx_int8\n"
 EPYC = "processor\t: 0\nflags\t\t: fpu sse2 avx2 sha_ni vaes\n"

@@ -7,8 +7,8 @@ from typing import Annotated
 
 import typer
 
+from cli.commands.options import EXIT_CODES_HELP, Offline, fail, obtain_model
 from cli.errors import QuillError
-from cli.options import EXIT_CODES_HELP, Offline, fail, obtain_model
 
 
 def shown_piece(piece: bytes) -> str:
@@ -32,9 +32,9 @@ def tokenize(
 ) -> None:
     """Show the tokens a text becomes: tokens, not characters, are what context, max_tokens and
     speed are counted in."""
-    from cli import render
     from cli.app import read_prompt
-    from cli.engine import Engine, LoadOptions
+    from cli.engine.engine import Engine, LoadOptions
+    from cli.ui import render
 
     try:
         content = read_prompt(text)

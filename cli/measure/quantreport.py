@@ -14,9 +14,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from cli.bench import measure_generation, measure_prompt
-from cli.engine import Engine, LoadOptions
-from cli.perplexity import PerplexityProgress, perplexity
+from cli.engine.engine import Engine, LoadOptions
+from cli.measure.bench import measure_generation, measure_prompt
+from cli.measure.perplexity import PerplexityProgress, perplexity
 from quant.memory import ModelShape, plan
 
 

@@ -12,9 +12,9 @@ import urllib.request
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from cli.engine import StreamEvent
+from cli.engine.engine import StreamEvent
+from cli.engine.sampling import SamplingParams
 from cli.errors import ModelNotFoundError, QuillError, UsageError
-from cli.sampling import SamplingParams
 
 
 class EndpointError(QuillError):

@@ -11,9 +11,9 @@ from pathlib import Path
 from rich.table import Table
 from rich.text import Text
 
-from cli.bench import BenchRow
 from cli.errors import UsageError
-from cli.render import stdout_console
+from cli.measure.bench import BenchRow
+from cli.ui.render import stdout_console
 from cli.units import human_bytes
 
 COLUMNS = (

@@ -50,7 +50,7 @@ def parse_gpu_layers(value: str | None) -> int | None:
     if value is None:
         return None
     if value == "all":
-        from cli.engine import ALL_LAYERS
+        from cli.engine.engine import ALL_LAYERS
 
         return ALL_LAYERS
     if value.isdigit():
@@ -75,10 +75,10 @@ def kv_types(kv_type: str, kv_k: str | None, kv_v: str | None) -> tuple[str, str
 
 def obtain_model(name: str | None, offline: bool) -> tuple[str, Path]:
     """(label, local path) for a model name, downloading it if needed; None means the default."""
-    from cli import render
-    from cli.progress import download_progress
-    from cli.registry import load_registry
-    from cli.store import obtain, parse_model_name
+    from cli.store.models import obtain, parse_model_name
+    from cli.store.registry import load_registry
+    from cli.ui import render
+    from cli.ui.progress import download_progress
 
     registry = load_registry()
     request = parse_model_name(name or registry.default, registry)
@@ -93,7 +93,7 @@ def obtain_model(name: str | None, offline: bool) -> tuple[str, Path]:
 
 
 def fail(error: QuillError) -> NoReturn:
-    from cli.render import error_line
+    from cli.ui.render import error_line
 
     error_line(str(error))
     raise typer.Exit(error.exit_code)

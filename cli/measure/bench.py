@@ -22,9 +22,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cli.engine import Engine, LoadOptions
+from cli.engine.engine import Engine, LoadOptions
+from cli.engine.sampling import SamplingParams
 from cli.errors import UsageError
-from cli.sampling import SamplingParams
 from quant.kv import KV_CACHE_TYPES
 
 GREEDY_NO_EOS = SamplingParams(temperature=0.0, ignore_eos=True)
@@ -208,7 +208,7 @@ def run_endpoint_bench(
     usage count is what the rate is computed from); ppP's rate is prompt tokens over the time to
     the first token, which includes the network and any queueing, as a client sees it.
     """
-    from cli.endpoint import stream_chat
+    from cli.api.client import stream_chat
 
     for p in grid.prompt_tokens:
         rates, ttfts = [], []

@@ -18,9 +18,9 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from cli.batching import BatchRequest, BatchScheduler, QueueFullError
-from cli.engine import StreamEvent
-from cli.sampling import SamplingParams
+from cli.engine.batching import BatchRequest, BatchScheduler, QueueFullError
+from cli.engine.engine import StreamEvent
+from cli.engine.sampling import SamplingParams
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from typing import Any
 from rich.console import Console
 from rich.text import Text
 
-from cli.metrics import RunMetrics
+from cli.engine.metrics import RunMetrics
 from cli.units import human_bytes
 
 # rich drops colour by itself when stderr is not a terminal (and honours NO_COLOR).

@@ -23,10 +23,10 @@ from dataclasses import dataclass, field
 
 import llama_cpp as llama
 
-from cli.engine import Engine, StreamEvent, sampler_chain
-from cli.llamalog import llama_log
-from cli.sampling import SamplingParams
-from cli.textstream import TextStream
+from cli.engine.engine import Engine, StreamEvent, sampler_chain
+from cli.engine.llamalog import llama_log
+from cli.engine.sampling import SamplingParams
+from cli.engine.textstream import TextStream
 
 
 class QueueFullError(Exception):

@@ -11,11 +11,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from cli.engine.llamalog import llama_log
 from cli.errors import ModelLoadError, UsageError
 from cli.gguf_info import read_gguf
-from cli.llamalog import llama_log
-from cli.registry import Registry
-from cli.store import Download, ModelRequest, quill_home, record
+from cli.store.models import Download, ModelRequest, quill_home, record
+from cli.store.registry import Registry
 from quant.quantize import (
     QuantizeError,
     QuantizeFailedError,

@@ -15,20 +15,7 @@ from typing import Annotated
 
 import typer
 
-from cli import render
-from cli.chatsession import (
-    OVERFLOW_POLICIES,
-    ChatOverflowError,
-    ChatSession,
-    ChatSettings,
-    RemoteModel,
-    TranscriptError,
-    TurnStart,
-    with_setting,
-)
-from cli.engine import Engine, LoadOptions, StreamEvent
-from cli.errors import QuillError, UsageError
-from cli.options import (
+from cli.commands.options import (
     EXIT_CODES_HELP,
     ApiKey,
     GpuLayers,
@@ -48,7 +35,20 @@ from cli.options import (
     kv_types,
     obtain_model,
 )
-from cli.sampling import SamplingParams
+from cli.engine.chatsession import (
+    OVERFLOW_POLICIES,
+    ChatOverflowError,
+    ChatSession,
+    ChatSettings,
+    RemoteModel,
+    TranscriptError,
+    TurnStart,
+    with_setting,
+)
+from cli.engine.engine import Engine, LoadOptions, StreamEvent
+from cli.engine.sampling import SamplingParams
+from cli.errors import QuillError, UsageError
+from cli.ui import render
 
 DEFAULTS = SamplingParams()
 BLOCK = '"""'
@@ -131,9 +131,9 @@ def chat(
     api_key: ApiKey = None,
 ) -> None:
     """Chat with a model in the terminal: each turn prefills only what is new."""
-    from cli.options import parse_gpu_layers
-    from cli.runner import resolve_gpu_layers
-    from cli.store import quill_home
+    from cli.commands.options import parse_gpu_layers
+    from cli.commands.run import resolve_gpu_layers
+    from cli.store.models import quill_home
 
     try:
         if on_overflow not in OVERFLOW_POLICIES:
@@ -148,7 +148,7 @@ def chat(
         )
         backend: Engine | RemoteModel
         if endpoint:
-            from cli.endpoint import first_model
+            from cli.api.client import first_model
 
             label = name or first_model(endpoint, api_key) or "default"
             backend = RemoteModel(endpoint, label, api_key)
@@ -426,7 +426,7 @@ class Repl:
 
 
 def _history_file() -> Path:
-    from cli.store import quill_home
+    from cli.store.models import quill_home
 
     return quill_home() / "chat_history"
 

@@ -8,8 +8,7 @@ from typing import Annotated
 
 import typer
 
-from cli.errors import EXIT_INTERRUPTED, QuillError, UsageError
-from cli.options import (
+from cli.commands.options import (
     EXIT_CODES_HELP,
     GpuLayers,
     KvK,
@@ -22,6 +21,7 @@ from cli.options import (
     kv_types,
     obtain_model,
 )
+from cli.errors import EXIT_INTERRUPTED, QuillError, UsageError
 
 PPL_EPILOG = (
     "Scores the text the way llama.cpp's llama-perplexity does: windows of --ctx tokens, each "
@@ -71,13 +71,13 @@ def perplexity(
 ) -> None:
     """Perplexity of a model over a text file, with its ± error: lower is better, and the change
     against the F16 model is what a quantization costs."""
-    from cli import render
-    from cli.engine import Engine, LoadOptions
+    from cli.commands.options import parse_gpu_layers
+    from cli.commands.run import resolve_gpu_layers
+    from cli.engine.engine import Engine, LoadOptions
     from cli.gguf_info import read_gguf
-    from cli.options import parse_gpu_layers
-    from cli.perplexity import perplexity as score
-    from cli.progress import StepProgress
-    from cli.runner import resolve_gpu_layers
+    from cli.measure.perplexity import perplexity as score
+    from cli.ui import render
+    from cli.ui.progress import StepProgress
 
     last = None
     try:
@@ -188,15 +188,15 @@ def quant_report(
     """Which quant should I use on this machine? Quantizes the model to each weight type, then
     measures size, perplexity and its change against F16, prefill and decode speed and KV bytes
     for each KV-cache type."""
-    from cli import render
+    from cli.engine.hardware import physical_cores
     from cli.gguf_info import read_gguf
-    from cli.hardware import physical_cores
-    from cli.making import make_quantized
-    from cli.perplexity import TextTooShortError
-    from cli.progress import StepProgress
-    from cli.quantreport import ReportSettings, measure
-    from cli.registry import load_registry
-    from cli.store import parse_model_name
+    from cli.measure.perplexity import TextTooShortError
+    from cli.measure.quantreport import ReportSettings, measure
+    from cli.store.making import make_quantized
+    from cli.store.models import parse_model_name
+    from cli.store.registry import load_registry
+    from cli.ui import render
+    from cli.ui.progress import StepProgress
     from quant.quantize import FLOAT_FILE_TYPES, QuantizeError, source_file_type, weight_type
 
     rows = []
@@ -284,6 +284,6 @@ def quant_report(
         }
         render.write_stdout(json.dumps(report, indent=1) + "\n")
     else:
-        from cli.render import quant_report_table
+        from cli.ui.render import quant_report_table
 
         quant_report_table(rows, kv_ctx, markdown=markdown_output)

@@ -18,12 +18,12 @@ from pathlib import Path
 import llama_cpp as llama
 import numpy as np
 
+from cli.engine.hardware import cpu_has_amx, physical_cores
+from cli.engine.llamalog import llama_log
+from cli.engine.sampling import SamplingParams
+from cli.engine.textstream import TextStream
 from cli.errors import ModelLoadError, UsageError
 from cli.gguf_info import check_gguf_magic
-from cli.hardware import cpu_has_amx, physical_cores
-from cli.llamalog import llama_log
-from cli.sampling import SamplingParams
-from cli.textstream import TextStream
 from quant.kv import QUANTIZED_KV_TYPES, kv_cache_bytes
 
 ALL_LAYERS = -1

@@ -13,7 +13,7 @@ from typing import Any
 from tqdm import TqdmExperimentalWarning, tqdm
 from tqdm.rich import tqdm_rich
 
-from cli.render import stderr_console
+from cli.ui.render import stderr_console
 from cli.units import human_bytes
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from cli.engine import Engine
+from cli.engine.engine import Engine
 
 
 class TextTooShortError(ValueError):

@@ -8,7 +8,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from cli.engine import Engine, StreamEvent
+from cli.engine.engine import Engine, StreamEvent
 
 
 @dataclass(frozen=True)

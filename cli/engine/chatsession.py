@@ -17,9 +17,9 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from cli.engine import Engine, StreamEvent
+from cli.engine.engine import Engine, StreamEvent
+from cli.engine.sampling import SamplingParams
 from cli.errors import QuillError
-from cli.sampling import SamplingParams
 
 OVERFLOW_POLICIES = ("truncate", "error")
 SAVE_EVERY_TOKENS = 8
@@ -130,7 +130,7 @@ class ChatSession:
     def _events(self) -> Iterator[TurnStart | StreamEvent]:
         settings = self.settings
         if isinstance(self.engine, RemoteModel):
-            from cli.endpoint import stream_chat
+            from cli.api.client import stream_chat
 
             remote = self.engine
             stream = stream_chat(

@@ -7,14 +7,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cli import render
-from cli.engine import ALL_LAYERS, DEFAULT_CTX, Engine, LoadOptions, StreamEvent
+from cli.engine.engine import ALL_LAYERS, DEFAULT_CTX, Engine, LoadOptions, StreamEvent
+from cli.engine.metrics import MetricsRecorder
+from cli.engine.sampling import SamplingParams
 from cli.errors import EXIT_INTERRUPTED, EXIT_OK, ContextOverflowError
-from cli.metrics import MetricsRecorder
-from cli.progress import download_progress
-from cli.registry import load_registry
-from cli.sampling import SamplingParams
-from cli.store import obtain, parse_model_name
+from cli.store.models import obtain, parse_model_name
+from cli.store.registry import load_registry
+from cli.ui import render
+from cli.ui.progress import download_progress
 
 GPU_BUILD_HINT = (
     'CMAKE_ARGS="-DGGML_CUDA=on" pip install --no-cache-dir --force-reinstall llama-cpp-python '
@@ -150,7 +150,7 @@ def _stream(
 
 def run_endpoint(request: RunRequest) -> int:
     """The same output and metrics, from a server's SSE stream instead of a local engine."""
-    from cli.endpoint import RemoteInfo, first_model, stream_chat
+    from cli.api.client import RemoteInfo, first_model, stream_chat
 
     endpoint = request.endpoint or ""
     model = request.model or first_model(endpoint, request.api_key) or "default"

@@ -28,7 +28,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from cli.errors import ModelNotFoundError, QuillError
-from cli.registry import HubSource, Registry, TagSpec, WheelSource
+from cli.store.registry import HubSource, Registry, TagSpec, WheelSource
 from cli.units import human_bytes
 
 Report = Callable[[str], None]
@@ -312,7 +312,7 @@ def _from_hub(
     """Download into the Hugging Face cache: (path, the Hub's sha256 if it gave one), or why not."""
     from huggingface_hub.utils import logging
 
-    from cli import hubdownload
+    from cli.store import hubdownload
 
     where = f"Hugging Face {source.repo}"
     unresolvable = _hub_unresolvable()

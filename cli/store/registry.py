@@ -71,7 +71,7 @@ def registry_path() -> Path:
     if packaged.is_file():
         return Path(str(packaged))
     # An editable install of a checkout has no packaged copy; the checkout's file is the one.
-    return Path(__file__).resolve().parent.parent / "models.yaml"
+    return Path(__file__).resolve().parents[2] / "models.yaml"
 
 
 @cache

@@ -8,8 +8,7 @@ from typing import Annotated
 
 import typer
 
-from cli.errors import QuillError, UsageError
-from cli.options import (
+from cli.commands.options import (
     EXIT_CODES_HELP,
     GpuLayers,
     KvK,
@@ -22,6 +21,7 @@ from cli.options import (
     kv_types,
     obtain_model,
 )
+from cli.errors import QuillError, UsageError
 
 SERVE_EPILOG = (
     "Endpoints: POST /v1/chat/completions, POST /v1/completions (stream or not), GET /v1/models, "
@@ -66,12 +66,12 @@ def serve(
     verbose: Verbose = False,
 ) -> None:
     """Serve a model over an OpenAI-compatible HTTP API, batching concurrent requests."""
-    from cli import render
-    from cli.batching import BatchScheduler
-    from cli.engine import Engine, LoadOptions
-    from cli.openai_api import ServerLimits, ServerState, make_server
-    from cli.options import parse_gpu_layers
-    from cli.runner import resolve_gpu_layers
+    from cli.api.server import ServerLimits, ServerState, make_server
+    from cli.commands.options import parse_gpu_layers
+    from cli.commands.run import resolve_gpu_layers
+    from cli.engine.batching import BatchScheduler
+    from cli.engine.engine import Engine, LoadOptions
+    from cli.ui import render
 
     try:
         type_k, type_v = kv_types(kv_type, kv_k, kv_v)
