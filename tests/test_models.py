@@ -204,7 +204,7 @@ def test_rm_asks_and_respects_no(runner, hub, tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     monkeypatch.setenv("QUILL_HOME", str(tmp_path))
     monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path / "hf" / "hub"))
-    monkeypatch.setattr("cli.app.stdin_is_terminal", lambda: True)
+    monkeypatch.setattr("cli.commands.models.stdin_is_terminal", lambda: True)
     result = runner.invoke(app, ["rm", "hf://owner/tiny/tiny.gguf"], input="n\n")
     assert result.exit_code == 1 and "Delete" in result.stderr
     assert list(blob_dir(tmp_path, "owner/tiny").iterdir())

@@ -11,22 +11,21 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from cli.engine.engine import StreamEvent
+from cli.engine.events import StreamEvent
 from cli.engine.sampling import SamplingParams
-from cli.errors import ModelNotFoundError, QuillError, UsageError
+from cli.errors import EndpointError, ModelNotFoundError, QuillError, UsageError
 
 
-class EndpointError(QuillError):
-    """The server refused the request or could not be reached."""
+@dataclass
+class RemoteModel:
+    """A model behind an OpenAI-compatible server, as a Backend: the server keeps its own cache,
+    window and load, so those numbers are zero here."""
 
-    exit_code = 5
-
-
-@dataclass(frozen=True)
-class RemoteInfo:
-    """What MetricsRecorder.summary reads from an engine, for a model behind an endpoint."""
-
+    url: str
+    model: str
+    api_key: str | None = None
     load_s: float = 0.0
     n_ctx: int = 0
     kv_type_k: str = "remote"
@@ -34,6 +33,43 @@ class RemoteInfo:
     kv_cache_bytes: int = 0
     threads: int = 0
     gpu_layers: int = 0
+    has_chat_template: bool = True  # the server applies its own
+    cached_tokens: int = 0
+
+    @property
+    def location(self) -> str:
+        return self.url
+
+    def count_tokens(self, messages: Sequence[tuple[str, str]]) -> int | None:
+        return None  # the server checks its own window
+
+    def stream_chat(
+        self,
+        messages: Sequence[tuple[str, str]],
+        max_tokens: int,
+        sampling: SamplingParams,
+        stop: Sequence[str] = (),
+    ) -> Iterator[StreamEvent]:
+        return stream_chat(self.url, messages, self.model, max_tokens, sampling, stop, self.api_key)
+
+    def stream_text(
+        self,
+        text: str,
+        max_tokens: int,
+        sampling: SamplingParams,
+        stop: Sequence[str] = (),
+    ) -> Iterator[StreamEvent]:
+        # The server owns its template: the text goes as one user message.
+        return self.stream_chat([("user", text)], max_tokens, sampling, stop)
+
+    def perf_note(self) -> str:
+        return ""
+
+    def clear_cache(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
 
 
 def chat_url(base: str) -> str:
@@ -73,6 +109,8 @@ def stream_chat(
     api_key: str | None = None,
     timeout_s: float = 600,
 ) -> Iterator[StreamEvent]:
+    """Send the request now (a refusal or an unreachable server raises here, before any reply),
+    and return the events of the reply as they arrive."""
     model = model or first_model(base_url, api_key) or "default"
     body = {
         "model": model,
@@ -105,6 +143,11 @@ def stream_chat(
     except (urllib.error.URLError, OSError) as error:
         reason = getattr(error, "reason", error)
         raise EndpointError(f"cannot reach {url}: {reason}; is the server running?") from None
+    return _events(response, started, sampling)
+
+
+def _events(response: Any, started: float, sampling: SamplingParams) -> Iterator[StreamEvent]:
+    """One event per content chunk of the SSE stream, then the last with the server's usage."""
     first_at: float | None = None
     generated = 0
     finish: str | None = None
@@ -130,37 +173,40 @@ def stream_chat(
                     first_at = now
                 yield _event(text, generated, first_at - started, now - first_at)
     now = time.perf_counter()
-    prompt_tokens = int(usage.get("prompt_tokens") or 0)
-    completion = int(usage.get("completion_tokens") or generated)
-    ttft = (first_at or now) - started
-    prefill_s = ttft  # as the client saw it: queueing, prefill and the network included
-    yield StreamEvent(
-        text="",
-        token=None,
-        prompt_tokens=prompt_tokens,
-        cached_prompt_tokens=0,
-        prefill_s=prefill_s,
-        generation_tokens=completion,
-        decode_s=now - (first_at or now),
+    ttft = (first_at or now) - started  # as the client saw it: queueing and the network included
+    yield _event(
+        "",
+        int(usage.get("completion_tokens") or generated),
+        ttft,
+        now - (first_at or now),
+        prompt_tokens=int(usage.get("prompt_tokens") or 0),
         finish_reason=finish or "stop",
-        stop_string=None,
         seed=sampling.seed if sampling.seed is not None else -1,
-        peak_rss_bytes=0,
     )
 
 
-def _event(text: str, generated: int, ttft: float, decode_s: float) -> StreamEvent:
+def _event(
+    text: str,
+    generated: int,
+    ttft: float,
+    decode_s: float,
+    prompt_tokens: int = 0,
+    finish_reason: str | None = None,
+    seed: int = -1,
+) -> StreamEvent:
+    """One content chunk as an event (the server does not say which token), or with
+    finish_reason set, the last event, carrying the server's usage counts."""
     return StreamEvent(
         text=text,
-        token=-1,  # the server does not say which token; one event per content chunk
-        prompt_tokens=0,
+        token=-1 if finish_reason is None else None,
+        prompt_tokens=prompt_tokens,
         cached_prompt_tokens=0,
         prefill_s=ttft,
         generation_tokens=generated,
         decode_s=decode_s,
-        finish_reason=None,
+        finish_reason=finish_reason,
         stop_string=None,
-        seed=-1,
+        seed=seed,
         peak_rss_bytes=0,
     )
 

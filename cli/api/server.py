@@ -18,9 +18,10 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from cli.engine.batching import BatchRequest, BatchScheduler, QueueFullError
-from cli.engine.engine import StreamEvent
+from cli.engine.batching import BatchRequest, BatchScheduler
+from cli.engine.events import StreamEvent
 from cli.engine.sampling import SamplingParams
+from cli.errors import QueueFullError
 
 
 @dataclass(frozen=True)
@@ -121,9 +122,7 @@ def parse_request(body: dict, state: ServerState, chat: bool) -> tuple[list[int]
                 raise bad_request(f"messages[{index}].content must be a string", "messages")
             role = "system" if message["role"] == "developer" else message["role"]
             pairs.append((role, content))
-        prompt = engine.chat_prompt(pairs)
-        if prompt is None:
-            prompt = "".join(f"{role}: {text}\n" for role, text in pairs) + "assistant: "
+        prompt, _ = engine.conversation_text(pairs)
     else:
         prompt = body.get("prompt")
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):

@@ -16,6 +16,7 @@ from typing import Annotated
 import typer
 
 from cli.commands.options import (
+    DEFAULT_SAMPLING,
     EXIT_CODES_HELP,
     ApiKey,
     GpuLayers,
@@ -23,6 +24,7 @@ from cli.commands.options import (
     KvType,
     KvV,
     MinP,
+    ModelOption,
     Offline,
     RepeatPenalty,
     Seed,
@@ -31,26 +33,25 @@ from cli.commands.options import (
     TopK,
     TopP,
     Verbose,
-    fail,
-    kv_types,
+    load_options,
+    model_name,
     obtain_model,
+    sampling_params,
 )
+from cli.engine.backend import Backend
 from cli.engine.chatsession import (
     OVERFLOW_POLICIES,
-    ChatOverflowError,
     ChatSession,
     ChatSettings,
-    RemoteModel,
-    TranscriptError,
     TurnStart,
     with_setting,
 )
-from cli.engine.engine import Engine, LoadOptions, StreamEvent
-from cli.engine.sampling import SamplingParams
+from cli.engine.events import StreamEvent
+from cli.engine.options import LoadOptions
 from cli.errors import QuillError, UsageError
 from cli.ui import render
 
-DEFAULTS = SamplingParams()
+DEFAULTS = DEFAULT_SAMPLING
 BLOCK = '"""'
 HELP = """\
 /help              this list
@@ -82,8 +83,9 @@ class Quit(Exception):
 def chat(
     name: Annotated[
         str | None,
-        typer.Argument(help="The model: alias[:tag], OWNER/REPO[:QUANT], hf://... or a path."),
+        typer.Argument(help="The model, as -m takes it (default: smollm2-135m)."),
     ] = None,
+    model: ModelOption = None,
     system: Annotated[str | None, typer.Option("-s", "--system", help="System prompt.")] = None,
     max_tokens: Annotated[
         int, typer.Option("-n", "--max-tokens", min=1, help="Longest reply, in tokens.")
@@ -131,54 +133,45 @@ def chat(
     api_key: ApiKey = None,
 ) -> None:
     """Chat with a model in the terminal: each turn prefills only what is new."""
-    from cli.commands.options import parse_gpu_layers
-    from cli.commands.run import resolve_gpu_layers
     from cli.store.models import quill_home
 
-    try:
-        if on_overflow not in OVERFLOW_POLICIES:
-            raise UsageError(f"--on-overflow takes truncate or error, not {on_overflow!r}")
-        type_k, type_v = kv_types(kv_type, kv_k, kv_v)
-        options = LoadOptions(
-            n_ctx=ctx,
-            threads=threads,
-            gpu_layers=resolve_gpu_layers(parse_gpu_layers(gpu_layers)),
-            kv_type_k=type_k,
-            kv_type_v=type_v,
-        )
-        backend: Engine | RemoteModel
-        if endpoint:
-            from cli.api.client import first_model
-
-            label = name or first_model(endpoint, api_key) or "default"
-            backend = RemoteModel(endpoint, label, api_key)
-        else:
-            label, path = obtain_model(name, offline)
-            backend = Engine(path, options, verbose=verbose)
-        if transcript is None:
-            stamp = time.strftime("%Y%m%d-%H%M%S")
-            transcript = quill_home() / "chats" / f"{stamp}-{label.replace('/', '_')}.json"
-        settings = ChatSettings(
-            sampling=SamplingParams(
-                temperature=temperature,
-                top_k=top_k,
-                top_p=top_p,
-                min_p=min_p,
-                repeat_penalty=repeat_penalty,
-                seed=seed,
-            ),
-            max_tokens=max_tokens,
-            stop=tuple(stop or ()),
-            on_overflow=on_overflow,
-        )
-        try:
-            session = ChatSession(backend, label, transcript, system, settings)
-        except TranscriptError as error:
-            raise UsageError(str(error)) from None
-    except QuillError as error:
-        fail(error)
+    if on_overflow not in OVERFLOW_POLICIES:
+        raise UsageError(f"--on-overflow takes truncate or error, not {on_overflow!r}")
+    chosen = model_name(name, model)
+    options = load_options(ctx, threads, gpu_layers, kv_type, kv_k, kv_v)
+    label, backend = open_chat_backend(chosen, options, offline, verbose, endpoint, api_key)
+    if transcript is None:
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        transcript = quill_home() / "chats" / f"{stamp}-{label.replace('/', '_')}.json"
+    settings = ChatSettings(
+        sampling=sampling_params(temperature, top_k, top_p, min_p, repeat_penalty, seed),
+        max_tokens=max_tokens,
+        stop=tuple(stop or ()),
+        on_overflow=on_overflow,
+    )
+    session = ChatSession(backend, label, transcript, system, settings)
     repl = Repl(session, options, offline, verbose, show_stats=not no_stats)
     repl.run()
+
+
+def open_chat_backend(
+    name: str | None,
+    options: LoadOptions,
+    offline: bool,
+    verbose: bool,
+    endpoint: str | None,
+    api_key: str | None,
+) -> tuple[str, Backend]:
+    """(label, backend): the model on a server with --endpoint, else a local engine."""
+    if endpoint:
+        from cli.api.client import RemoteModel, first_model
+
+        label = name or first_model(endpoint, api_key) or "default"
+        return label, RemoteModel(endpoint, label, api_key)
+    from cli.engine.engine import Engine
+
+    label, path = obtain_model(name, offline)
+    return label, Engine(path, options, verbose=verbose)
 
 
 class Repl:
@@ -202,17 +195,15 @@ class Repl:
 
     def run(self) -> None:
         session = self.session
-        local = session.remote is None
-        if local and session.engine.chat_prompt([("user", "?")]) is None:
+        backend = session.backend
+        if not backend.has_chat_template:
             render.warning_line(
                 f"{session.model_name} has no chat template llama.cpp can apply (a base model?); "
                 "the conversation is sent as 'user: ...' lines, which base models only continue"
             )
         if self.interactive:
             _start_history()
-            where = (
-                f"context {session.engine.n_ctx} tokens" if local else f"at {session.remote.url}"  # type: ignore[union-attr]
-            )
+            where = f"context {backend.n_ctx} tokens" if backend.n_ctx else f"at {backend.location}"
             render.info_line(
                 f"quill chat · {session.model_name} · {where} · "
                 f"/help for commands, Ctrl-D to leave · transcript {session.transcript}"
@@ -224,7 +215,7 @@ class Repl:
                         self._command(message)
                     else:
                         self._stream(lambda text=message: session.send(text))
-                except (ChatOverflowError, TranscriptError, QuillError, ValueError) as error:
+                except (QuillError, ValueError) as error:
                     render.error_line(str(error))
         except Quit:
             pass
@@ -325,8 +316,8 @@ class Repl:
             f"decode {last.generation_tokens} tok, {last.decode_tokens_per_s:.1f} tok/s · "
             f"finish {finish}"
         )
-        if session.remote is None:
-            self.last_stats += f" · context {session.context_used()}/{session.engine.n_ctx}"
+        if session.backend.n_ctx:  # a server keeps its own window
+            self.last_stats += f" · context {session.context_used()}/{session.backend.n_ctx}"
         if self.show_stats:
             render.info_line(self.last_stats)
 
@@ -376,51 +367,47 @@ class Repl:
     def _show(self) -> None:
         from cli.units import human_bytes
 
-        session, engine = self.session, self.session.engine
-        if isinstance(engine, RemoteModel):
-            sampling = session.settings.sampling
-            lines = [
-                f"model      {session.model_name} at {engine.url}",
-                f"system     {session.system or '(none)'}",
+        session, backend = self.session, self.session.backend
+        sampling, settings = session.settings.sampling, session.settings
+        local = backend.n_ctx > 0  # a server keeps its own window, cache and sampler defaults
+        lines = [
+            f"model      {session.model_name} "
+            + (f"({backend.location})" if local else f"at {backend.location}"),
+            f"system     {session.system or '(none)'}",
+        ]
+        if local:
+            lines += [
+                f"sampling   temperature {sampling.temperature}, top_k {sampling.top_k}, "
+                f"top_p {sampling.top_p}, min_p {sampling.min_p}, "
+                f"repeat_penalty {sampling.repeat_penalty}, seed {sampling.seed}",
+                f"replies    max_tokens {settings.max_tokens}, stop "
+                f"{list(settings.stop)}, on overflow {settings.on_overflow}",
+                f"context    {session.context_used()} of {backend.n_ctx} tokens used, "
+                f"{len(session.messages)} messages",
+                f"KV cache   {backend.kv_type_k}/{backend.kv_type_v}, "
+                f"{human_bytes(backend.kv_cache_bytes)} allocated",
+            ]
+        else:
+            lines += [
                 f"sampling   temperature {sampling.temperature}, top_p {sampling.top_p}, "
                 f"seed {sampling.seed} (the server applies its own top_k and min_p)",
-                f"replies    max_tokens {session.settings.max_tokens}, stop "
-                f"{list(session.settings.stop)}",
+                f"replies    max_tokens {settings.max_tokens}, stop {list(settings.stop)}",
                 f"context    {len(session.messages)} messages (the server keeps the cache)",
-                f"transcript {session.transcript}",
             ]
-            render.write_stderr("\n".join(lines) + "\n")
-            return
-        sampling = session.settings.sampling
-        lines = [
-            f"model      {session.model_name} ({engine.path})",
-            f"system     {session.system or '(none)'}",
-            f"sampling   temperature {sampling.temperature}, top_k {sampling.top_k}, "
-            f"top_p {sampling.top_p}, min_p {sampling.min_p}, "
-            f"repeat_penalty {sampling.repeat_penalty}, seed {sampling.seed}",
-            f"replies    max_tokens {session.settings.max_tokens}, stop "
-            f"{list(session.settings.stop)}, on overflow {session.settings.on_overflow}",
-            f"context    {session.context_used()} of {engine.n_ctx} tokens used, "
-            f"{len(session.messages)} messages",
-            f"KV cache   {engine.kv_type_k}/{engine.kv_type_v}, "
-            f"{human_bytes(engine.kv_cache_bytes)} allocated",
-            f"transcript {session.transcript}",
-        ]
+        lines.append(f"transcript {session.transcript}")
         render.write_stderr("\n".join(lines) + "\n")
 
     def _switch_model(self, name: str) -> None:
         if not name:
             raise ValueError("usage: /model NAME")
-        try:
-            label, path = obtain_model(name, self.offline)
-            engine = Engine(path, self.options, verbose=self.verbose)
-        except QuillError as error:
-            raise ValueError(str(error)) from None
-        old = self.session.engine
-        self.session.engine = engine
+        from cli.engine.engine import Engine
+
+        label, path = obtain_model(name, self.offline)
+        engine = Engine(path, self.options, verbose=self.verbose)
+        old = self.session.backend
+        self.session.backend = engine
         self.session.model_name = label
-        if isinstance(old, Engine):
-            old.close()
+        old.close()
         self.session.save()
         render.info_line(f"now chatting with {label}; the conversation is kept")
 

@@ -1,22 +1,38 @@
-"""What several commands share: option parsing, the model lookup, and the one way out on error."""
+"""The option kit the commands share: option types declared once, and the builders that turn
+options into what the library takes (load options, sampling, a model on disk).
+
+Importing this is cheap (typer only); whatever a builder needs is imported when it runs.
+"""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated, NoReturn
+from typing import Annotated
 
 import typer
 
-from cli.errors import QuillError, UsageError
+from cli.engine.options import ALL_LAYERS, LoadOptions
+from cli.engine.sampling import SamplingParams
+from cli.errors import EXIT_CODES_HELP, UsageError
 
-EXIT_CODES_HELP = (
-    "Exit codes: 0 success (finish stop or length), 2 usage, 3 model not found or not obtainable, "
-    "4 context overflow, 5 model failed to load, 130 interrupted."
+__all__ = ["EXIT_CODES_HELP"]
+
+DEFAULT_SAMPLING = SamplingParams()  # the CLI shows the engine's own defaults
+GPU_BUILD_HINT = (
+    'CMAKE_ARGS="-DGGML_CUDA=on" pip install --no-cache-dir --force-reinstall llama-cpp-python '
+    "(or -DGGML_METAL=on, -DGGML_VULKAN=on)"
 )
 
-
 # Options that several commands take, declared once so that they read the same everywhere.
+MODEL_HELP = (
+    "The model: alias[:tag] from models.yaml, OWNER/REPO[:QUANT], hf://OWNER/REPO/FILE.gguf, or "
+    "a .gguf path. Default: smollm2-135m."
+)
+ModelOption = Annotated[str | None, typer.Option("-m", "--model", help=MODEL_HELP)]
+ModelArgument = Annotated[
+    str | None, typer.Argument(help="The model, as -m takes it (default: smollm2-135m).")
+]
 Threads = Annotated[
     int | None, typer.Option("-t", "--threads", min=1, help="Default: physical cores.")
 ]
@@ -36,6 +52,8 @@ Seed = Annotated[
     int | None,
     typer.Option("--seed", min=0, help="Sampling seed. Default: a new random one each time."),
 ]
+KV_TYPE_HELP = "KV-cache type for K and V: f16, q8_0 or q4_0 (also bf16, f32, q4_1, q5_0, q5_1)."
+KvType = Annotated[str, typer.Option("--kv-type", help=KV_TYPE_HELP)]
 KvK = Annotated[str | None, typer.Option("--kv-k", help="KV type for K only.")]
 KvV = Annotated[str | None, typer.Option("--kv-v", help="KV type for V only.")]
 Offline = Annotated[bool, typer.Option("--offline", help="Use only models already on disk.")]
@@ -44,22 +62,63 @@ ApiKey = Annotated[
     str | None,
     typer.Option("--api-key", envvar="QUILL_API_KEY", help="Bearer token for --endpoint."),
 ]
+JsonOutput = Annotated[bool, typer.Option("--json", help="One JSON object on stdout.")]
+
+
+def model_name(argument: str | None, option: str | None) -> str | None:
+    """The model a command was given, as its positional NAME or as -m/--model (not both)."""
+    if argument is not None and option is not None and argument != option:
+        raise UsageError(f"two models given ({argument!r} and -m {option!r}): give one")
+    return option if option is not None else argument
+
+
+def sampling_params(
+    temperature: float,
+    top_k: int,
+    top_p: float,
+    min_p: float,
+    repeat_penalty: float,
+    seed: int | None,
+    ignore_eos: bool = False,
+) -> SamplingParams:
+    return SamplingParams(
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        min_p=min_p,
+        repeat_penalty=repeat_penalty,
+        seed=seed,
+        ignore_eos=ignore_eos,
+    )
 
 
 def parse_gpu_layers(value: str | None) -> int | None:
     if value is None:
         return None
     if value == "all":
-        from cli.engine.engine import ALL_LAYERS
-
         return ALL_LAYERS
     if value.isdigit():
         return int(value)
     raise UsageError(f"--gpu-layers takes a number of layers or 'all', not {value!r}")
 
 
-KV_TYPE_HELP = "KV-cache type for K and V: f16, q8_0 or q4_0 (also bf16, f32, q4_1, q5_0, q5_1)."
-KvType = Annotated[str, typer.Option("--kv-type", help=KV_TYPE_HELP)]
+def resolve_gpu_layers(requested: int | None) -> int:
+    """Layers to offload: all on a GPU build unless asked otherwise; 0, with a warning that says
+    how to get a GPU build, when this build cannot offload."""
+    import llama_cpp
+
+    from cli.ui import render
+
+    supported = bool(llama_cpp.llama_supports_gpu_offload())
+    if requested is None:
+        return ALL_LAYERS if supported else 0
+    if requested != 0 and not supported:
+        render.warning_line(
+            "this llama-cpp-python build cannot offload to a GPU, so quill runs on the CPU; "
+            f"for a GPU build: {GPU_BUILD_HINT}"
+        )
+        return 0
+    return requested
 
 
 def kv_types(kv_type: str, kv_k: str | None, kv_v: str | None) -> tuple[str, str]:
@@ -73,7 +132,28 @@ def kv_types(kv_type: str, kv_k: str | None, kv_v: str | None) -> tuple[str, str
     return type_k, type_v
 
 
-def obtain_model(name: str | None, offline: bool) -> tuple[str, Path]:
+def load_options(
+    ctx: int | None,
+    threads: int | None,
+    gpu_layers: str | None,
+    kv_type: str,
+    kv_k: str | None,
+    kv_v: str | None,
+    **more: int,
+) -> LoadOptions:
+    """The engine's LoadOptions from the options run, chat, serve and perplexity share."""
+    type_k, type_v = kv_types(kv_type, kv_k, kv_v)
+    return LoadOptions(
+        n_ctx=ctx,
+        threads=threads,
+        gpu_layers=resolve_gpu_layers(parse_gpu_layers(gpu_layers)),
+        kv_type_k=type_k,
+        kv_type_v=type_v,
+        **more,
+    )
+
+
+def obtain_model(name: str | None, offline: bool, verbose: bool = False) -> tuple[str, Path]:
     """(label, local path) for a model name, downloading it if needed; None means the default."""
     from cli.store.models import obtain, parse_model_name
     from cli.store.registry import load_registry
@@ -88,12 +168,22 @@ def obtain_model(name: str | None, offline: bool) -> tuple[str, Path]:
         report=render.info_line,
         progress=download_progress(),
         terminal=sys.stderr.isatty(),
+        verbose=verbose,
     )
     return request.label, path
 
 
-def fail(error: QuillError) -> NoReturn:
-    from cli.ui.render import error_line
+def stdin_is_terminal() -> bool:
+    return sys.stdin.isatty()
 
-    error_line(str(error))
-    raise typer.Exit(error.exit_code)
+
+def read_prompt(argument: str | None) -> str:
+    """The argument, then stdin (when it is not a terminal) appended after a blank line."""
+    parts = [argument] if argument else []
+    if not sys.stdin.isatty():
+        piped = sys.stdin.buffer.read().decode("utf-8", errors="replace")
+        if piped.strip():
+            parts.append(piped.rstrip("\n"))
+    if not parts:
+        raise UsageError('no prompt: give one as an argument (quill run "...") or on stdin')
+    return "\n\n".join(parts)

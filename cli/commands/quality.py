@@ -11,17 +11,21 @@ import typer
 from cli.commands.options import (
     EXIT_CODES_HELP,
     GpuLayers,
+    JsonOutput,
     KvK,
     KvType,
     KvV,
+    ModelArgument,
+    ModelOption,
     Offline,
     Threads,
     Verbose,
-    fail,
     kv_types,
+    load_options,
+    model_name,
     obtain_model,
 )
-from cli.errors import EXIT_INTERRUPTED, QuillError, UsageError
+from cli.errors import Interrupted, UsageError
 
 PPL_EPILOG = (
     "Scores the text the way llama.cpp's llama-perplexity does: windows of --ctx tokens, each "
@@ -51,7 +55,8 @@ def _check_window(window: int, trained_ctx: int) -> None:
 
 
 def perplexity(
-    name: Annotated[str | None, typer.Argument(help="The model (default: smollm2-135m).")] = None,
+    name: ModelArgument = None,
+    model: ModelOption = None,
     file: Annotated[
         Path, typer.Option("-f", "--file", help="The text to score (UTF-8).", show_default=False)
     ] = ...,  # type: ignore[assignment]
@@ -65,34 +70,25 @@ def perplexity(
     kv_v: KvV = None,
     threads: Threads = None,
     gpu_layers: GpuLayers = None,
-    json_output: Annotated[bool, typer.Option("--json", help="One JSON object on stdout.")] = False,
+    json_output: JsonOutput = False,
     offline: Offline = False,
     verbose: Verbose = False,
 ) -> None:
     """Perplexity of a model over a text file, with its ± error: lower is better, and the change
     against the F16 model is what a quantization costs."""
-    from cli.commands.options import parse_gpu_layers
-    from cli.commands.run import resolve_gpu_layers
-    from cli.engine.engine import Engine, LoadOptions
-    from cli.gguf_info import read_gguf
+    from cli.engine.engine import Engine
     from cli.measure.perplexity import perplexity as score
+    from cli.store.models import read_model
     from cli.ui import render
     from cli.ui.progress import StepProgress
 
     last = None
+    options = load_options(ctx, threads, gpu_layers, kv_type, kv_k, kv_v, n_batch=min(ctx, 2048))
+    type_k, type_v = options.kv_type_k, options.kv_type_v
+    text = read_text(file)
+    label, path = obtain_model(model_name(name, model), offline)
+    _check_window(ctx, read_model(path).context_length or ctx)
     try:
-        type_k, type_v = kv_types(kv_type, kv_k, kv_v)
-        text = read_text(file)
-        label, path = obtain_model(name, offline)
-        _check_window(ctx, read_gguf(path).context_length or ctx)
-        options = LoadOptions(
-            n_ctx=ctx,
-            n_batch=min(ctx, 2048),
-            threads=threads,
-            gpu_layers=resolve_gpu_layers(parse_gpu_layers(gpu_layers)),
-            kv_type_k=type_k,
-            kv_type_v=type_v,
-        )
         with Engine(path, options, verbose=verbose) as engine:
             tokens = engine.tokenize(text)
             if len(tokens) < 2 * ctx:
@@ -113,14 +109,13 @@ def perplexity(
                         f"PPL {last.perplexity:.4f} ± {last.error:.4f}",
                     )
             threads_used = engine.threads
-    except QuillError as error:
-        fail(error)
     except KeyboardInterrupt:
-        if last is not None:
-            render.info_line(
-                f"interrupted after {last.windows_done} windows: PPL so far {last.perplexity:.4f}"
-            )
-        raise typer.Exit(EXIT_INTERRUPTED) from None
+        so_far = (
+            ""
+            if last is None
+            else (f" after {last.windows_done} windows: PPL so far {last.perplexity:.4f}")
+        )
+        raise Interrupted(f"interrupted{so_far}") from None
     assert last is not None
     if json_output:
         result = {
@@ -152,7 +147,8 @@ def perplexity(
 
 
 def quant_report(
-    name: Annotated[str | None, typer.Argument(help="The model (default: smollm2-135m).")] = None,
+    name: ModelArgument = None,
+    model: ModelOption = None,
     file: Annotated[
         Path, typer.Option("-f", "--file", help="The text to score (UTF-8).", show_default=False)
     ] = ...,  # type: ignore[assignment]
@@ -179,7 +175,7 @@ def quant_report(
         int, typer.Option("--kv-ctx", min=1, help="Context the KV bytes are given for.")
     ] = 4096,
     threads: Threads = None,
-    json_output: Annotated[bool, typer.Option("--json", help="One JSON object on stdout.")] = False,
+    json_output: JsonOutput = False,
     markdown_output: Annotated[
         bool, typer.Option("--markdown", help="A Markdown table on stdout.")
     ] = False,
@@ -189,92 +185,79 @@ def quant_report(
     measures size, perplexity and its change against F16, prefill and decode speed and KV bytes
     for each KV-cache type."""
     from cli.engine.hardware import physical_cores
-    from cli.gguf_info import read_gguf
-    from cli.measure.perplexity import TextTooShortError
     from cli.measure.quantreport import ReportSettings, measure
-    from cli.store.making import make_quantized
-    from cli.store.models import parse_model_name
+    from cli.store.making import make_quantized, target_type
+    from cli.store.models import parse_model_name, read_model
     from cli.store.registry import load_registry
     from cli.ui import render
     from cli.ui.progress import StepProgress
-    from quant.quantize import FLOAT_FILE_TYPES, QuantizeError, source_file_type, weight_type
+    from quant.quantize import FLOAT_FILE_TYPES, source_file_type
+
+    chosen = model_name(name, model)
+    weights = [target_type(t) for t in types.split(",")]
+    kvs = kv_types_option.split(",")
+    for kv in kvs:
+        kv_types(kv, None, None)
+    if json_output and markdown_output:
+        raise UsageError("choose one of --json and --markdown")
+    text = read_text(file)
+    label, source = obtain_model(chosen, offline)
+    _check_window(ctx, read_model(source).context_length or ctx)
+    registry = load_registry()
+    request = parse_model_name(chosen or registry.default, registry)
+    threads = threads or physical_cores()
+    file_type, _ = source_file_type(source)
+    baseline_type = weights[0]
+    models = []
+    with StepProgress("quantizing") as progress:
+        if file_type in FLOAT_FILE_TYPES and FLOAT_FILE_TYPES[file_type] == baseline_type:
+            baseline = source
+        else:
+            if file_type not in FLOAT_FILE_TYPES:
+                render.warning_line(
+                    f"{label} is quantized: the {baseline_type} baseline is its dequantized "
+                    "copy, so the report measures re-quantization from those rounded weights"
+                )
+            made = make_quantized(
+                label, request, source, baseline_type, registry, threads, force=True,
+                on_tensor=progress.update,
+            )  # fmt: skip
+            baseline = Path(made.result.output)
+        models.append((baseline_type, baseline))
+        baseline_request = parse_model_name(str(baseline), registry)
+        for target in weights[1:]:
+            made = make_quantized(
+                label, baseline_request, baseline, target, registry, threads, force=True,
+                on_tensor=progress.update,
+            )  # fmt: skip
+            models.append((target, Path(made.result.output)))
+    settings = ReportSettings(
+        weight_types=tuple(weights),
+        kv_types=tuple(kvs),
+        window=ctx,
+        max_windows=chunks,
+        prompt_tokens=prompt_tokens,
+        gen_tokens=gen_tokens,
+        repetitions=repetitions,
+        kv_ctx=kv_ctx,
+        threads=threads,
+    )
+    cache: dict[str, list[int]] = {}
+
+    def tokens_for(engine) -> list[int]:
+        # Every weight type shares the vocabulary: tokenize the text once.
+        if "tokens" not in cache:
+            cache["tokens"] = engine.tokenize(text)
+        return cache["tokens"]
 
     rows = []
-    try:
-        try:
-            weights = [weight_type(t) for t in types.split(",")]
-        except QuantizeError as error:
-            raise UsageError(str(error)) from None
-        kvs = kv_types_option.split(",")
-        for kv in kvs:
-            kv_types(kv, None, None)
-        if json_output and markdown_output:
-            raise UsageError("choose one of --json and --markdown")
-        text = read_text(file)
-        label, source = obtain_model(name, offline)
-        _check_window(ctx, read_gguf(source).context_length or ctx)
-        registry = load_registry()
-        request = parse_model_name(name or registry.default, registry)
-        threads = threads or physical_cores()
-        file_type, _ = source_file_type(source)
-        baseline_type = weights[0]
-        models = []
-        with StepProgress("quantizing") as progress:
-            if file_type in FLOAT_FILE_TYPES and FLOAT_FILE_TYPES[file_type] == baseline_type:
-                baseline = source
-            else:
-                if file_type not in FLOAT_FILE_TYPES:
-                    render.warning_line(
-                        f"{label} is quantized: the {baseline_type} baseline is its dequantized "
-                        "copy, so the report measures re-quantization from those rounded weights"
-                    )
-                made = make_quantized(
-                    label, request, source, baseline_type, registry, threads, force=True,
-                    on_tensor=progress.update,
-                )  # fmt: skip
-                baseline = Path(made.result.output)
-            models.append((baseline_type, baseline))
-            baseline_request = parse_model_name(str(baseline), registry)
-            for target in weights[1:]:
-                made = make_quantized(
-                    label, baseline_request, baseline, target, registry, threads, force=True,
-                    on_tensor=progress.update,
-                )  # fmt: skip
-                models.append((target, Path(made.result.output)))
-        settings = ReportSettings(
-            weight_types=tuple(weights),
-            kv_types=tuple(kvs),
-            window=ctx,
-            max_windows=chunks,
-            prompt_tokens=prompt_tokens,
-            gen_tokens=gen_tokens,
-            repetitions=repetitions,
-            kv_ctx=kv_ctx,
-            threads=threads,
+    for row in measure(models, tokens_for, settings):
+        rows.append(row)
+        render.info_line(
+            f"{row.weights} + KV {row.kv_type}: PPL {row.perplexity:.4f} "
+            f"({row.perplexity_change_pct:+.2f}%), pp {row.prefill_tokens_per_s:.0f}, "
+            f"tg {row.decode_tokens_per_s:.1f} tok/s"
         )
-        cache: dict[str, list[int]] = {}
-
-        def tokens_for(engine) -> list[int]:
-            # Every weight type shares the vocabulary: tokenize the text once.
-            if "tokens" not in cache:
-                cache["tokens"] = engine.tokenize(text)
-            return cache["tokens"]
-
-        try:
-            for row in measure(models, tokens_for, settings):
-                rows.append(row)
-                render.info_line(
-                    f"{row.weights} + KV {row.kv_type}: PPL {row.perplexity:.4f} "
-                    f"({row.perplexity_change_pct:+.2f}%), pp {row.prefill_tokens_per_s:.0f}, "
-                    f"tg {row.decode_tokens_per_s:.1f} tok/s"
-                )
-        except TextTooShortError as error:
-            raise UsageError(f"{error}: give a longer text or a smaller --ctx") from None
-    except QuillError as error:
-        fail(error)
-    except KeyboardInterrupt:
-        render.error_line("interrupted")
-        raise typer.Exit(EXIT_INTERRUPTED) from None
     if json_output:
         report = {
             "model": label,
@@ -284,6 +267,4 @@ def quant_report(
         }
         render.write_stdout(json.dumps(report, indent=1) + "\n")
     else:
-        from cli.ui.render import quant_report_table
-
-        quant_report_table(rows, kv_ctx, markdown=markdown_output)
+        render.quant_report_table(rows, kv_ctx, markdown=markdown_output)

@@ -14,14 +14,16 @@ from cli.commands.options import (
     KvK,
     KvType,
     KvV,
+    ModelArgument,
+    ModelOption,
     Offline,
     Threads,
     Verbose,
-    fail,
-    kv_types,
+    load_options,
+    model_name,
     obtain_model,
 )
-from cli.errors import QuillError, UsageError
+from cli.errors import UsageError
 
 SERVE_EPILOG = (
     "Endpoints: POST /v1/chat/completions, POST /v1/completions (stream or not), GET /v1/models, "
@@ -30,7 +32,8 @@ SERVE_EPILOG = (
 
 
 def serve(
-    name: Annotated[str | None, typer.Argument(help="The model (default: smollm2-135m).")] = None,
+    name: ModelArgument = None,
+    model: ModelOption = None,
     host: Annotated[
         str, typer.Option("--host", help="Address to listen on (0.0.0.0: every interface).")
     ] = "127.0.0.1",
@@ -67,42 +70,30 @@ def serve(
 ) -> None:
     """Serve a model over an OpenAI-compatible HTTP API, batching concurrent requests."""
     from cli.api.server import ServerLimits, ServerState, make_server
-    from cli.commands.options import parse_gpu_layers
-    from cli.commands.run import resolve_gpu_layers
     from cli.engine.batching import BatchScheduler
-    from cli.engine.engine import Engine, LoadOptions
+    from cli.engine.engine import Engine
     from cli.ui import render
 
+    options = load_options(ctx, threads, gpu_layers, kv_type, kv_k, kv_v, parallel=parallel)
+    type_k, type_v = options.kv_type_k, options.kv_type_v
+    label, path = obtain_model(model_name(name, model), offline)
+    engine = Engine(path, options, verbose=verbose)
+    scheduler = BatchScheduler(engine, max_queued=max_queue)
+    limits = ServerLimits(
+        max_body_bytes=max_body,
+        max_tokens=max_tokens_limit or engine.n_ctx,
+        default_max_tokens=min(512, max_tokens_limit or engine.n_ctx),
+    )
+    state = ServerState(
+        scheduler, label, limits, api_key, int(time.time()), on_request=render.info_line
+    )
     try:
-        type_k, type_v = kv_types(kv_type, kv_k, kv_v)
-        label, path = obtain_model(name, offline)
-        options = LoadOptions(
-            n_ctx=ctx,
-            threads=threads,
-            gpu_layers=resolve_gpu_layers(parse_gpu_layers(gpu_layers)),
-            kv_type_k=type_k,
-            kv_type_v=type_v,
-            parallel=parallel,
-        )
-        engine = Engine(path, options, verbose=verbose)
-        scheduler = BatchScheduler(engine, max_queued=max_queue)
-        limits = ServerLimits(
-            max_body_bytes=max_body,
-            max_tokens=max_tokens_limit or engine.n_ctx,
-            default_max_tokens=min(512, max_tokens_limit or engine.n_ctx),
-        )
-        state = ServerState(
-            scheduler, label, limits, api_key, int(time.time()), on_request=render.info_line
-        )
-        try:
-            server = make_server(host, port, state)
-        except OSError as error:
-            scheduler.close()
-            raise UsageError(
-                f"cannot listen on {host}:{port}: {error.strerror}; choose another --port"
-            ) from None
-    except QuillError as error:
-        fail(error)
+        server = make_server(host, port, state)
+    except OSError as error:
+        scheduler.close()
+        raise UsageError(
+            f"cannot listen on {host}:{port}: {error.strerror}; choose another --port"
+        ) from None
     if host not in ("127.0.0.1", "localhost", "::1") and not api_key:
         render.warning_line(
             f"listening on {host} without --api-key: anyone who can reach this port can use it"

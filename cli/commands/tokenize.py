@@ -7,8 +7,7 @@ from typing import Annotated
 
 import typer
 
-from cli.commands.options import EXIT_CODES_HELP, Offline, fail, obtain_model
-from cli.errors import QuillError
+from cli.commands.options import EXIT_CODES_HELP, ModelOption, Offline, obtain_model, read_prompt
 
 
 def shown_piece(piece: bytes) -> str:
@@ -22,9 +21,7 @@ def tokenize(
     text: Annotated[
         str | None, typer.Argument(help="The text. Text on stdin is appended after it.")
     ] = None,
-    model: Annotated[
-        str | None, typer.Option("-m", "--model", help="Whose tokenizer (default: smollm2-135m).")
-    ] = None,
+    model: ModelOption = None,
     json_output: Annotated[
         bool, typer.Option("--json", help="One JSON object: ids, pieces and counts.")
     ] = False,
@@ -32,18 +29,14 @@ def tokenize(
 ) -> None:
     """Show the tokens a text becomes: tokens, not characters, are what context, max_tokens and
     speed are counted in."""
-    from cli.app import read_prompt
     from cli.engine.engine import Engine, LoadOptions
     from cli.ui import render
 
-    try:
-        content = read_prompt(text)
-        label, path = obtain_model(model, offline)
-        with Engine(path, LoadOptions(n_ctx=256)) as engine:
-            ids = engine.tokenize(content)
-            pieces = [engine.piece(token, special=True) for token in ids]
-    except QuillError as error:
-        fail(error)
+    content = read_prompt(text)
+    label, path = obtain_model(model, offline)
+    with Engine(path, LoadOptions(n_ctx=256)) as engine:
+        ids = engine.tokenize(content)
+        pieces = [engine.piece(token, special=True) for token in ids]
     characters, size = len(content), len(content.encode("utf-8"))
     if json_output:
         result = {

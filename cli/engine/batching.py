@@ -1,6 +1,6 @@
 """Continuous batching: several sequences share each llama_decode step, as serving engines do.
 
-One thread owns the llama.cpp context and loops: admit waiting requests into free sequence slots,
+One thread drives the engine and loops: admit waiting requests into free sequence slots,
 build one batch holding the next token of every decoding sequence plus as much of the waiting
 prompts as the batch has room for, decode it, sample every sequence that got logits, hand each
 its event. A request that finishes or is cancelled leaves at once and frees its slot; a new one
@@ -13,24 +13,15 @@ Consumers get the same StreamEvent objects Engine.stream_generate yields.
 from __future__ import annotations
 
 import queue
-import random
-import resource
 import threading
 import time
 from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
-import llama_cpp as llama
-
-from cli.engine.engine import Engine, StreamEvent, sampler_chain
-from cli.engine.llamalog import llama_log
+from cli.engine.engine import DecodeError, Engine, SequenceStep, StreamEvent
 from cli.engine.sampling import SamplingParams
-from cli.engine.textstream import TextStream
-
-
-class QueueFullError(Exception):
-    """More requests are waiting than the server accepts; the client should retry later."""
+from cli.errors import QueueFullError
 
 
 @dataclass
@@ -55,23 +46,18 @@ class BatchRequest:
 
 @dataclass
 class _Slot:
-    seq_id: int
     request: BatchRequest
-    sampler: object
-    text: TextStream
-    seed: int
-    admitted_at: float
+    step: SequenceStep
     pending: deque[int]  # prompt tokens not yet decoded
-    position: int = 0  # next KV position of this sequence
-    generated: int = 0
-    prefill_s: float = 0.0
-    first_token_at: float = 0.0
-    output_index: int = -1  # where this slot's logits are in the last batch, or -1
+    output: int = -1  # where this slot's logits are in the last batch, or -1
     last_token: int = -1
 
 
 class BatchScheduler:
-    """Owns the engine's context from a thread of its own; submit() from any thread."""
+    """Drives the engine from a thread of its own; submit() from any thread.
+
+    Slot i is the engine's sequence i. The engine keeps what each sequence has cached and owns
+    the llama.cpp context; the scheduler only chooses what goes into each decode."""
 
     def __init__(self, engine: Engine, max_queued: int = 16) -> None:
         self.engine = engine
@@ -114,7 +100,6 @@ class BatchScheduler:
     # --- the loop ---------------------------------------------------------------------------
 
     def _loop(self) -> None:
-        batch = llama.llama_batch_init(self.engine.n_batch, 0, 1)
         try:
             while True:
                 with self._wake:
@@ -125,9 +110,8 @@ class BatchScheduler:
                     self._admit()
                 self._drop_cancelled()
                 if self.busy_slots:
-                    self._step(batch)
+                    self._step()
         finally:
-            llama.llama_batch_free(batch)
             for index, slot in enumerate(self._slots):
                 if slot is not None:
                     slot.request.events.put(RuntimeError("the server is shutting down"))
@@ -140,23 +124,18 @@ class BatchScheduler:
             request = self._waiting.popleft()
             if request.cancelled.is_set():
                 continue
-            sampling = request.sampling
-            seed = sampling.seed if sampling.seed is not None else random.randrange(2**31)
-            memory = llama.llama_get_memory(self.engine.llama_context)
-            llama.llama_memory_seq_rm(memory, index, -1, -1)
-            banned = self.engine.eog_tokens if sampling.ignore_eos else ()
-            sampler = sampler_chain(
-                sampling, seed, request.prompt_tokens, banned, self.engine.n_vocab
+            self.engine.forget(index)
+            step = SequenceStep(
+                self.engine,
+                request.prompt_tokens,
+                request.max_tokens,
+                request.sampling,
+                request.stop,
+                cached_prompt_tokens=0,
+                started=time.perf_counter(),
+                seq=index,
             )
-            self._slots[index] = _Slot(
-                seq_id=index,
-                request=request,
-                sampler=sampler,
-                text=TextStream(request.stop),
-                seed=seed,
-                admitted_at=time.perf_counter(),
-                pending=deque(request.prompt_tokens),
-            )
+            self._slots[index] = _Slot(request, step, deque(request.prompt_tokens))
 
     def _drop_cancelled(self) -> None:
         for index, slot in enumerate(self._slots):
@@ -167,79 +146,47 @@ class BatchScheduler:
         slot = self._slots[index]
         if slot is None:
             return
-        llama.llama_sampler_free(slot.sampler)
-        llama.llama_memory_seq_rm(llama.llama_get_memory(self.engine.llama_context), index, -1, -1)
+        slot.step.close()
+        self.engine.forget(index)
         self._slots[index] = None
 
-    def _step(self, batch: llama.llama_batch) -> None:
-        """One llama_decode over every busy slot: decode tokens first, then prompt chunks."""
+    def _step(self) -> None:
+        """One decode over every busy slot: decode tokens first, then prompt chunks."""
         capacity = self.engine.n_batch
-        n = 0
-
-        def add(slot: _Slot, token: int, wants_logits: bool) -> None:
-            nonlocal n
-            batch.token[n] = token
-            batch.pos[n] = slot.position
-            batch.n_seq_id[n] = 1
-            batch.seq_id[n][0] = slot.seq_id
-            batch.logits[n] = wants_logits
-            if wants_logits:
-                slot.output_index = n
-            slot.position += 1
-            n += 1
-
-        busy = [slot for slot in self._slots if slot is not None]
-        for slot in busy:
-            slot.output_index = -1
-            if not slot.pending and slot.generated:  # decoding: feed back the last token
-                add(slot, slot.last_token, True)
-        for slot in busy:
-            while slot.pending and n < capacity:
+        items: list[tuple[int, int, bool]] = []
+        owners: list[_Slot] = []
+        busy = [(index, slot) for index, slot in enumerate(self._slots) if slot is not None]
+        for index, slot in busy:
+            slot.output = -1
+            if not slot.pending and slot.step.generated:  # decoding: feed back the last token
+                items.append((index, slot.last_token, True))
+                owners.append(slot)
+        for index, slot in busy:
+            while slot.pending and len(items) < capacity:
                 token = slot.pending.popleft()
-                add(slot, token, not slot.pending)
-        batch.n_tokens = n
-        status = llama.llama_decode(self.engine.llama_context, batch)
-        if status != 0:
-            problems = "; ".join(llama_log().drain()[-2:])
-            error = RuntimeError(f"llama_decode failed with status {status}: {problems}")
-            for slot in busy:
+                items.append((index, token, not slot.pending))
+                owners.append(slot)
+        try:
+            outputs = self.engine.decode(items)
+        except DecodeError as error:
+            for index, slot in busy:
                 slot.request.events.put(error)
-                self._free(slot.seq_id)
+                self._free(index)
             return
+        for slot, output in zip(owners, outputs, strict=True):
+            if output >= 0:
+                slot.output = output
         self.steps += 1
         self.max_sequences_in_a_step = max(
-            self.max_sequences_in_a_step, sum(s.output_index >= 0 for s in busy)
+            self.max_sequences_in_a_step, sum(slot.output >= 0 for _, slot in busy)
         )
-        now = time.perf_counter()
-        for slot in busy:
-            if slot.output_index >= 0:
-                self._sample(slot, now)
+        for index, slot in busy:
+            if slot.output >= 0:
+                self._sample(index, slot)
 
-    def _sample(self, slot: _Slot, now: float) -> None:
-        engine = self.engine
-        token = llama.llama_sampler_sample(slot.sampler, engine.llama_context, slot.output_index)
-        slot.generated += 1
-        if slot.generated == 1:
-            slot.prefill_s = now - slot.admitted_at
-            slot.first_token_at = now
-        slot.last_token = token
-        request = slot.request
-        at_limit = slot.generated >= request.max_tokens or slot.position >= engine.n_ctx
-        released, finish = engine.accept(token, slot.text, at_limit)
-        request.events.put(
-            StreamEvent(
-                text=released,
-                token=token,
-                prompt_tokens=len(request.prompt_tokens),
-                cached_prompt_tokens=0,
-                prefill_s=slot.prefill_s,
-                generation_tokens=slot.generated,
-                decode_s=now - slot.first_token_at,
-                finish_reason=finish,
-                stop_string=slot.text.matched_stop,
-                seed=slot.seed,
-                peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-            )
-        )
-        if finish is not None:
-            self._free(slot.seq_id)
+    def _sample(self, index: int, slot: _Slot) -> None:
+        event = slot.step.sample(slot.output)
+        slot.last_token = event.token if event.token is not None else -1
+        slot.request.events.put(event)
+        if event.finish_reason is not None:
+            self._free(index)

@@ -1,10 +1,11 @@
-"""A conversation over one engine: history, the chat template, the context window, the transcript.
+"""A conversation over one Backend: history, the context window, the transcript.
 
-Each turn renders the whole history with the model's chat template and hands it to
-Engine.stream_generate, whose prefix cache finds everything up to the new user message already in
-the KV cache: only the new tokens are prefilled. The transcript is written (temporary file, then
-rename) when a message is added and every few tokens while a reply streams, so a killed process
-loses at most those few tokens. Nothing here reads the keyboard or prints.
+Each turn hands the whole history to Backend.stream_chat. A local engine renders it with the
+model's chat template and its prefix cache finds everything up to the new user message already
+in the KV cache: only the new tokens are prefilled. A server keeps its own cache and window.
+The transcript is written (temporary file, then rename) when a message is added and every few
+tokens while a reply streams, so a killed process loses at most those few tokens.
+Nothing here reads the keyboard or prints.
 """
 
 from __future__ import annotations
@@ -17,20 +18,13 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from cli.engine.engine import Engine, StreamEvent
+from cli.engine.backend import Backend
+from cli.engine.events import StreamEvent
 from cli.engine.sampling import SamplingParams
-from cli.errors import QuillError
+from cli.errors import ChatOverflowError, QuillError, TranscriptError
 
 OVERFLOW_POLICIES = ("truncate", "error")
 SAVE_EVERY_TOKENS = 8
-
-
-class ChatOverflowError(Exception):
-    """The next turn does not fit the context window and the policy is not to drop turns."""
-
-
-class TranscriptError(Exception):
-    """A transcript file that cannot be read or written."""
 
 
 @dataclass
@@ -58,25 +52,16 @@ class TurnStart:
     max_tokens: int  # the reply's budget: the settings', or what is left of the context
 
 
-@dataclass(frozen=True)
-class RemoteModel:
-    """A model behind an OpenAI-compatible server: the server keeps its own cache and limits."""
-
-    url: str
-    model: str
-    api_key: str | None = None
-
-
 class ChatSession:
     def __init__(
         self,
-        engine: Engine | RemoteModel,
+        backend: Backend,
         model_name: str,
         transcript: Path | None,
         system: str | None = None,
         settings: ChatSettings | None = None,
     ) -> None:
-        self.engine = engine
+        self.backend = backend
         self.model_name = model_name
         self.transcript = transcript
         self.system = system
@@ -94,20 +79,13 @@ class ChatSession:
         head = [("system", self.system)] if self.system else []
         return head + [(m.role, m.content) for m in chosen]
 
-    def prompt_tokens(self, messages: list[Message] | None = None) -> list[int]:
-        rendered = self.engine.chat_prompt(self.conversation(messages))
-        if rendered is None:  # no template llama.cpp knows: plain text, one line per message
-            rendered = "".join(f"{role}: {text}\n" for role, text in self.conversation(messages))
-            rendered += "assistant: "
-        return self.engine.tokenize(rendered)
-
-    @property
-    def remote(self) -> RemoteModel | None:
-        return self.engine if isinstance(self.engine, RemoteModel) else None
+    def prompt_tokens(self, messages: list[Message] | None = None) -> int | None:
+        """Tokens the conversation takes; None where the backend's server counts them."""
+        return self.backend.count_tokens(self.conversation(messages))
 
     def context_used(self) -> int:
-        """KV cells holding this conversation (prompt and the replies so far); 0 when remote."""
-        return 0 if isinstance(self.engine, RemoteModel) else self.engine.cached_tokens
+        """KV cells holding this conversation here (prompt and the replies so far)."""
+        return self.backend.cached_tokens
 
     def send(self, text: str) -> Iterator[TurnStart | StreamEvent]:
         """Add a user message and stream the reply: a TurnStart, then the engine's events.
@@ -129,33 +107,20 @@ class ChatSession:
 
     def _events(self) -> Iterator[TurnStart | StreamEvent]:
         settings = self.settings
-        if isinstance(self.engine, RemoteModel):
-            from cli.api.client import stream_chat
-
-            remote = self.engine
-            stream = stream_chat(
-                remote.url,
-                self.conversation(),
-                remote.model,
-                settings.max_tokens,
-                settings.sampling,
-                settings.stop,
-                remote.api_key,
+        counted, dropped = self._fit()
+        budget = settings.max_tokens
+        if counted is not None:
+            budget = min(budget, self.backend.n_ctx - counted)
+        try:  # a backend refuses (a server's 4xx, a window overflow) before a reply begins
+            stream = self.backend.stream_chat(
+                self.conversation(), budget, settings.sampling, settings.stop
             )
-            try:
-                first = next(stream)  # the server answers, or refuses before a reply begins
-            except QuillError:
-                self.messages.pop()  # the refused message was never answered: it is not kept
-                self.save()
-                raise
-            yield TurnStart(0, 0, settings.max_tokens)  # the server checks its own window
-            yield first
-            yield from stream
-            return
-        tokens, dropped = self._fit()
-        budget = min(settings.max_tokens, self.engine.n_ctx - len(tokens))
-        yield TurnStart(len(tokens), dropped, budget)
-        yield from self.engine.stream_generate(tokens, budget, settings.sampling, settings.stop)
+        except QuillError:
+            self.messages.pop()  # the refused message was never answered: it is not kept
+            self.save()
+            raise
+        yield TurnStart(counted or 0, dropped, budget)
+        yield from stream
 
     def _reply(self) -> Iterator[TurnStart | StreamEvent]:
         events = self._events()
@@ -181,42 +146,43 @@ class ChatSession:
             reply.content = "".join(pieces)
             self.save()
 
-    def _fit(self) -> tuple[list[int], int]:
-        """The prompt for the next reply, dropping the oldest turns if the policy allows.
+    def _fit(self) -> tuple[int | None, int]:
+        """Tokens of the prompt for the next reply (None where the server checks its own
+        window), and the messages dropped to fit it, if the policy allows.
 
         A drop changes the start of the prompt, so the next turn prefills the whole remaining
         history. Dropping down to half the window (as llama.cpp's server discards half) buys
         several turns of cache reuse before the next drop, instead of a full prefill every turn.
         """
-        n_ctx = self.engine.n_ctx
+        n_ctx = self.backend.n_ctx
         # Leave room for a useful reply: the requested length, up to a quarter of the window.
         room = min(self.settings.max_tokens, n_ctx // 4)
         limit = n_ctx - room
         tokens = self.prompt_tokens()
-        if len(tokens) <= limit:
+        if tokens is None or tokens <= limit:
             return tokens, 0
         if self.settings.on_overflow == "error" and len(self.messages) > 1:
             self.messages.pop()  # the refused message was never answered: it is not kept
             self.save()
             raise ChatOverflowError(
-                f"the conversation needs {len(tokens) + room} tokens with room for a reply, "
+                f"the conversation needs {tokens + room} tokens with room for a reply, "
                 f"but the context holds {n_ctx}: /clear, or restart with --on-overflow "
                 "truncate or a larger --ctx"
             )
         dropped = 0
-        while len(self.messages) > 1 and len(tokens) > min(limit, n_ctx // 2):
+        while len(self.messages) > 1 and tokens > min(limit, n_ctx // 2):
             # The oldest exchange goes: a user message and the reply that followed it.
             self.earlier.append(self.messages.pop(0))
             dropped += 1
             while len(self.messages) > 1 and self.messages[0].role != "user":
                 self.earlier.append(self.messages.pop(0))
                 dropped += 1
-            tokens = self.prompt_tokens()
-        if len(tokens) > limit:
+            tokens = self.prompt_tokens() or 0
+        if tokens > limit:
             self.messages.pop()
             self.save()
             raise ChatOverflowError(
-                f"this message takes {len(tokens)} tokens and a reply needs {room} more, "
+                f"this message takes {tokens} tokens and a reply needs {room} more, "
                 f"but the context holds {n_ctx}: shorten it or restart with a larger --ctx"
             )
         self.save()
@@ -227,8 +193,7 @@ class ChatSession:
         keeps the messages under "earlier")."""
         self.earlier.extend(self.messages)
         self.messages.clear()
-        if not isinstance(self.engine, RemoteModel):
-            self.engine.clear_cache()
+        self.backend.clear_cache()
         self.save()
 
     def set_system(self, text: str | None) -> None:

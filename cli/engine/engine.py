@@ -12,66 +12,25 @@ import random
 import resource
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import llama_cpp as llama
 import numpy as np
 
+from cli.engine.events import StreamEvent
 from cli.engine.hardware import cpu_has_amx, physical_cores
 from cli.engine.llamalog import llama_log
+from cli.engine.options import ALL_LAYERS, DEFAULT_CTX, LoadOptions
 from cli.engine.sampling import SamplingParams
 from cli.engine.textstream import TextStream
-from cli.errors import ModelLoadError, UsageError
-from cli.gguf_info import check_gguf_magic
-from quant.kv import QUANTIZED_KV_TYPES, kv_cache_bytes
+from cli.errors import ContextOverflowError, ModelLoadError, UsageError
+from quant.gguf import GGUFError, check_gguf_magic, head_dims
+from quant.kv import QUANTIZED_KV_TYPES, ggml_type, kv_cache_bytes
 
-ALL_LAYERS = -1
 _LLAMA_ALL_LAYERS = 0x7FFFFFFF
-GGML_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "bf16": 30}
 
 
-@dataclass(frozen=True)
-class LoadOptions:
-    n_ctx: int | None = None  # None: min(DEFAULT_CTX, the model's trained context)
-    n_batch: int = 512
-    threads: int | None = None  # None: physical cores
-    gpu_layers: int = 0  # ALL_LAYERS offloads every layer
-    kv_type_k: str = "f16"
-    kv_type_v: str = "f16"
-    parallel: int = 1  # sequences sharing the context (quill serve); each gets n_ctx tokens
-
-
-DEFAULT_CTX = 4096
 DEFAULT_SAMPLING = SamplingParams()
-
-
-@dataclass(frozen=True)
-class StreamEvent:
-    """One step of generation. The last event has finish_reason set."""
-
-    text: str  # text released by this step ("" while a possible stop string is held back)
-    token: int | None  # the token sampled at this step
-    prompt_tokens: int
-    cached_prompt_tokens: int  # prompt tokens whose KV cache was reused, not prefilled again
-    prefill_s: float
-    generation_tokens: int
-    decode_s: float  # from the first sampled token to this one
-    finish_reason: str | None  # "stop" (end of generation or a stop string) or "length"
-    stop_string: str | None
-    seed: int
-    peak_rss_bytes: int
-
-    @property
-    def prefill_tokens_per_s(self) -> float:
-        new = self.prompt_tokens - self.cached_prompt_tokens
-        return new / self.prefill_s if self.prefill_s > 0 else 0.0
-
-    @property
-    def decode_tokens_per_s(self) -> float:
-        # The first token comes from the prefill's logits; each later one costs one decode step.
-        steps = self.generation_tokens - 1
-        return steps / self.decode_s if steps > 0 and self.decode_s > 0 else 0.0
 
 
 class Engine:
@@ -79,7 +38,10 @@ class Engine:
         log = llama_log()
         log.verbose = verbose
         log.drain()
-        check_gguf_magic(path)
+        try:
+            check_gguf_magic(path)
+        except GGUFError as error:
+            raise ModelLoadError(str(error)) from None
         llama.llama_backend_init()
         started = time.perf_counter()
 
@@ -109,8 +71,8 @@ class Engine:
         context_params.n_threads = self.threads
         context_params.n_threads_batch = self.threads
         context_params.no_perf = False
-        context_params.type_k = GGML_TYPES[options.kv_type_k]
-        context_params.type_v = GGML_TYPES[options.kv_type_v]
+        context_params.type_k = ggml_type(options.kv_type_k)
+        context_params.type_v = ggml_type(options.kv_type_v)
         # llama.cpp needs flash attention to store V quantized; otherwise let it decide.
         quantized_v = options.kv_type_v in QUANTIZED_KV_TYPES
         context_params.flash_attn_type = (
@@ -131,7 +93,11 @@ class Engine:
             min(options.gpu_layers, self.n_layers) if options.gpu_layers >= 0 else self.n_layers
         )
         self._pieces: dict[int, bytes] = {}
-        self._evaluated: list[int] = []  # tokens whose KV cells are in the cache, in order
+        # The one record of what the KV cache holds: each sequence's tokens, in position order.
+        # Every change to the cache goes through the sequence operations below, which keep it.
+        self._cached: list[list[int]] = [[] for _ in range(self.parallel)]
+        self._batch = None  # one llama_batch of n_batch tokens, made at the first decode
+        self._outputs = 0  # tokens of the last decode that asked for logits
 
     def _refuse_impossible_kv_types(self) -> None:
         """Quantized KV caches store blocks of 32 values per head: the head size must divide."""
@@ -180,11 +146,7 @@ class Engine:
     @property
     def head_dims(self) -> tuple[int, int]:
         """(K, V) values per attention head."""
-        arch = self.architecture
-        n_head = int(self.meta(f"{arch}.attention.head_count") or 1)
-        n_embd = int(self.meta(f"{arch}.embedding_length") or 0)
-        head_dim_k = int(self.meta(f"{arch}.attention.key_length") or n_embd // n_head)
-        return head_dim_k, int(self.meta(f"{arch}.attention.value_length") or head_dim_k)
+        return head_dims(lambda key, default: self.meta(key) or default)
 
     @property
     def kv_cache_bytes(self) -> int:
@@ -263,7 +225,51 @@ class Engine:
                 self._pieces[token] = data
             return data
 
+    def conversation_text(self, messages: Sequence[tuple[str, str]]) -> tuple[str, bool]:
+        """The conversation as the model reads it, and whether its chat template made it. A
+        model without a template llama.cpp can apply gets one 'role: text' line per message
+        and 'assistant: ' (base models only continue text), in run, chat and serve alike."""
+        templated = self.chat_prompt(messages)
+        if templated is not None:
+            return templated, True
+        return "".join(f"{role}: {text}\n" for role, text in messages) + "assistant: ", False
+
+    @functools.cached_property
+    def has_chat_template(self) -> bool:
+        return self.chat_prompt([("user", "?")]) is not None
+
+    def count_tokens(self, messages: Sequence[tuple[str, str]]) -> int:
+        return len(self.tokenize(self.conversation_text(messages)[0]))
+
+    @property
+    def location(self) -> str:
+        return str(self.path)
+
     # --- generation -------------------------------------------------------------------------
+
+    def stream_chat(
+        self,
+        messages: Sequence[tuple[str, str]],
+        max_tokens: int,
+        sampling: SamplingParams = DEFAULT_SAMPLING,
+        stop: Sequence[str] = (),
+    ) -> Iterator[StreamEvent]:
+        """The reply to a conversation (the Backend protocol): templated, checked against the
+        context window, then stream_generate, whose prefix cache reuses earlier turns."""
+        return self.stream_text(self.conversation_text(messages)[0], max_tokens, sampling, stop)
+
+    def stream_text(
+        self,
+        text: str,
+        max_tokens: int,
+        sampling: SamplingParams = DEFAULT_SAMPLING,
+        stop: Sequence[str] = (),
+    ) -> Iterator[StreamEvent]:
+        """A continuation of text as it is (no template), checked against the context window."""
+        tokens = self.tokenize(text)
+        if len(tokens) + max_tokens > self.n_ctx:
+            raise ContextOverflowError(len(tokens), max_tokens, self.n_ctx, self.trained_ctx)
+        return self.stream_generate(tokens, max_tokens, sampling, stop)
 
     def stream_generate(
         self,
@@ -272,87 +278,103 @@ class Engine:
         sampling: SamplingParams = DEFAULT_SAMPLING,
         stop: Sequence[str] = (),
     ) -> Iterator[StreamEvent]:
+        """One sequence (0) from prompt to finish: reuse the cached prefix, prefill the rest in
+        batches, then one SequenceStep per token."""
         if not prompt_tokens:
             raise ValueError("the prompt has no tokens")
-        seed = (
-            sampling.seed if sampling.seed is not None else random.SystemRandom().randrange(2**31)
-        )
         llama.llama_perf_context_reset(self._ctx)
         started = time.perf_counter()
-        cached = self._reuse_prefix(prompt_tokens)
-        for start in range(cached, len(prompt_tokens), self.n_batch):
-            self._decode(prompt_tokens[start : start + self.n_batch])
-        prefill_s = time.perf_counter() - started
-
-        banned = self.eog_tokens if sampling.ignore_eos else ()
-        sampler = sampler_chain(sampling, seed, prompt_tokens, banned, self.n_vocab)
-        text = TextStream(stop)
-        first_token_at = time.perf_counter()
+        cached = self.reuse_prefix(0, prompt_tokens)
+        pending = list(prompt_tokens[cached:])
+        output = -1
+        while pending:
+            chunk, pending = pending[: self.n_batch], pending[self.n_batch :]
+            output = self.decode([(0, token, not pending and i == len(chunk) - 1)
+                                  for i, token in enumerate(chunk)])[0]  # fmt: skip
+        step = SequenceStep(self, prompt_tokens, max_tokens, sampling, stop, cached, started)
+        step.prefill_s = time.perf_counter() - started
         try:
-            generated = 0
             while True:
-                token = llama.llama_sampler_sample(sampler, self._ctx, -1)
-                generated += 1
-                now = time.perf_counter()
-                if generated == 1:
-                    first_token_at = now
-                released, finish = self.accept(token, text, at_limit=generated >= max_tokens)
-                yield StreamEvent(
-                    text=released,
-                    token=token,
-                    prompt_tokens=len(prompt_tokens),
-                    cached_prompt_tokens=cached,
-                    prefill_s=prefill_s,
-                    generation_tokens=generated,
-                    decode_s=now - first_token_at,
-                    finish_reason=finish,
-                    stop_string=text.matched_stop,
-                    seed=seed,
-                    peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-                )
-                if finish is not None:
+                event = step.sample(output)
+                yield event
+                if event.finish_reason is not None:
                     return
-                self._decode([token])
+                output = self.decode([(0, event.token, True)])[0]
         finally:
-            llama.llama_sampler_free(sampler)
+            step.close()
 
-    def accept(self, token: int, text: TextStream, at_limit: bool) -> tuple[str, str | None]:
-        """(text to release, finish reason or None) after sampling token: the end-of-generation
-        token and a completed stop string finish with "stop", reaching the limit with "length"."""
-        if llama.llama_vocab_is_eog(self._vocab, token):
-            return text.finish(), "stop"
-        released = text.push(self.piece(token))
-        if text.matched_stop is not None:
-            return released, "stop"
-        if at_limit:
-            return released + text.finish(), "length"
-        return released, None
+    def sample(self, sampler: object, output: int) -> int:
+        """The token a sampler chain picks from the logits of output (an index into the last
+        decoded batch)."""
+        return llama.llama_sampler_sample(sampler, self._ctx, output)
 
-    @property
-    def llama_context(self):
-        """llama.cpp's context, for code that drives decode steps itself (the batch scheduler)."""
-        return self._ctx
+    def is_end_of_generation(self, token: int) -> bool:
+        return bool(llama.llama_vocab_is_eog(self._vocab, token))
 
-    def _reuse_prefix(self, tokens: Sequence[int]) -> int:
-        """Keep the KV cells of the longest common prefix with what was evaluated before."""
+    # --- sequences: the KV cache, and the one record of what it holds --------------------------
+
+    def cached(self, seq: int = 0) -> list[int]:
+        """The tokens whose KV cells sequence seq holds, in position order (a copy)."""
+        return list(self._cached[seq])
+
+    def cached_count(self, seq: int = 0) -> int:
+        return len(self._cached[seq])
+
+    def reuse_prefix(self, seq: int, tokens: Sequence[int]) -> int:
+        """Keep the KV cells of the longest common prefix of tokens with what seq holds, drop the
+        rest; the number kept. At least one token is left to decode, for logits to sample."""
         common = 0
-        for old, new in zip(self._evaluated, tokens, strict=False):
+        for old, new in zip(self._cached[seq], tokens, strict=False):
             if old != new:
                 break
             common += 1
-        # At least one prompt token must be decoded to get logits to sample from.
         common = min(common, len(tokens) - 1)
-        llama.llama_memory_seq_rm(llama.llama_get_memory(self._ctx), 0, common, -1)
-        del self._evaluated[common:]
+        llama.llama_memory_seq_rm(llama.llama_get_memory(self._ctx), seq, common, -1)
+        del self._cached[seq][common:]
         return common
 
-    def _decode(self, tokens: Sequence[int]) -> None:
-        array = (llama.llama_token * len(tokens))(*tokens)
-        status = llama.llama_decode(self._ctx, llama.llama_batch_get_one(array, len(tokens)))
+    def forget(self, seq: int) -> None:
+        """Free every KV cell of sequence seq."""
+        llama.llama_memory_seq_rm(llama.llama_get_memory(self._ctx), seq, -1, -1)
+        self._cached[seq].clear()
+
+    def decode(self, items: Sequence[tuple[int, int, bool]]) -> list[int]:
+        """One llama_decode of (sequence, token, wants logits) items, each token at the next
+        position of its sequence; for each item its output index (-1 without logits). Raises
+        DecodeError, after which the sequences in items hold nothing."""
+        if len(items) > self.n_batch:
+            raise ValueError(f"{len(items)} tokens exceed the batch of {self.n_batch}")
+        if self._batch is None:
+            self._batch = llama.llama_batch_init(self.n_batch, 0, 1)
+        batch = self._batch
+        outputs = []
+        positions = {seq: len(self._cached[seq]) for seq, _, _ in items}
+        n_outputs = 0
+        for n, (seq, token, wants_logits) in enumerate(items):
+            batch.token[n] = token
+            batch.pos[n] = positions[seq]
+            batch.n_seq_id[n] = 1
+            batch.seq_id[n][0] = seq
+            batch.logits[n] = wants_logits
+            positions[seq] += 1
+            outputs.append(n if wants_logits else -1)
+            n_outputs += wants_logits
+        batch.n_tokens = len(items)
+        status = llama.llama_decode(self._ctx, batch)
         if status != 0:
             problems = "; ".join(llama_log().drain()[-2:])
-            raise RuntimeError(f"llama_decode failed with status {status}: {problems}")
-        self._evaluated.extend(tokens)
+            for seq in positions:
+                self.forget(seq)
+            raise DecodeError(f"llama_decode failed with status {status}: {problems}")
+        for seq, token, _ in items:
+            self._cached[seq].append(token)
+        self._outputs = n_outputs
+        return outputs
+
+    def output_logits(self, output: int) -> np.ndarray:
+        """The logits of one output of the last decode (a copy)."""
+        pointer = llama.llama_get_logits_ith(self._ctx, output)
+        return np.ctypeslib.as_array(pointer, (self.n_vocab,)).copy()
 
     def window_logits(self, tokens: Sequence[int], first_scored: int) -> np.ndarray:
         """Logits after each of tokens[first_scored:], from a fresh cache, as one window.
@@ -363,40 +385,24 @@ class Engine:
             raise ValueError(f"a window of {len(tokens)} tokens exceeds the context {self.n_ctx}")
         self.clear_cache()
         rows: list[np.ndarray] = []
-        batch = llama.llama_batch_init(self.n_batch, 0, 1)
-        try:
-            for start in range(0, len(tokens), self.n_batch):
-                chunk = tokens[start : start + self.n_batch]
-                outputs = 0
-                for i, token in enumerate(chunk):
-                    position = start + i
-                    batch.token[i] = token
-                    batch.pos[i] = position
-                    batch.n_seq_id[i] = 1
-                    batch.seq_id[i][0] = 0
-                    batch.logits[i] = position >= first_scored
-                    outputs += position >= first_scored
-                batch.n_tokens = len(chunk)
-                status = llama.llama_decode(self._ctx, batch)
-                if status != 0:
-                    problems = "; ".join(llama_log().drain()[-2:])
-                    raise RuntimeError(f"llama_decode failed with status {status}: {problems}")
-                if outputs:
-                    pointer = llama.llama_get_logits(self._ctx)
-                    rows.append(np.ctypeslib.as_array(pointer, (outputs, self.n_vocab)).copy())
-        finally:
-            llama.llama_batch_free(batch)
-        self._evaluated.extend(tokens)
+        for start in range(0, len(tokens), self.n_batch):
+            chunk = tokens[start : start + self.n_batch]
+            self.decode([(0, token, start + i >= first_scored) for i, token in enumerate(chunk)])
+            if self._outputs:
+                pointer = llama.llama_get_logits(self._ctx)
+                rows.append(np.ctypeslib.as_array(pointer, (self._outputs, self.n_vocab)).copy())
         return np.concatenate(rows)
 
     @property
     def cached_tokens(self) -> int:
-        """Positions whose KV cells hold evaluated tokens (what a next prompt may reuse)."""
-        return len(self._evaluated)
+        """Positions of sequence 0 whose KV cells hold evaluated tokens (what a next prompt may
+        reuse)."""
+        return len(self._cached[0])
 
     def clear_cache(self) -> None:
         llama.llama_memory_clear(llama.llama_get_memory(self._ctx), True)
-        self._evaluated.clear()
+        for tokens in self._cached:
+            tokens.clear()
 
     @property
     def add_bos(self) -> bool:
@@ -405,6 +411,9 @@ class Engine:
     @property
     def bos_token(self) -> int:
         return llama.llama_vocab_bos(self._vocab)
+
+    def perf_note(self) -> str:
+        return f"llama.cpp perf: {self.perf()}; weight repacking {self.repack}"
 
     def perf(self) -> dict[str, float]:
         """llama.cpp's own counters for the last request (prompt eval and eval times)."""
@@ -418,6 +427,9 @@ class Engine:
         }
 
     def close(self) -> None:
+        if getattr(self, "_batch", None) is not None:
+            llama.llama_batch_free(self._batch)
+            self._batch = None
         if getattr(self, "_ctx", None):
             llama.llama_free(self._ctx)
             self._ctx = None
@@ -476,7 +488,97 @@ def sampler_chain(
     return chain
 
 
+class SequenceStep:
+    """The per-token step of one sequence, for stream_generate and the batch scheduler alike:
+    its sampler chain and seed, its text stream with stop strings, its counters, and the
+    StreamEvent each sampled token becomes."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        prompt_tokens: Sequence[int],
+        max_tokens: int,
+        sampling: SamplingParams,
+        stop: Sequence[str],
+        cached_prompt_tokens: int,
+        started: float,
+        seq: int = 0,
+    ) -> None:
+        self.engine = engine
+        self.seq = seq
+        self.prompt_tokens = len(prompt_tokens)
+        self.cached_prompt_tokens = cached_prompt_tokens
+        self.max_tokens = max_tokens
+        self.started = started
+        # A seed is always chosen here and reported, so that any run can be repeated.
+        self.seed = (
+            sampling.seed if sampling.seed is not None else random.SystemRandom().randrange(2**31)
+        )
+        banned = engine.eog_tokens if sampling.ignore_eos else ()
+        self._sampler = sampler_chain(sampling, self.seed, prompt_tokens, banned, engine.n_vocab)
+        self.text = TextStream(stop)
+        self.generated = 0
+        self.prefill_s: float | None = None  # None: until the first token, measured from started
+        self.first_token_at = 0.0
+
+    def sample(self, output: int) -> StreamEvent:
+        """Sample from one output of the last decode; the event says what it releases and
+        whether the sequence is finished (end of generation or a stop string: "stop"; the
+        token limit or a full context: "length")."""
+        engine = self.engine
+        token = engine.sample(self._sampler, output)
+        now = time.perf_counter()
+        self.generated += 1
+        if self.generated == 1:
+            self.first_token_at = now
+            if self.prefill_s is None:
+                self.prefill_s = now - self.started
+        text = self.text
+        if engine.is_end_of_generation(token):
+            released, finish = text.finish(), "stop"
+        else:
+            released, finish = text.push(engine.piece(token)), None
+            if text.matched_stop is not None:
+                finish = "stop"
+            elif self.generated >= self.max_tokens or engine.cached_count(self.seq) >= engine.n_ctx:
+                released, finish = released + text.finish(), "length"
+        return StreamEvent(
+            text=released,
+            token=token,
+            prompt_tokens=self.prompt_tokens,
+            cached_prompt_tokens=self.cached_prompt_tokens,
+            prefill_s=self.prefill_s or 0.0,
+            generation_tokens=self.generated,
+            decode_s=now - self.first_token_at,
+            finish_reason=finish,
+            stop_string=text.matched_stop,
+            seed=self.seed,
+            peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        )
+
+    def close(self) -> None:
+        if self._sampler is not None:
+            llama.llama_sampler_free(self._sampler)
+            self._sampler = None
+
+
+class DecodeError(RuntimeError):
+    """llama_decode refused a batch (out of KV cells, or a backend failure)."""
+
+
 def _load_failure(path: Path, problems: list[str]) -> str:
     errors = [p for p in problems if "error" in p.lower() or "fail" in p.lower()] or problems
     reason = "; ".join(errors[-2:]) or "llama.cpp gave no reason (run with --verbose)"
     return f"llama.cpp cannot load {path}: {reason}"
+
+
+__all__ = [
+    "ALL_LAYERS",
+    "DEFAULT_CTX",
+    "DecodeError",
+    "Engine",
+    "LoadOptions",
+    "SequenceStep",
+    "StreamEvent",
+    "sampler_chain",
+]

@@ -8,7 +8,8 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from cli.engine.engine import Engine, StreamEvent
+from cli.engine.backend import Backend
+from cli.engine.events import StreamEvent
 
 
 @dataclass(frozen=True)
@@ -61,7 +62,7 @@ class MetricsRecorder:
             for at, text in zip(self._token_times, self._token_texts, strict=True)
         ]
 
-    def summary(self, engine: Engine, finish_reason: str | None = None) -> RunMetrics:
+    def summary(self, engine: Backend, finish_reason: str | None = None) -> RunMetrics:
         """The numbers so far; finish_reason overrides the stream's (e.g. "interrupted")."""
         now = time.perf_counter()
         last, times = self.last, self._token_times

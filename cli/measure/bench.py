@@ -25,7 +25,7 @@ from typing import Any
 from cli.engine.engine import Engine, LoadOptions
 from cli.engine.sampling import SamplingParams
 from cli.errors import UsageError
-from quant.kv import KV_CACHE_TYPES
+from quant.kv import check_kv_type
 
 GREEDY_NO_EOS = SamplingParams(temperature=0.0, ignore_eos=True)
 
@@ -57,9 +57,10 @@ class BenchGrid:
         if self.repetitions < 1:
             raise UsageError(f"-r/--repetitions must be at least 1, not {self.repetitions}")
         for kv in self.kv_types:
-            if kv not in KV_CACHE_TYPES:
-                known = ", ".join(KV_CACHE_TYPES)
-                raise UsageError(f"unknown --kv-type {kv!r}; llama.cpp's KV cache takes {known}")
+            try:
+                check_kv_type(kv, "--kv-type")
+            except ValueError as error:
+                raise UsageError(str(error)) from None
         if trained_ctx is not None and self.needed_ctx > trained_ctx:
             raise UsageError(
                 f"depth {max(self.depths)} + {self.needed_ctx - max(self.depths)} more tokens need "

@@ -16,9 +16,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from cli.engine.engine import Engine
+from cli.errors import UsageError
 
 
-class TextTooShortError(ValueError):
+class TextTooShortError(UsageError):
     """Fewer than two windows of tokens: nothing would be scored with enough context."""
 
 
@@ -68,7 +69,7 @@ def perplexity(
     if available < 2:  # llama-perplexity's rule too
         raise TextTooShortError(
             f"the text has {len(tokens)} tokens; scoring windows of {window} needs at least "
-            f"{2 * window}"
+            f"{2 * window}: give a longer text or a smaller --ctx"
         )
     windows = min(available, max_windows) if max_windows else available
     first_scored = window // 2

@@ -13,8 +13,7 @@ from pathlib import Path
 
 from cli.engine.llamalog import llama_log
 from cli.errors import ModelLoadError, UsageError
-from cli.gguf_info import read_gguf
-from cli.store.models import Download, ModelRequest, quill_home, record
+from cli.store.models import Download, ModelRequest, quill_home, read_model, record
 from cli.store.registry import Registry
 from quant.quantize import (
     QuantizeError,
@@ -22,6 +21,7 @@ from quant.quantize import (
     QuantizeResult,
     quantize,
     tensor_progress,
+    weight_type,
 )
 
 TensorProgress = Callable[[int, int, str], None]
@@ -45,6 +45,14 @@ def output_for(
     return alias, folder / f"{stem}-{target}.gguf", in_store
 
 
+def target_type(name: str) -> str:
+    """The llama.cpp weight type for --to/--types (int8, int4, q4_k_m, ...), or a UsageError."""
+    try:
+        return weight_type(name)
+    except QuantizeError as error:
+        raise UsageError(str(error)) from None
+
+
 def make_quantized(
     name: str,
     request: ModelRequest,
@@ -57,7 +65,7 @@ def make_quantized(
     force: bool = False,
     on_tensor: TensorProgress | None = None,
 ) -> Made:
-    read_gguf(source)  # not a GGUF, or truncated: one clear error before llama.cpp tries
+    read_model(source)  # not a GGUF, or truncated: one clear error before llama.cpp tries
     alias, default_output, in_store = output_for(name, request, source, target, registry)
     output = output or default_output
     log = llama_log()

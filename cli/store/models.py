@@ -27,23 +27,21 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from cli.errors import ModelNotFoundError, QuillError
+from cli.errors import (
+    DiskSpaceError,
+    ModelLoadError,
+    ModelNotFoundError,
+    NotOwnedError,
+    QuillError,
+)
 from cli.store.registry import HubSource, Registry, TagSpec, WheelSource
 from cli.units import human_bytes
+from quant.gguf import GGUFError, GGUFInfo, read_gguf
+from quant.memory import ModelShape
 
 Report = Callable[[str], None]
 REPO_NAME = re.compile(r"^[\w.-]+/[\w.-]+$")
 SPLIT_GGUF = re.compile(r"-\d{5}-of-\d{5}\.gguf$")
-
-
-class DiskSpaceError(QuillError):
-    exit_code = 3
-
-
-class NotOwnedError(QuillError):
-    """quill refuses to delete a file it did not download or make."""
-
-    exit_code = 2
 
 
 def quill_home() -> Path:
@@ -246,13 +244,38 @@ def obtain(
 
 def _cached(source: HubSource | WheelSource, file: str, wheel_dir: Path | None) -> Path | None:
     if isinstance(source, HubSource):
-        from huggingface_hub import try_to_load_from_cache
-
-        found = try_to_load_from_cache(source.repo, file, revision=source.revision)
-        return Path(found) if isinstance(found, str) else None
+        return _hub_cached(source.repo, file, source.revision)
     if wheel_dir is not None and (wheel_dir / file).is_file():
         return wheel_dir / file
     return None
+
+
+def _hub_cached(repo: str, file: str, revision: str | None) -> Path | None:
+    """The file in the Hugging Face cache, looked up as huggingface-hub's try_to_load_from_cache
+    does (refs/REVISION names the snapshot) but without importing it: importing it takes longer
+    than `quill list` may."""
+    folder = Path(_hub_cache_root()) / f"models--{repo.replace('/', '--')}"
+    revision = revision or "main"
+    ref = folder / "refs" / revision
+    try:
+        commit = ref.read_text().strip() if ref.is_file() else revision
+    except OSError:
+        return None
+    found = folder / "snapshots" / commit / file
+    return found if found.is_file() else None
+
+
+def _hub_cache_root() -> str:
+    """HF_HUB_CACHE as huggingface-hub computes it from the environment; its own value once it is
+    imported (tests and scripts may set it there)."""
+    if "huggingface_hub.constants" in sys.modules:
+        return sys.modules["huggingface_hub.constants"].HF_HUB_CACHE
+    env = os.environ
+    home = env.get("HF_HOME") or os.path.join(
+        env.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "huggingface"
+    )
+    cache = env.get("HF_HUB_CACHE") or env.get("HUGGINGFACE_HUB_CACHE")
+    return os.path.expanduser(cache or os.path.join(home, "hub"))
 
 
 def _hub_unresolvable() -> str | None:
@@ -479,6 +502,25 @@ def _verify(path: Path, expected_sha: str | None, expected_size: int | None, lab
     raise ModelNotFoundError(
         f"{label}: the downloaded file {problem}; moved it to {aside}; run again to download afresh"
     )
+
+
+# --- what a file holds -------------------------------------------------------------------------
+
+
+def read_model(path: Path) -> GGUFInfo:
+    """What a GGUF file holds, from its header; ModelLoadError when it is not a readable one."""
+    try:
+        return read_gguf(path)
+    except GGUFError as error:
+        raise ModelLoadError(str(error)) from None
+
+
+def model_shape(path: Path) -> ModelShape:
+    """The shape the memory plan needs, from the header; ModelLoadError as read_model."""
+    try:
+        return ModelShape.from_gguf(path)
+    except GGUFError as error:
+        raise ModelLoadError(str(error)) from None
 
 
 # --- what is on disk ---------------------------------------------------------------------------
