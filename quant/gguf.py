@@ -25,7 +25,7 @@ class GGUFError(ValueError):
 # ggml tensor types: id -> (name, values per block, bytes per block), as ggml defines them.
 GGML_TYPES: dict[int, tuple[str, int, int]] = {
     0: ("F32", 1, 4), 1: ("F16", 1, 2), 2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20),
-    6: ("Q5_0", 32, 22), 7: ("Q5_1", 32, 24), 8: ("Q8_0", 32, 34), 9: ("Q8_1", 32, 36),
+    6: ("Q5_0", 32, 22), 7: ("Q5_1", 32, 24), 8: ("Q8_0", 32, 34), 9: ("Q8_1", 32, 40),
     10: ("Q2_K", 256, 84), 11: ("Q3_K", 256, 110), 12: ("Q4_K", 256, 144),
     13: ("Q5_K", 256, 176), 14: ("Q6_K", 256, 210), 15: ("Q8_K", 256, 292),
     16: ("IQ2_XXS", 256, 66), 17: ("IQ2_XS", 256, 74), 18: ("IQ3_XXS", 256, 98),
@@ -60,6 +60,7 @@ _SCALARS = {
     12: "d",
 }
 _STRING, _ARRAY = 8, 9
+_U64 = struct.Struct("<Q")
 # Arrays of numbers up to this length (per-layer head counts, window patterns) are always read;
 # longer ones and arrays of strings (the tokenizer's) only when asked for by name.
 SMALL_ARRAY = 4096
@@ -134,8 +135,13 @@ class _Cursor:
         if item in _SCALARS:
             self.at += count * struct.calcsize(_SCALARS[item])
         elif item == _STRING:
-            for _ in range(count):
-                self.at += 8 + struct.unpack_from("<Q", self.data, self.at)[0]
+            at, data, length = self.at, self.data, _U64.unpack_from
+            try:
+                for _ in range(count):
+                    at += 8 + length(data, at)[0]
+            except struct.error:
+                at = len(data) + 1  # past the end: reported as truncated below
+            self.at = at
         else:
             for _ in range(count):
                 self.value(item, False)
@@ -191,12 +197,20 @@ def read_header(
                 if not wanted:
                     return GGUFHeader(version, fields, lengths, [])
         infos: list[TensorInfo] = []
+        data_end = 0  # where the last tensor's data ends, from the start of the data
         for _ in range(n_tensors if tensors else 0):
             name = cursor.string()
             shape = tuple(cursor.take("Q") for _ in range(cursor.take("I")))
-            kind = cursor.take("I")
-            cursor.take("Q")  # offset of the data
-            infos.append(TensorInfo(name, shape, kind))
+            info = TensorInfo(name, shape, cursor.take("I"))
+            data_end = max(data_end, cursor.take("Q") + info.n_bytes)
+            infos.append(info)
+        alignment = int(fields.get("general.alignment") or 32)
+        data_start = -(-cursor.at // alignment) * alignment
+        if tensors and data_start + data_end > len(data):
+            raise GGUFError(
+                f"{path} is not a readable GGUF file (truncated or corrupt: its tensors need "
+                f"{data_start + data_end} bytes, the file has {len(data)}); download it again"
+            )
         return GGUFHeader(version, fields, lengths, infos)
     finally:
         data.close()
@@ -256,9 +270,9 @@ class GGUFInfo:
         return asdict(self)
 
 
-def read_gguf(path: Path) -> GGUFInfo:
-    """What `quill inspect` shows, from the header alone."""
-    header = read_header(path)
+def read_gguf(path: Path, header: GGUFHeader | None = None) -> GGUFInfo:
+    """What `quill inspect` shows, from the header alone (read here unless given)."""
+    header = header or read_header(path)
     arch = header.get("general.architecture", "unknown")
     heads = header.get(f"{arch}.attention.head_count")
     embedding = header.get(f"{arch}.embedding_length")

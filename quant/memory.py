@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from quant.gguf import head_dims, read_header
+from quant.gguf import GGUFHeader, head_dims, read_header
 from quant.kv import kv_bytes_per_element
 
 CELL_PADDING = 256
@@ -55,7 +55,10 @@ class ModelShape:
     @classmethod
     def from_gguf(cls, path: Path) -> ModelShape:
         """Raises quant.gguf.GGUFError for a file that is not a readable GGUF."""
-        header = read_header(path)
+        return cls.from_header(read_header(path))
+
+    @classmethod
+    def from_header(cls, header: GGUFHeader) -> ModelShape:
         value = header.get
         arch = value("general.architecture", "unknown")
         n_layers = int(value(f"{arch}.block_count", 0))

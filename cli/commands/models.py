@@ -137,19 +137,18 @@ def inspect(
     import json
 
     from cli.commands.options import kv_types
-    from cli.store.models import local_path, model_shape, parse_model_name, read_model
+    from cli.store.models import local_path, parse_model_name, read_model_and_shape
     from cli.store.registry import load_registry
     from cli.ui import render
     from quant.memory import largest_context, parse_size, plan
 
     path = local_path(parse_model_name(name, load_registry()))
-    info = read_model(path)
+    info, shape = read_model_and_shape(path)
     type_k, type_v = kv_types(kv_type, kv_k, kv_v)
     try:
         budget = parse_size(mem) if mem is not None else None
     except ValueError as error:
         raise UsageError(f"--mem: {error}") from None
-    shape = model_shape(path)
     n_ctx = ctx or min(4096, shape.trained_ctx or 4096)
     memory = plan(shape, n_ctx, type_k, type_v)
     largest = largest_context(shape, budget, type_k, type_v) if budget is not None else None

