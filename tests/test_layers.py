@@ -125,3 +125,23 @@ def test_what_importing_a_module_loads(module, forbidden):
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     )
     assert result.stdout.strip() == "[]", f"{module} pulls in {result.stdout.strip()}"
+
+
+def test_the_scheduler_leaves_the_llama_context_to_the_engine():
+    """The engine owns the context and the one record of each sequence's cached tokens: the
+    batch scheduler decodes and frees only through the engine's sequence operations."""
+    scheduler = ROOT / "cli" / "engine" / "batching.py"
+    assert not any(within(name, "llama_cpp") for name in imports_of(scheduler))
+    source = scheduler.read_text(encoding="utf-8")
+    assert "llama_memory" not in source and "_ctx" not in source
+
+
+def test_the_token_step_is_written_once():
+    """Only the SequenceStep assembles a StreamEvent from a sampled token; the client builds
+    one from a server's chunks in one helper."""
+    makers = {
+        name: path.read_text(encoding="utf-8").count("StreamEvent(")
+        for name, path in modules().items()
+        if "StreamEvent(" in path.read_text(encoding="utf-8")
+    }
+    assert makers == {"cli.engine.engine": 1, "cli.api.client": 1}, makers
