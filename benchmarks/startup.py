@@ -1,8 +1,9 @@
 """How long quill takes to start: `quill --help`, `quill list` with ten models on disk and
 `quill inspect`, against `python -c "import typer"` on the same machine (best of N runs each).
 
-Usage: python benchmarks/startup.py [--runs 5] [--model PATH.gguf]
+Usage: python benchmarks/startup.py [--runs 5] [--model PATH.gguf] [--quill PATH/TO/quill]
 
+A two-command Typer app is timed too: what Typer itself costs to parse and run one command.
 The ten models are hard links (or copies, across file systems) of one GGUF, recorded in the
 manifest of a scratch QUILL_HOME, as `quill pull` records downloads; nothing is downloaded. Without
 --model it uses the SmolLM2 file the tests fetch (QUILL_HOME or the default cache).
@@ -21,6 +22,26 @@ import time
 from pathlib import Path
 
 TARGET_S = 0.1  # each command within this much of the baseline
+# What Typer itself costs to run one command (recent releases build pydantic adapters for the
+# parameters on every invocation): the floor under any Typer program, quill included.
+TYPER_FLOOR = """\
+import typer
+
+app = typer.Typer()
+
+
+@app.command()
+def hello(loud: bool = False) -> None:
+    print("hello")
+
+
+@app.command()
+def other() -> None:
+    pass
+
+
+app()
+"""
 
 
 def best_of(command: list[str], runs: int, env: dict[str, str]) -> float:
@@ -72,15 +93,27 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--model", type=Path, default=None)
+    parser.add_argument(
+        "--quill", default=str(Path(sys.executable).with_name("quill")), help="another build"
+    )
     args = parser.parse_args()
     source = args.model or default_model()
-    quill = str(Path(sys.executable).with_name("quill"))
+    quill = args.quill
     with tempfile.TemporaryDirectory(prefix="quill-startup-") as scratch:
         home = Path(scratch)
         ten_models(home, source)
         env = dict(os.environ, QUILL_HOME=str(home), HF_HUB_OFFLINE="1")
-        baseline = best_of([sys.executable, "-c", "import typer"], args.runs, env)
-        rows = [("python -c 'import typer'", baseline)]
+        runs = args.runs
+        baseline = best_of([sys.executable, "-c", "import typer"], runs, env)
+        floor = home / "typer_floor.py"
+        floor.write_text(TYPER_FLOOR)
+        rows = [
+            ("python -c 'import typer'", baseline),
+            (
+                "a two-command Typer app",
+                best_of([sys.executable, str(floor), "hello"], args.runs, env),
+            ),
+        ]
         for label, command in (
             ("quill --help", [quill, "--help"]),
             ("quill list (10 models)", [quill, "list"]),
