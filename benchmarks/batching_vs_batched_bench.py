@@ -20,11 +20,11 @@ import subprocess
 import time
 from pathlib import Path
 
-from cli.batching import BatchRequest, BatchScheduler
-from cli.engine import Engine, LoadOptions
-from cli.registry import load_registry
-from cli.sampling import SamplingParams
-from cli.store import obtain, parse_model_name
+from cli.engine.batching import BatchRequest, BatchScheduler
+from cli.engine.engine import Engine, LoadOptions
+from cli.engine.sampling import SamplingParams
+from cli.store.models import obtain, parse_model_name
+from cli.store.registry import load_registry
 
 HERE = Path(__file__).resolve().parent
 PROMPT, GENERATED = 32, 64

@@ -5,7 +5,7 @@ build_llama_bench.sh), same model, threads, batch size, flash attention (auto), 
 KV-cache type and depth, and the same test shapes:
   ppP @ dD: P random tokens prefilled after D tokens already in the cache
   tgN @ dD: N tokens decoded one by one after D tokens already in the cache
-quill is measured by cli.bench, exactly as `quill bench` measures it, so its numbers include
+quill is measured by cli.measure.bench, exactly as `quill bench` measures it, so its numbers include
 everything `quill run` does per token (the sampler chain, detokenizing, stop strings); llama-bench's
 do not. The machine's speed drifts, so the two alternate: each round measures quill once and then
 runs `llama-bench -r 1`, and every round gives one paired ratio.
@@ -28,11 +28,11 @@ from pathlib import Path
 
 import llama_cpp
 
-from cli.bench import measure_generation, measure_prompt
-from cli.engine import Engine, LoadOptions
-from cli.hardware import cpu_model, physical_cores
-from cli.registry import load_registry
-from cli.store import obtain, parse_model_name
+from cli.engine.engine import Engine, LoadOptions
+from cli.engine.hardware import cpu_model, physical_cores
+from cli.measure.bench import measure_generation, measure_prompt
+from cli.store.models import obtain, parse_model_name
+from cli.store.registry import load_registry
 
 HERE = Path(__file__).resolve().parent
 

@@ -13,11 +13,11 @@ import argparse
 import statistics
 import time
 
-from cli.chatsession import ChatSession, ChatSettings, TurnStart
-from cli.engine import Engine, LoadOptions
-from cli.registry import load_registry
-from cli.sampling import SamplingParams
-from cli.store import obtain, parse_model_name
+from cli.engine.chatsession import ChatSession, ChatSettings, TurnStart
+from cli.engine.engine import Engine, LoadOptions
+from cli.engine.sampling import SamplingParams
+from cli.store.models import obtain, parse_model_name
+from cli.store.registry import load_registry
 
 MESSAGE = "Tell me one more short fact about the sea."
 

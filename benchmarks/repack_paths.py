@@ -1,4 +1,4 @@
-"""Prefill and decode speed of each CPU path quill can load a model through (cli/loading.py):
+"""Prefill and decode speed of each CPU path quill can load a model through (cli/engine/loading.py):
 
   extra       llama.cpp's extra buffer types on (its default; what quill does off AMX CPUs)
   amx-repack  extra buffer types off, repackable matrices sent to CPU_REPACK by name (quill's
@@ -20,9 +20,9 @@ import statistics
 import sys
 from pathlib import Path
 
-from cli.bench import measure_generation, measure_prompt
-from cli.engine import Engine, LoadOptions
-from cli.loading import cpu_backend_features
+from cli.engine.engine import Engine, LoadOptions
+from cli.engine.loading import cpu_backend_features
+from cli.measure.bench import measure_generation, measure_prompt
 
 PATHS = {
     "extra": LoadOptions(avoid_amx=False),

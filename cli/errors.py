@@ -1,6 +1,7 @@
-"""Typed errors, each carrying the exit code a command maps it to.
+"""Every error a user can meet, each carrying its exit code, and the one table of exit codes.
 
-Library code raises these; only command modules turn them into one stderr line and an exit code.
+Library code raises these; cli/app.py alone turns one into a stderr line and its exit code. The
+exit-code text in every command's --help is generated from EXIT_CODES, so the two cannot drift.
 """
 
 from __future__ import annotations
@@ -11,7 +12,24 @@ EXIT_USAGE = 2
 EXIT_MODEL_NOT_FOUND = 3
 EXIT_CONTEXT_OVERFLOW = 4
 EXIT_MODEL_LOAD = 5
+EXIT_ENDPOINT = 6
 EXIT_INTERRUPTED = 130
+
+# What each exit code means, in the words --help uses.
+EXIT_CODES: dict[int, str] = {
+    EXIT_OK: "success (finish stop or length)",
+    EXIT_INTERNAL: "internal error",
+    EXIT_USAGE: "usage",
+    EXIT_MODEL_NOT_FOUND: "model not found or not obtainable",
+    EXIT_CONTEXT_OVERFLOW: "context overflow",
+    EXIT_MODEL_LOAD: "model failed to load",
+    EXIT_ENDPOINT: "server refused or unreachable",
+    EXIT_INTERRUPTED: "interrupted",
+}
+
+EXIT_CODES_HELP = (
+    "Exit codes: " + ", ".join(f"{code} {meaning}" for code, meaning in EXIT_CODES.items()) + "."
+)
 
 
 class QuillError(Exception):
@@ -30,10 +48,20 @@ class ModelNotFoundError(QuillError):
     exit_code = EXIT_MODEL_NOT_FOUND
 
 
-class RegistryError(QuillError):
+class DiskSpaceError(ModelNotFoundError):
+    """Not enough free disk space to download the model."""
+
+
+class NotOwnedError(UsageError):
+    """quill refuses to delete a file it did not download or make."""
+
+
+class RegistryError(UsageError):
     """models.yaml is malformed: the message names the entry and the field."""
 
-    exit_code = EXIT_USAGE
+
+class TranscriptError(UsageError):
+    """A chat transcript file that cannot be read or written."""
 
 
 class ContextOverflowError(QuillError):
@@ -55,7 +83,29 @@ class ContextOverflowError(QuillError):
         )
 
 
+class ChatOverflowError(QuillError):
+    """The next chat turn does not fit the context window and the policy is not to drop turns."""
+
+    exit_code = EXIT_CONTEXT_OVERFLOW
+
+
 class ModelLoadError(QuillError):
     """The file exists but llama.cpp cannot load it: not a GGUF, corrupt, unsupported, no memory."""
 
     exit_code = EXIT_MODEL_LOAD
+
+
+class EndpointError(QuillError):
+    """An OpenAI-compatible server refused the request or could not be reached."""
+
+    exit_code = EXIT_ENDPOINT
+
+
+class QueueFullError(EndpointError):
+    """More requests are waiting than the server accepts; the client should retry later."""
+
+
+class Interrupted(QuillError):
+    """Ctrl-C, with what it leaves behind (a download to resume, a partial result)."""
+
+    exit_code = EXIT_INTERRUPTED

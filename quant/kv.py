@@ -11,16 +11,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 from fractions import Fraction
 
-KV_CACHE_TYPES: dict[str, Fraction] = {
-    "f32": Fraction(4),
-    "f16": Fraction(2),
-    "bf16": Fraction(2),
-    "q8_0": Fraction(34, 32),
-    "q4_0": Fraction(18, 32),
-    "q4_1": Fraction(20, 32),
-    "q5_0": Fraction(22, 32),
-    "q5_1": Fraction(24, 32),
+# The one table of KV-cache types: name -> (ggml type id, bytes per element).
+KV_TYPES: dict[str, tuple[int, Fraction]] = {
+    "f32": (0, Fraction(4)),
+    "f16": (1, Fraction(2)),
+    "bf16": (30, Fraction(2)),
+    "q8_0": (8, Fraction(34, 32)),
+    "q4_0": (2, Fraction(18, 32)),
+    "q4_1": (3, Fraction(20, 32)),
+    "q5_0": (6, Fraction(22, 32)),
+    "q5_1": (7, Fraction(24, 32)),
 }
+KV_CACHE_TYPES: dict[str, Fraction] = {name: size for name, (_, size) in KV_TYPES.items()}
 
 
 # Types that store blocks of 32 values with a scale: a quantized V cache needs flash attention,
@@ -29,11 +31,8 @@ QUANTIZED_KV_TYPES = tuple(name for name in KV_CACHE_TYPES if name.startswith("q
 
 
 def kv_bytes_per_element(cache_type: str) -> Fraction:
-    try:
-        return KV_CACHE_TYPES[cache_type]
-    except KeyError:
-        known = ", ".join(KV_CACHE_TYPES)
-        raise ValueError(f"unknown KV cache type {cache_type!r}; known: {known}") from None
+    check_kv_type(cache_type)
+    return KV_TYPES[cache_type][1]
 
 
 def kv_cache_bytes(
@@ -59,9 +58,20 @@ def kv_cache_bytes(
     return int(total)
 
 
+def ggml_type(cache_type: str) -> int:
+    """The ggml type id llama.cpp's context parameters take for a KV-cache type."""
+    kv_bytes_per_element(cache_type)  # refuses an unknown type, naming the known ones
+    return KV_TYPES[cache_type][0]
+
+
+def check_kv_type(cache_type: str, what: str = "KV cache type") -> None:
+    """Refuse a cache type llama.cpp cannot store, before anything is loaded; what names it in
+    the message (a flag, or which cache)."""
+    if cache_type not in KV_TYPES:
+        known = ", ".join(KV_TYPES)
+        raise ValueError(f"unknown {what} {cache_type!r}; known: {known}")
+
+
 def check_kv_types(type_k: str, type_v: str) -> None:
-    """Refuse cache types llama.cpp cannot store, before anything is loaded."""
     for which, cache_type in (("K", type_k), ("V", type_v)):
-        if cache_type not in KV_CACHE_TYPES:
-            known = ", ".join(KV_CACHE_TYPES)
-            raise ValueError(f"unknown {which} cache type {cache_type!r}; llama.cpp takes {known}")
+        check_kv_type(cache_type, f"{which} cache type")

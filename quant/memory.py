@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from quant.gguf import GGUFHeader, head_dims, read_header
 from quant.kv import kv_bytes_per_element
 
 CELL_PADDING = 256
@@ -53,14 +54,12 @@ class ModelShape:
 
     @classmethod
     def from_gguf(cls, path: Path) -> ModelShape:
-        from gguf import GGUFReader
+        """Raises quant.gguf.GGUFError for a file that is not a readable GGUF."""
+        return cls.from_header(read_header(path))
 
-        reader = GGUFReader(path)
-
-        def value(key: str, default: Any = None) -> Any:
-            found = reader.fields.get(key)
-            return default if found is None else found.contents()
-
+    @classmethod
+    def from_header(cls, header: GGUFHeader) -> ModelShape:
+        value = header.get
         arch = value("general.architecture", "unknown")
         n_layers = int(value(f"{arch}.block_count", 0))
         n_embd = int(value(f"{arch}.embedding_length", 0))
@@ -68,7 +67,7 @@ class ModelShape:
         heads = heads if isinstance(heads, int) else max(heads)
         kv = value(f"{arch}.attention.head_count_kv", heads)
         kv_heads = tuple(kv) if isinstance(kv, list) else (int(kv),) * n_layers
-        head_dim_k = int(value(f"{arch}.attention.key_length", n_embd // max(heads, 1)))
+        head_dim_k, head_dim_v = head_dims(value)
         window = int(value(f"{arch}.attention.sliding_window", 0) or 0)
         pattern = value(f"{arch}.attention.sliding_window_pattern")
         if window and isinstance(pattern, list):
@@ -82,17 +81,16 @@ class ModelShape:
         else:
             # An unknown sliding-window architecture: counted as full attention everywhere.
             swa = (False,) * n_layers
-        tokens = value("tokenizer.ggml.tokens", [])
         return cls(
             architecture=arch,
             n_layers=n_layers,
             kv_heads=kv_heads,
             head_dim_k=head_dim_k,
-            head_dim_v=int(value(f"{arch}.attention.value_length", head_dim_k)),
+            head_dim_v=head_dim_v,
             n_embd=n_embd,
-            n_vocab=len(tokens),
+            n_vocab=header.array_lengths.get("tokenizer.ggml.tokens", 0),
             trained_ctx=int(value(f"{arch}.context_length", 0)),
-            weights_bytes=sum(int(t.n_bytes) for t in reader.tensors),
+            weights_bytes=sum(t.n_bytes for t in header.tensors),
             sliding_window=window,
             swa_layers=swa,
         )

@@ -15,16 +15,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from quant.gguf import LLAMA_FILE_TYPES, read_header
 from quant.partfiles import UnsafeTargetError, check_replaceable, partial_path, remove_stale_parts
 
-# The names llama.cpp's llama-quantize accepts, with their llama_ftype numbers.
+# The types llama.cpp's llama-quantize accepts, by name, with their llama_ftype numbers.
 WEIGHT_TYPES: dict[str, int] = {
-    "f32": 0, "f16": 1, "bf16": 32, "q8_0": 7, "q4_0": 2, "q4_1": 3, "q5_0": 8, "q5_1": 9,
-    "q2_k": 10, "q3_k_s": 11, "q3_k_m": 12, "q3_k_l": 13, "q4_k_s": 14, "q4_k_m": 15,
-    "q5_k_s": 16, "q5_k_m": 17, "q6_k": 18, "iq4_nl": 25, "iq4_xs": 30, "iq3_xxs": 23,
-    "iq3_s": 26, "iq3_m": 27, "iq2_xxs": 19, "iq2_xs": 20, "iq2_s": 28, "iq2_m": 29,
-    "iq1_s": 24, "iq1_m": 31, "q2_k_s": 21, "tq1_0": 36, "tq2_0": 37,
-}  # fmt: skip
+    name: number for name, number in LLAMA_FILE_TYPES.items() if name not in ("iq3_xs", "mxfp4_moe")
+}
 ALIASES = {"int8": "q8_0", "int4": "q4_k_m"}
 # Too few bits to be usable without an importance matrix (llama-quantize refuses them too).
 NEEDS_IMATRIX = frozenset({"iq2_xxs", "iq2_xs", "iq2_s", "iq2_m", "iq1_s", "iq1_m", "q2_k_s"})
@@ -114,12 +111,8 @@ class QuantizeResult:
 
 def source_file_type(path: Path) -> tuple[int, int]:
     """(llama_ftype of the file, number of parameters), from its header."""
-    from gguf import GGUFReader
-
-    reader = GGUFReader(path)
-    field = reader.fields.get("general.file_type")
-    file_type = int(field.contents()) if field is not None else 1
-    return file_type, sum(int(t.n_elements) for t in reader.tensors)
+    header = read_header(path)
+    return int(header.get("general.file_type", 1)), sum(t.n_elements for t in header.tensors)
 
 
 def quantize(

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from cli.registry import load_registry
-from cli.store import obtain, parse_model_name
+from cli.store.models import obtain, parse_model_name
+from cli.store.registry import load_registry
 
 from tinymodel import write_tiny_llama
 

@@ -22,8 +22,8 @@ from collections.abc import Sequence
 import llama_cpp as llama
 import numpy as np
 
-from cli.engine import sampler_chain
-from cli.sampling import SamplingParams
+from cli.engine.engine import sampler_chain
+from cli.engine.sampling import SamplingParams
 
 from reference import Reference
 

@@ -1,6 +1,6 @@
 """An independent greedy decoder on llama-cpp-python's low-level API, sharing no code with quill
-but the one model loader (cli/loading.py), through which every load in the project passes so that
-no process meets llama.cpp's AMX crash.
+but the one model loader (cli/engine/loading.py), through which every load in the project passes
+so that no process meets llama.cpp's AMX crash.
 
 Tests compare quill's output with what this computes on the same tokens.
 """
@@ -13,7 +13,7 @@ from pathlib import Path
 import llama_cpp as llama
 import numpy as np
 
-from cli.loading import load_model
+from cli.engine.loading import load_model
 
 
 class Reference:

@@ -3,37 +3,26 @@ sequence decoded alone, and the scheduler's outputs against single runs."""
 
 from __future__ import annotations
 
-import llama_cpp as llama
 import numpy as np
 
-from cli.batching import BatchRequest, BatchScheduler
-from cli.engine import Engine, LoadOptions
-from cli.sampling import SamplingParams
+from cli.engine.batching import BatchRequest, BatchScheduler
+from cli.engine.engine import Engine, LoadOptions
+from cli.engine.sampling import SamplingParams
 
 PROMPTS = ("The capital of France is Paris, and the capital of Italy is",
            "Once upon a time there was a dragon who")  # fmt: skip
 
 
 def decode(engine: Engine, items: list[tuple[int, int, int, bool]]) -> dict[int, np.ndarray]:
-    """One llama_decode of (sequence, token, position, wants logits); logits per sequence."""
-    batch = llama.llama_batch_init(512, 0, 1)
-    try:
-        rows = {}
-        for n, (seq, token, position, wants) in enumerate(items):
-            batch.token[n], batch.pos[n], batch.logits[n] = token, position, wants
-            batch.n_seq_id[n], batch.seq_id[n][0] = 1, seq
-            if wants:
-                rows[seq] = n
-        batch.n_tokens = len(items)
-        context = engine.llama_context
-        assert llama.llama_decode(context, batch) == 0
-        shape = (engine.n_vocab,)
-        return {
-            seq: np.ctypeslib.as_array(llama.llama_get_logits_ith(context, n), shape).copy()
-            for seq, n in rows.items()
-        }
-    finally:
-        llama.llama_batch_free(batch)
+    """One decode of (sequence, token, position, wants logits); logits per sequence."""
+    for seq, _, position, _ in items[:1]:
+        assert position == engine.cached_count(seq)
+    outputs = engine.decode([(seq, token, wants) for seq, token, _, wants in items])
+    return {
+        seq: engine.output_logits(output)
+        for (seq, _, _, _), output in zip(items, outputs, strict=True)
+        if output >= 0
+    }
 
 
 def last_step(engine: Engine, a: list[int], b: list[int], with_other: bool) -> np.ndarray:

@@ -31,7 +31,9 @@ def test_greedy_run_matches_the_independent_decoder(runner, smollm2_path, refere
     result = runner.invoke(app, ["run", *GREEDY, "-n", "48", "Name three primary colors."])
     assert result.exit_code == 0, result.stderr
     tokens = reference.tokenize(reference.chat([("user", "Name three primary colors.")]), True)
-    assert result.stdout == reference.text(reference.greedy(tokens, 48))
+    text = reference.text(reference.greedy(tokens, 48))
+    # A reply is a line: stdout ends with a newline, as llm and ollama write it.
+    assert result.stdout == (text if text.endswith("\n") else text + "\n")
 
 
 def test_raw_prompt_skips_the_template(runner, smollm2_path, reference):
@@ -195,3 +197,23 @@ def test_bigger_ctx_lets_the_same_prompt_run(runner, tiny_path):
     )
     out = run_json(runner, "-m", str(tiny_path), "--raw", "--ctx", "2048", "-n", "4", prompt)
     assert out["n_ctx"] == 2048 and out["prompt_tokens"] > 512
+
+
+def test_every_command_that_runs_a_model_takes_dash_m(runner, tiny_path, tmp_path):
+    """chat, bench (and serve, perplexity, quant-report) spell the model as run does: -m NAME,
+    with their positional NAME kept; two different names are refused."""
+    transcript = tmp_path / "chat.json"
+    result = runner.invoke(
+        app,
+        ["chat", "-m", str(tiny_path), "-n", "4", "--transcript", str(transcript)],
+        input="hello\n",
+    )
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(transcript.read_text())["messages"][0]["content"] == "hello"
+    result = runner.invoke(
+        app, ["bench", "-m", str(tiny_path), "-p", "16", "-n", "4", "-r", "1", "--json"]
+    )
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout)["model"] == str(tiny_path)
+    result = runner.invoke(app, ["chat", "smollm2-135m", "-m", str(tiny_path)], input="hi\n")
+    assert result.exit_code == 2 and "two models given" in result.stderr

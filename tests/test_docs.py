@@ -130,7 +130,7 @@ def shown_reply(shown: str) -> str:
 def decoders(smollm2_path):
     """quill's engine (to build the prompt exactly as `quill run` does) and the independent
     reference decoder (to feed the documented reply back, token by token)."""
-    from cli.engine import Engine, LoadOptions
+    from cli.engine.engine import Engine, LoadOptions
 
     from reference import Reference
 
@@ -144,7 +144,7 @@ def decoders(smollm2_path):
 def documented_example_problem(decoders, argv: list[str], reply: str) -> str | None:
     """None when quill, on this machine, prints the documented reply or a near-tie of it
     (tests/neartie.py states the rule); else what is wrong."""
-    from cli.sampling import SamplingParams
+    from cli.engine.sampling import SamplingParams
 
     from neartie import forced_mismatch
 

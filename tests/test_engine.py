@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import re
 
-import llama_cpp
 import pytest
 
-from cli.engine import Engine, LoadOptions
-from cli.sampling import SamplingParams
+from cli.engine.engine import Engine, LoadOptions
+from cli.engine.sampling import SamplingParams
 
 from reference import Reference
 
@@ -67,7 +66,7 @@ def test_finish_reasons(engine):
     tokens = engine.tokenize(engine.chat_prompt([("user", "Say hi.")]))
     events = generate(engine, tokens, 200)
     assert events[-1].finish_reason == "stop" and events[-1].stop_string is None
-    assert llama_cpp.llama_vocab_is_eog(engine._vocab, events[-1].token)
+    assert engine.is_end_of_generation(events[-1].token)
     assert all(e.finish_reason is None for e in events[:-1])
     short = generate(engine, tokens, 3)
     assert short[-1].finish_reason == "length" and short[-1].generation_tokens == 3
@@ -96,7 +95,7 @@ def test_prefill_time_agrees_with_llama_perf_counter(engine):
     text = " ".join(f"item {i} is a word in a long list of things to remember." for i in range(40))
     tokens = engine.tokenize(text)
     assert len(tokens) > 400
-    engine._evaluated.clear()  # a cold prompt, no prefix reuse
+    engine.clear_cache()  # a cold prompt, no prefix reuse
     events = generate(engine, tokens, 8)
     perf = engine.perf()
     assert perf["n_p_eval"] == len(tokens)

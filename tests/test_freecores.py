@@ -15,7 +15,7 @@ import pytest
 
 from cli import freecores
 from cli.app import app
-from cli.freecores import CoreLoad
+from cli.engine.freecores import CoreLoad
 
 SPIN = "import time\nend = time.monotonic() + 120\nwhile time.monotonic() < end: pass\n"
 

@@ -1,5 +1,5 @@
-"""Hardware detection, and the AMX guard: every load passes through cli/loading.py, and its AMX
-path (extra buffers off, repackable matrices sent to CPU_REPACK by name) is safe on any CPU."""
+"""Hardware detection, and the AMX guard: every load passes through cli/engine/loading.py, and its
+AMX path (extra buffers off, repackable matrices sent to CPU_REPACK by name) is safe on any CPU."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from pathlib import Path
 import llama_cpp as llama
 import pytest
 
-from cli.engine import Engine, LoadOptions
-from cli.hardware import cpu_flags, cpu_has_amx, physical_cores
-from cli.loading import (
+from cli.engine.engine import Engine, LoadOptions
+from cli.engine.hardware import cpu_flags, cpu_has_amx, physical_cores
+from cli.engine.loading import (
     MATMUL_WEIGHT,
     Q4_0,
     Q4_K,
@@ -23,7 +23,7 @@ from cli.loading import (
     repack_plan,
     tensor_infos,
 )
-from cli.sampling import SamplingParams
+from cli.engine.sampling import SamplingParams
 
 from reference import Reference
 from tinymodel import write_tiny_llama
@@ -56,7 +56,7 @@ def test_only_the_loader_loads_models():
                 continue
             if "llama_model_load_from_file" in path.read_text(encoding="utf-8"):
                 callers.append(str(path.relative_to(ROOT)))
-    assert callers == ["cli/loading.py"]
+    assert callers == ["cli/engine/loading.py"]
 
 
 def test_repack_rule_follows_ggml():

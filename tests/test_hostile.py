@@ -17,9 +17,9 @@ import httpx2 as httpx
 import pytest
 
 from cli.app import app
-from cli.engine import Engine, LoadOptions
-from cli.sampling import SamplingParams
-from cli.store import sha256_of
+from cli.engine.engine import Engine, LoadOptions
+from cli.engine.sampling import SamplingParams
+from cli.store.models import sha256_of
 
 from conftest import quill_env
 

@@ -9,9 +9,9 @@ import re
 import pytest
 
 from cli.app import app
-from cli.engine import Engine, LoadOptions
-from cli.registry import load_registry
-from cli.store import obtain, parse_model_name
+from cli.engine.engine import Engine, LoadOptions
+from cli.store.models import obtain, parse_model_name
+from cli.store.registry import load_registry
 from quant.memory import ModelShape, largest_context, parse_size, plan
 
 

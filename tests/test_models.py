@@ -16,9 +16,9 @@ from hubserver import Hub, serve_hub
 
 from cli.app import app
 from cli.errors import ModelNotFoundError
-from cli.hubdownload import RESUME_CHUNK
-from cli.registry import load_registry
-from cli.store import DiskSpaceError, ModelRequest, obtain, parse_model_name, sha256_of
+from cli.store.hubdownload import RESUME_CHUNK
+from cli.store.models import DiskSpaceError, ModelRequest, obtain, parse_model_name, sha256_of
+from cli.store.registry import load_registry
 
 from conftest import quill_env
 
@@ -169,7 +169,9 @@ def test_free_disk_space_is_checked_before_downloading(hub, tmp_path, monkeypatc
     template = hub.url + "/{repo_id}/resolve/{revision}/{filename}"
     monkeypatch.setattr("huggingface_hub.constants.HUGGINGFACE_CO_URL_TEMPLATE", template)
     monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path / "hf"))
-    monkeypatch.setattr("cli.store.shutil.disk_usage", lambda _p: type("U", (), {"free": 2**20})())
+    monkeypatch.setattr(
+        "cli.store.models.shutil.disk_usage", lambda _p: type("U", (), {"free": 2**20})()
+    )
     request = parse_model_name("hf://owner/tiny/tiny.gguf", load_registry())
     with pytest.raises(DiskSpaceError, match=r"needs 14\.0 MiB, .* has 1\.0 MiB free"):
         obtain(request, home=tmp_path)
@@ -202,7 +204,7 @@ def test_rm_asks_and_respects_no(runner, hub, tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     monkeypatch.setenv("QUILL_HOME", str(tmp_path))
     monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path / "hf" / "hub"))
-    monkeypatch.setattr("cli.app.stdin_is_terminal", lambda: True)
+    monkeypatch.setattr("cli.commands.models.stdin_is_terminal", lambda: True)
     result = runner.invoke(app, ["rm", "hf://owner/tiny/tiny.gguf"], input="n\n")
     assert result.exit_code == 1 and "Delete" in result.stderr
     assert list(blob_dir(tmp_path, "owner/tiny").iterdir())

@@ -7,7 +7,7 @@ import llama_cpp as llama
 import numpy as np
 import pytest
 
-from cli.sampling import SamplingParams
+from cli.engine.sampling import SamplingParams
 
 from neartie import NEAR_TIE_LOGITS, forced_mismatch
 from reference import Reference

@@ -1,4 +1,5 @@
-"""The project's promises about itself: the README's commands, CI, the walls between modules."""
+"""The project's promises about itself: the README's commands, CI, the console script.
+(The walls between layers are kept by tests/test_layers.py.)"""
 
 from __future__ import annotations
 
@@ -6,8 +7,6 @@ import re
 import subprocess
 import sys
 from pathlib import Path
-
-import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -25,22 +24,6 @@ def test_readme_has_exactly_two_setup_commands_and_ci_runs_the_test_one():
     ci = (ROOT / ".ci" / "run").read_text()
     # CI creates the venv itself, then runs the README's command from `pip install` on.
     assert install_and_test.split(" && ", 2)[2] in ci
-
-
-@pytest.mark.parametrize(
-    ("module", "forbidden"),
-    [
-        ("cli.engine", ("typer", "rich", "click")),
-        ("cli.metrics", ("typer", "rich", "click")),
-        ("quant", ("cli", "typer", "rich")),
-    ],
-)
-def test_walls_between_modules(module, forbidden):
-    code = f"import sys, {module}; print(sorted(m for m in {forbidden!r} if m in sys.modules))"
-    result = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True
-    )
-    assert result.stdout.strip() == "[]", f"{module} pulls in {result.stdout.strip()}"
 
 
 def test_console_script_help_lists_run_and_the_exit_codes():

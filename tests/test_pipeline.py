@@ -22,11 +22,16 @@ def quill(home: Path, *args: str, **env: str) -> subprocess.CompletedProcess[byt
     )
 
 
+def as_line(text: str) -> str:
+    return text if not text or text.endswith("\n") else text + "\n"
+
+
 def test_stdout_is_only_the_text_and_stats_go_to_stderr(quill_home, smollm2_path):
     plain = quill(quill_home, "--temperature", "0", "-n", "30", PROMPT)
     as_json = quill(quill_home, "--temperature", "0", "-n", "30", "--json", PROMPT)
     assert plain.returncode == as_json.returncode == 0
-    assert plain.stdout.decode() == json.loads(as_json.stdout)["text"]
+    # The text, ending with a newline as a line of output should (--json keeps it exact).
+    assert plain.stdout.decode() == as_line(json.loads(as_json.stdout)["text"])
     stderr = plain.stderr.decode()
     assert stderr.count("\n") == 1 and "TTFT" in stderr  # one stats line, nothing else
     assert "\x1b[" not in stderr  # no colour when stderr is not a terminal
@@ -37,7 +42,7 @@ def test_stdout_is_only_the_text_and_stats_go_to_stderr(quill_home, smollm2_path
 def test_verbose_shows_llama_cpps_log(quill_home, smollm2_path):
     result = quill(quill_home, "-n", "2", "--verbose", PROMPT)
     assert b"llama_model_loader" in result.stderr and result.returncode == 0
-    # ...and names the CPU path the weights took (cli/loading.py), whatever this CPU is.
+    # ...and names the CPU path the weights took (cli/engine/loading.py), whatever this CPU is.
     assert re.search(rb"CPU path: (llama.cpp's extra buffers|AMX avoided)", result.stderr)
 
 
@@ -46,7 +51,7 @@ def test_output_is_utf8_whatever_the_locale(quill_home, smollm2_path):
     result = quill(quill_home, *args, LANG="C", LC_ALL="C", PYTHONIOENCODING="ascii")
     as_json = quill(quill_home, *args, "--json")
     assert result.returncode == 0, result.stderr
-    assert result.stdout.decode("utf-8") == json.loads(as_json.stdout)["text"]
+    assert result.stdout.decode("utf-8") == as_line(json.loads(as_json.stdout)["text"])
     assert "你好" in result.stdout.decode("utf-8")
 
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from cli.app import app
-from cli.engine import Engine, LoadOptions
-from cli.sampling import SamplingParams
+from cli.engine.engine import Engine, LoadOptions
+from cli.engine.sampling import SamplingParams
 from quant.quantize import quantize, weight_type
 
 

@@ -5,7 +5,7 @@ import yaml
 
 import cli
 from cli.errors import RegistryError
-from cli.registry import WheelSource, load_registry, parse_registry, registry_path
+from cli.store.registry import WheelSource, load_registry, parse_registry, registry_path
 
 
 def test_packaged_registry_is_valid_and_has_the_default():

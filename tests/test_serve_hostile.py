@@ -22,9 +22,9 @@ import httpx2 as httpx
 import pytest
 from test_serve import start_server
 
-from cli.batching import BatchRequest, BatchScheduler
-from cli.engine import Engine, LoadOptions
-from cli.sampling import SamplingParams
+from cli.engine.batching import BatchRequest, BatchScheduler
+from cli.engine.engine import Engine, LoadOptions
+from cli.engine.sampling import SamplingParams
 
 from conftest import quill_env
 
@@ -169,8 +169,8 @@ def test_a_penalty_request_never_stops_the_server(server):
 
 
 def test_a_stopped_scheduler_makes_health_say_so_and_requests_503_at_once(tiny_path):
-    from cli.asgi_server import HttpLimits, QuillApp
-    from cli.openai_api import ServerLimits, ServerState
+    from cli.api.http import HttpLimits, QuillApp
+    from cli.api.server import ServerLimits, ServerState
 
     engine = Engine(tiny_path, LoadOptions(n_ctx=128, parallel=1))
     scheduler = BatchScheduler(engine)

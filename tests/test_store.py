@@ -12,8 +12,8 @@ import pytest
 from hubserver import Hub, serve_hub
 
 from cli.errors import ModelNotFoundError
-from cli.registry import HubSource, TagSpec, WheelPart, WheelSource, load_registry
-from cli.store import ModelRequest, obtain, parse_model_name, sha256_of
+from cli.store.models import ModelRequest, obtain, parse_model_name, sha256_of
+from cli.store.registry import HubSource, TagSpec, WheelPart, WheelSource, load_registry
 
 from conftest import quill_env
 

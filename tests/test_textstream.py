@@ -1,4 +1,4 @@
-from cli.textstream import TextStream
+from cli.engine.textstream import TextStream
 
 
 def feed(stream: TextStream, pieces: list[bytes]) -> list[str]:

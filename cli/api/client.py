@@ -1,0 +1,226 @@
+"""Any OpenAI-compatible server as a source of StreamEvents: quill serve, llama-server, vLLM,
+Ollama's /v1. TTFT and tokens/s come from when each Server-Sent Event arrives here, so they are
+what this client saw, queueing and network included; token counts come from the server's usage.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from cli.engine.events import StreamEvent
+from cli.engine.sampling import SamplingParams
+from cli.errors import EndpointError, ModelNotFoundError, QuillError, UsageError
+
+
+@dataclass
+class RemoteModel:
+    """A model behind an OpenAI-compatible server, as a Backend: the server keeps its own cache,
+    window and load, so those numbers are zero here."""
+
+    url: str
+    model: str
+    api_key: str | None = None
+    load_s: float = 0.0
+    n_ctx: int = 0
+    kv_type_k: str = "remote"
+    kv_type_v: str = "remote"
+    kv_cache_bytes: int = 0
+    threads: int = 0
+    gpu_layers: int = 0
+    has_chat_template: bool = True  # the server applies its own
+    cached_tokens: int = 0
+
+    @property
+    def location(self) -> str:
+        return self.url
+
+    def count_tokens(self, messages: Sequence[tuple[str, str]]) -> int | None:
+        return None  # the server checks its own window
+
+    def stream_chat(
+        self,
+        messages: Sequence[tuple[str, str]],
+        max_tokens: int,
+        sampling: SamplingParams,
+        stop: Sequence[str] = (),
+    ) -> Iterator[StreamEvent]:
+        return stream_chat(self.url, messages, self.model, max_tokens, sampling, stop, self.api_key)
+
+    def stream_text(
+        self,
+        text: str,
+        max_tokens: int,
+        sampling: SamplingParams,
+        stop: Sequence[str] = (),
+    ) -> Iterator[StreamEvent]:
+        # The server owns its template: the text goes as one user message.
+        return self.stream_chat([("user", text)], max_tokens, sampling, stop)
+
+    def perf_note(self) -> str:
+        return ""
+
+    def clear_cache(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def chat_url(base: str) -> str:
+    base = base.rstrip("/")
+    if base.endswith("/chat/completions"):
+        return base
+    if not base.endswith("/v1"):
+        base += "/v1"
+    return base + "/chat/completions"
+
+
+def first_model(base_url: str, api_key: str | None, timeout_s: float = 10) -> str | None:
+    """The first model GET /v1/models lists: what to ask for when the user names none."""
+    url = chat_url(base_url).removesuffix("/chat/completions") + "/models"
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        request = urllib.request.Request(url, headers=headers)
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            listed = json.loads(response.read()).get("data") or []
+    except urllib.error.HTTPError as error:
+        raise _refusal(url, error) from None
+    except (urllib.error.URLError, OSError) as error:
+        reason = getattr(error, "reason", error)
+        raise EndpointError(f"cannot reach {url}: {reason}; is the server running?") from None
+    except ValueError:
+        return None
+    return listed[0].get("id") if listed and isinstance(listed[0], dict) else None
+
+
+def stream_chat(
+    base_url: str,
+    messages: Sequence[tuple[str, str]],
+    model: str | None,
+    max_tokens: int,
+    sampling: SamplingParams,
+    stop: Sequence[str] = (),
+    api_key: str | None = None,
+    timeout_s: float = 600,
+) -> Iterator[StreamEvent]:
+    """Send the request now (a refusal or an unreachable server raises here, before any reply),
+    and return the events of the reply as they arrive."""
+    model = model or first_model(base_url, api_key) or "default"
+    body = {
+        "model": model,
+        "messages": [{"role": role, "content": text} for role, text in messages],
+        "stream": True,
+        "max_tokens": max_tokens,
+        "temperature": sampling.temperature,
+        "top_p": sampling.top_p,
+        # Extensions that llama-server, vLLM and quill serve accept, so sampling matches local runs.
+        "top_k": sampling.top_k,
+        "min_p": sampling.min_p,
+        "repeat_penalty": sampling.repeat_penalty,
+        "stop": list(stop) or None,
+        "stream_options": {"include_usage": True},
+    }
+    if sampling.seed is not None:
+        body["seed"] = sampling.seed
+    if sampling.ignore_eos:
+        body["ignore_eos"] = True
+    headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
+    url = chat_url(base_url)
+    request = urllib.request.Request(url, json.dumps(body).encode(), headers, method="POST")
+    started = time.perf_counter()
+    try:
+        response = urllib.request.urlopen(request, timeout=timeout_s)
+    except urllib.error.HTTPError as error:
+        raise _refusal(url, error) from None
+    except (urllib.error.URLError, OSError) as error:
+        reason = getattr(error, "reason", error)
+        raise EndpointError(f"cannot reach {url}: {reason}; is the server running?") from None
+    return _events(response, started, sampling)
+
+
+def _events(response: Any, started: float, sampling: SamplingParams) -> Iterator[StreamEvent]:
+    """One event per content chunk of the SSE stream, then the last with the server's usage."""
+    first_at: float | None = None
+    generated = 0
+    finish: str | None = None
+    usage: dict = {}
+    with response:
+        for raw in response:
+            line = raw.decode("utf-8").strip()
+            if not line.startswith("data:"):
+                continue
+            data = line[5:].strip()
+            if data == "[DONE]":
+                break
+            chunk = json.loads(data)
+            usage = chunk.get("usage") or usage
+            for choice in chunk.get("choices") or []:
+                text = (choice.get("delta") or {}).get("content") or choice.get("text") or ""
+                finish = choice.get("finish_reason") or finish
+                if not text:
+                    continue
+                now = time.perf_counter()
+                generated += 1
+                if first_at is None:
+                    first_at = now
+                yield _event(text, generated, first_at - started, now - first_at)
+    now = time.perf_counter()
+    ttft = (first_at or now) - started  # as the client saw it: queueing and the network included
+    yield _event(
+        "",
+        int(usage.get("completion_tokens") or generated),
+        ttft,
+        now - (first_at or now),
+        prompt_tokens=int(usage.get("prompt_tokens") or 0),
+        finish_reason=finish or "stop",
+        seed=sampling.seed if sampling.seed is not None else -1,
+    )
+
+
+def _event(
+    text: str,
+    generated: int,
+    ttft: float,
+    decode_s: float,
+    prompt_tokens: int = 0,
+    finish_reason: str | None = None,
+    seed: int = -1,
+) -> StreamEvent:
+    """One content chunk as an event (the server does not say which token), or with
+    finish_reason set, the last event, carrying the server's usage counts."""
+    return StreamEvent(
+        text=text,
+        token=-1 if finish_reason is None else None,
+        prompt_tokens=prompt_tokens,
+        cached_prompt_tokens=0,
+        prefill_s=ttft,
+        generation_tokens=generated,
+        decode_s=decode_s,
+        finish_reason=finish_reason,
+        stop_string=None,
+        seed=seed,
+        peak_rss_bytes=0,
+    )
+
+
+def _refusal(url: str, error: urllib.error.HTTPError) -> QuillError:
+    try:
+        message = json.loads(error.read())["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        message = error.reason
+    text = f"{url} answered {error.code}: {message}"
+    if error.code == 401:
+        return UsageError(f"{text} (pass --api-key)")
+    if error.code == 404:
+        return ModelNotFoundError(text)
+    if error.code in (400, 413, 422):
+        return UsageError(text)
+    return EndpointError(text)

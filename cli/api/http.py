@@ -1,0 +1,752 @@
+"""quill serve's HTTP layer: starlette routes on uvicorn's HTTP/1.1 server (h11), in front of
+quill's own batch scheduler. Imported only by `quill serve`.
+
+uvicorn and h11 do the protocol: strict Content-Length and chunked framing (a body is never read
+as a next request, a negative or malformed length is a 400), keep-alive, a listen backlog of
+2048, flow control, one event loop instead of a thread per connection. This module adds what a
+server exposed to hostile clients still needs:
+
+- a cap on open connections (beyond it, 429 and close) and a deadline for the request line and
+  headers of each request (slowloris: 408 and close);
+- a deadline and a size cap for each body, counted as it arrives (chunked bodies too);
+- a JSON error object for every error, the protocol's own 400s included;
+- the Host header checked when bound to a loopback address (DNS rebinding);
+- CORS only for the origins given with --cors; OPTIONS and HEAD answered;
+- a request whose client disconnects is cancelled at once, streaming or not;
+- a graceful drain on SIGTERM or Ctrl-C: no new requests, in-flight ones run until the drain
+  timeout, then each stream ends with an error event, and the process exits 0;
+- a per-request failure is that request's 500; a dead scheduler makes /health say so and every
+  request a 503, never a hang.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import ipaddress
+import json
+import logging
+import signal
+import socket
+import sys
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from http import HTTPStatus
+from typing import Any
+
+import anyio
+import h11
+import uvicorn
+from starlette.applications import Starlette
+from starlette.background import BackgroundTask
+from starlette.exceptions import HTTPException
+from starlette.middleware.cors import CORSMiddleware
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from cli.api.server import (
+    ApiError,
+    ChunkMaker,
+    ServerState,
+    completion_body,
+    parse_body,
+    parse_request,
+    sse,
+)
+from cli.engine.batching import SchedulerStoppedError
+from cli.engine.events import StreamEvent
+from cli.errors import QueueFullError
+
+LISTEN_BACKLOG = 2048
+KEEP_ALIVE_S = 5  # an idle keep-alive connection is closed after this
+MAX_HEADER_BYTES = 16 * 1024  # request line and headers together
+LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
+ROUTE_METHODS = {
+    "/v1/chat/completions": "POST, OPTIONS",
+    "/v1/completions": "POST, OPTIONS",
+    "/v1/models": "GET, HEAD, OPTIONS",
+    "/health": "GET, HEAD, OPTIONS",
+}
+Scope = dict[str, Any]
+Message = dict[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class HttpLimits:
+    max_connections: int = 1024
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 30.0
+    drain_timeout_s: float = 30.0
+    cors_origins: tuple[str, ...] = ()
+    allowed_hosts: tuple[str, ...] | None = None  # None: any Host header
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def error_bytes(error: ApiError) -> bytes:
+    return json.dumps(error.body()).encode()
+
+
+def raw_error_response(error: ApiError) -> bytes:
+    """A whole HTTP/1.1 response that closes the connection, for the protocol layer, where no
+    request (or no valid one) exists to answer through the application."""
+    body = error_bytes(error)
+    head = (
+        f"HTTP/1.1 {int(error.status)} {HTTPStatus(error.status).phrase}\r\n"
+        "content-type: application/json\r\n"
+        f"content-length: {len(body)}\r\n"
+        "connection: close\r\n\r\n"
+    )
+    return head.encode("ascii") + body
+
+
+class JsonResponse(Response):
+    media_type = "application/json"
+
+    def render(self, content: Any) -> bytes:
+        return json.dumps(content).encode()
+
+
+def error_response(error: ApiError, headers: dict[str, str] | None = None) -> JsonResponse:
+    return JsonResponse(error.body(), status_code=int(error.status), headers=headers)
+
+
+# --- the protocol: connection cap, header deadline, JSON for h11's own errors ---------------------
+
+
+class QuillH11Protocol(H11Protocol):
+    """uvicorn's h11 protocol with a cap on connections and a deadline on request headers."""
+
+    limits: HttpLimits = HttpLimits()  # set on the subclass make_protocol() returns
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._header_timer: asyncio.TimerHandle | None = None
+        if len(self.connections) > self.limits.max_connections:
+            self.app = _too_many_connections  # this connection's request: a 429, then close
+        self._arm_header_timer()
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        if self.conn.their_state is h11.IDLE:
+            self._arm_header_timer()  # a next request on a kept-alive connection has begun
+        else:
+            self._disarm_header_timer()  # its request line and headers are complete
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if not self.transport.is_closing() and self.conn.their_state is h11.IDLE:
+            self._arm_header_timer()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm_header_timer()
+        super().connection_lost(exc)
+
+    def _arm_header_timer(self) -> None:
+        if self._header_timer is None:
+            self._header_timer = self.loop.call_later(
+                self.limits.header_timeout_s, self._header_timeout
+            )
+
+    def _disarm_header_timer(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+
+    def _header_timeout(self) -> None:
+        self._header_timer = None
+        if self.transport.is_closing() or self.conn.their_state is not h11.IDLE:
+            return
+        if self.cycle is not None and not self.cycle.response_complete:
+            return  # still answering the previous request
+        partial, _ = self.conn.trailing_data
+        if partial:  # part of a request came: say why the connection ends
+            timeout = self.limits.header_timeout_s
+            self.transport.write(
+                raw_error_response(
+                    ApiError(
+                        HTTPStatus.REQUEST_TIMEOUT,
+                        f"the request line and headers did not arrive within {timeout:g} s",
+                        "invalid_request_error",
+                        "header_timeout",
+                    )
+                )
+            )
+        self.transport.close()
+
+    def send_400_response(self, msg: str) -> None:
+        """h11 refused the request (a malformed line or header, a negative Content-Length,
+        conflicting framing): a JSON 400, then close, as the framing can no longer be trusted."""
+        if self.cycle is not None and self.cycle.response_started:
+            self.transport.close()  # in the middle of answering the previous request
+            return
+        error = ApiError(
+            HTTPStatus.BAD_REQUEST,
+            "malformed HTTP request (request line, headers or body framing); "
+            "send HTTP/1.1 with a valid Content-Length or chunked body",
+            "invalid_request_error",
+            "malformed_http",
+        )
+        self.transport.write(raw_error_response(error))
+        self.transport.close()
+
+
+def make_protocol(limits: HttpLimits) -> type[QuillH11Protocol]:
+    return type("QuillProtocol", (QuillH11Protocol,), {"limits": limits})
+
+
+async def _too_many_connections(scope: Scope, receive: Receive, send: Send) -> None:
+    error = ApiError(
+        HTTPStatus.TOO_MANY_REQUESTS,
+        "too many open connections to this server; retry shortly",
+        "rate_limit_error",
+        "too_many_connections",
+    )
+    await error_response(error, {"Connection": "close", "Retry-After": "1"})(scope, receive, send)
+
+
+# --- events from the scheduler thread into the event loop -----------------------------------------
+
+
+class Disconnected:
+    """Put into a request's queue when its client goes away."""
+
+
+class Drained:
+    """Put into a request's queue when the drain timeout ends it."""
+
+
+class LoopEvents:
+    """A request's event queue: the scheduler thread puts, a coroutine awaits. It takes the place
+    of BatchRequest.events, so the scheduler stays unaware of asyncio."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._queue: asyncio.Queue[Any] = asyncio.Queue()
+
+    def put(self, item: Any) -> None:  # from any thread
+        # A closed loop: the server has stopped and nobody waits for this any more.
+        with contextlib.suppress(RuntimeError):
+            self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
+
+    def put_here(self, item: Any) -> None:  # from the loop's own thread
+        self._queue.put_nowait(item)
+
+    async def get(self) -> Any:
+        return await self._queue.get()
+
+
+# --- the application ------------------------------------------------------------------------------
+
+
+class QuillApp:
+    """The routes, and the state they share: draining, the requests in flight."""
+
+    def __init__(self, state: ServerState, limits: HttpLimits) -> None:
+        self.state = state
+        self.limits = limits
+        self.draining = False
+        self.in_flight: set[LoopEvents] = set()
+        routes = [
+            Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
+            Route("/v1/completions", self.completions, methods=["POST"]),
+            Route("/v1/models", self.models, methods=["GET"]),
+            Route("/health", self.health, methods=["GET"]),
+        ]
+        handlers = {
+            ApiError: self._api_error,
+            HTTPException: self._http_exception,
+            Exception: self._unexpected,
+        }
+        self.routes = Starlette(routes=routes, exception_handlers=handlers)  # type: ignore[arg-type]
+        inner: Any = self.routes
+        if limits.cors_origins:
+            inner = CORSMiddleware(
+                inner,
+                allow_origins=list(limits.cors_origins),
+                allow_methods=["GET", "POST", "OPTIONS"],
+                allow_headers=["Authorization", "Content-Type"],
+                max_age=600,
+            )
+        self.inner = inner
+
+    # --- the outermost layer: Host, OPTIONS, the API key, JSON errors, connection close ---------
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return
+        headers = {name.decode("latin-1"): value for name, value in scope["headers"]}
+        body_read = "content-length" not in headers and "transfer-encoding" not in headers
+        if headers.get("content-length") == b"0":
+            body_read = True
+        started = False
+
+        async def tracked_receive() -> Message:
+            nonlocal body_read
+            message = await receive()
+            if message["type"] == "http.disconnect" or not message.get("more_body", False):
+                body_read = True
+            return message
+
+        held: dict[str, Any] = {}
+
+        async def guarded_send(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+                response_headers = list(message.get("headers", []))
+                if message["status"] >= 400 and not body_read:
+                    # An unread body would be drained byte by byte: close instead.
+                    response_headers.append((b"connection", b"close"))
+                message = {**message, "headers": response_headers}
+                content_type = dict(response_headers).get(b"content-type", b"")
+                if message["status"] >= 400 and not content_type.startswith(b"application/json"):
+                    held["start"], held["body"] = message, b""  # made JSON below
+                    return
+            elif message["type"] == "http.response.body" and "start" in held:
+                held["body"] += message.get("body", b"")
+                if message.get("more_body", False):
+                    return
+                await self._send_as_json(send, held["start"], held.pop("body"))
+                return
+            await send(message)
+
+        try:
+            refusal = self._refusal(scope, headers)
+            if refusal is not None:
+                await refusal(scope, tracked_receive, guarded_send)
+                return
+            await self.inner(scope, tracked_receive, guarded_send)
+        except ClientDisconnect:
+            return
+        except Exception as error:  # the request's own failure: a 500, the server goes on
+            logging.getLogger("quill.serve").error(
+                "%s %s failed: %r", scope["method"], scope["path"], error
+            )
+            if not started:
+                failure = ApiError(
+                    HTTPStatus.INTERNAL_SERVER_ERROR,
+                    f"the server failed on this request: {error!r}",
+                    "server_error",
+                )
+                await error_response(failure)(scope, tracked_receive, guarded_send)
+
+    @staticmethod
+    async def _send_as_json(send: Send, start: Message, text: bytes) -> None:
+        status = start["status"]
+        phrase = HTTPStatus(status).phrase if status in HTTPStatus._value2member_map_ else ""
+        message = text.decode("utf-8", "replace").strip() or phrase or f"HTTP {status}"
+        body = error_bytes(ApiError(status, message, "invalid_request_error"))
+        headers = [
+            (name, value)
+            for name, value in start["headers"]
+            if name.lower() not in (b"content-type", b"content-length")
+        ]
+        headers += [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
+        await send({**start, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+    def _refusal(self, scope: Scope, headers: dict[str, bytes]) -> Response | None:
+        """The response that refuses this request before routing, or None to route it."""
+        allowed = self.limits.allowed_hosts
+        if allowed is not None and "host" in headers:
+            host = _host_name(headers["host"].decode("latin-1"))
+            if host not in allowed:
+                return error_response(
+                    ApiError(
+                        HTTPStatus.FORBIDDEN,
+                        f"the Host header names '{host}', not this server (listening on a "
+                        f"loopback address, it answers only to {', '.join(allowed)})",
+                        "invalid_request_error",
+                        "invalid_host",
+                    )
+                )
+        path, method = scope["path"], scope["method"]
+        if method == "OPTIONS":
+            preflight = "origin" in headers and "access-control-request-method" in headers
+            if preflight and self.limits.cors_origins:
+                return None  # the CORS middleware answers it
+            if path not in ROUTE_METHODS:
+                return error_response(_no_route(path))
+            return Response(status_code=204, headers={"Allow": ROUTE_METHODS[path]})
+        key = self.state.api_key
+        if key is not None and path != "/health":
+            given = headers.get("authorization", b"")
+            if not hmac.compare_digest(given, f"Bearer {key}".encode()):
+                return error_response(
+                    ApiError(
+                        HTTPStatus.UNAUTHORIZED,
+                        "Incorrect API key provided; send 'Authorization: Bearer KEY'",
+                        "invalid_request_error",
+                        "invalid_api_key",
+                    )
+                )
+        return None
+
+    async def _api_error(self, request: Request, error: Exception) -> Response:
+        assert isinstance(error, ApiError)
+        return error_response(error)
+
+    async def _unexpected(self, request: Request, error: Exception) -> Response:
+        return error_response(_request_failed(error))  # then logged by __call__
+
+    async def _http_exception(self, request: Request, error: Exception) -> Response:
+        assert isinstance(error, HTTPException)
+        if error.status_code == 404:
+            return error_response(_no_route(request.url.path))
+        status = HTTPStatus(error.status_code)
+        message = status.phrase
+        if status == HTTPStatus.METHOD_NOT_ALLOWED:
+            allow = (error.headers or {}).get("Allow", "")
+            message = f"{request.method} is not allowed on {request.url.path}; use {allow}"
+        return error_response(
+            ApiError(status, message, "invalid_request_error"), dict(error.headers or {})
+        )
+
+    # --- routes -----------------------------------------------------------------------------------
+
+    async def health(self, request: Request) -> Response:
+        scheduler = self.state.scheduler
+        status, code = "ok", HTTPStatus.OK
+        payload: dict[str, Any] = {}
+        if not scheduler.alive:
+            status, code = "error", HTTPStatus.SERVICE_UNAVAILABLE
+            payload["error"] = scheduler.stopped_reason
+        elif self.draining:
+            status, code = "shutting_down", HTTPStatus.SERVICE_UNAVAILABLE
+        payload = {
+            "status": status,
+            **payload,
+            "slots_processing": scheduler.busy_slots,
+            "slots_idle": scheduler.engine.parallel - scheduler.busy_slots,
+            "requests_waiting": scheduler.queued,
+            "decode_steps": scheduler.steps,
+            "max_sequences_in_a_step": scheduler.max_sequences_in_a_step,
+        }
+        return JsonResponse(payload, status_code=int(code))
+
+    async def models(self, request: Request) -> Response:
+        model = {
+            "id": self.state.model_name,
+            "object": "model",
+            "created": self.state.created,
+            "owned_by": "quill",
+        }
+        return JsonResponse({"object": "list", "data": [model]})
+
+    async def chat_completions(self, request: Request) -> Response:
+        return await self._completion(request, chat=True)
+
+    async def completions(self, request: Request) -> Response:
+        return await self._completion(request, chat=False)
+
+    async def _completion(self, request: Request, chat: bool) -> Response:
+        self._refuse_if_unavailable()
+        body = parse_body(await self._read_body(request))
+        _, batch_request = await anyio.to_thread.run_sync(parse_request, body, self.state, chat)
+        events = LoopEvents(asyncio.get_running_loop())
+        batch_request.events = events  # type: ignore[assignment]
+        received = time.perf_counter()
+        try:
+            self.state.scheduler.submit(batch_request)
+        except QueueFullError as error:
+            raise ApiError(
+                HTTPStatus.TOO_MANY_REQUESTS, str(error), "rate_limit_error", "queue_full"
+            ) from None
+        except SchedulerStoppedError:
+            self._refuse_if_unavailable()
+            raise
+        self.in_flight.add(events)
+        ident = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
+        outcome: list[str] = ["client left"]
+
+        def finished() -> None:
+            batch_request.cancelled.set()  # finished already, or the client left: free the slot
+            self.in_flight.discard(events)
+            if self.state.on_request is not None:
+                self.state.on_request(
+                    f"{request.method} {request.url.path} {outcome[0]} · "
+                    f"{len(batch_request.prompt_tokens)} prompt tokens · "
+                    f"{time.perf_counter() - received:.2f} s"
+                )
+
+        if body.get("stream"):
+            maker = ChunkMaker(ident, chat, self.state.model_name)
+            return StreamingResponse(
+                self._stream(events, maker, received, outcome),
+                # Set as a header, not a media type: starlette would append a charset.
+                headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"},
+                background=BackgroundTask(finished),
+            )
+        try:
+            return await self._complete(request, events, ident, chat, received, outcome)
+        finally:
+            finished()
+
+    def _refuse_if_unavailable(self) -> None:
+        scheduler = self.state.scheduler
+        if self.draining:
+            raise ApiError(
+                HTTPStatus.SERVICE_UNAVAILABLE,
+                "the server is shutting down; retry against another instance",
+                "server_error",
+                "server_shutting_down",
+            )
+        if not scheduler.alive:
+            raise ApiError(
+                HTTPStatus.SERVICE_UNAVAILABLE,
+                f"{scheduler.stopped_reason}; restart quill serve",
+                "server_error",
+                "scheduler_stopped",
+            )
+
+    async def _read_body(self, request: Request) -> bytes:
+        """The body, refused (413) as soon as it passes --max-body, and (408) if it has not
+        all arrived within the body timeout, whether it has a Content-Length or is chunked."""
+        limit = self.state.limits.max_body_bytes
+        declared = request.headers.get("content-length")
+        too_large = ApiError(
+            HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
+            f"the body has {declared or 'more than ' + str(limit)} bytes; this server takes at "
+            f"most {limit}",
+            "invalid_request_error",
+        )
+        if declared is not None and int(declared) > limit:  # h11 has checked it is digits
+            raise too_large
+        timeout = self.limits.body_timeout_s
+        chunks: list[bytes] = []
+        size = 0
+        try:
+            with anyio.fail_after(timeout):
+                async for chunk in request.stream():
+                    size += len(chunk)
+                    if size > limit:
+                        raise too_large
+                    chunks.append(chunk)
+        except TimeoutError:
+            raise ApiError(
+                HTTPStatus.REQUEST_TIMEOUT,
+                f"the body did not all arrive within {timeout:g} s ({size} bytes came)",
+                "invalid_request_error",
+                "body_timeout",
+            ) from None
+        return b"".join(chunks)
+
+    async def _complete(
+        self,
+        request: Request,
+        events: LoopEvents,
+        ident: str,
+        chat: bool,
+        received: float,
+        outcome: list[str],
+    ) -> Response:
+        async def watch_disconnect() -> None:
+            while (await request.receive())["type"] != "http.disconnect":
+                pass
+            events.put_here(Disconnected())
+
+        watcher = asyncio.ensure_future(watch_disconnect())
+        try:
+            pieces: list[str] = []
+            while True:
+                item = await events.get()
+                if isinstance(item, Disconnected):
+                    return Response(status_code=499)  # nginx's "client closed"; nobody reads it
+                if isinstance(item, Drained):
+                    outcome[0] = "503"
+                    return error_response(_shutting_down())
+                if isinstance(item, BaseException):
+                    outcome[0] = "500"
+                    return error_response(_request_failed(item))
+                pieces.append(item.text)
+                if item.finish_reason is not None:
+                    break
+        finally:
+            watcher.cancel()
+        last: StreamEvent = item
+        queued_s = time.perf_counter() - received - last.prefill_s - last.decode_s
+        outcome[0] = "200"
+        return JsonResponse(
+            completion_body(ident, chat, self.state.model_name, "".join(pieces), last, queued_s)
+        )
+
+    async def _stream(
+        self, events: LoopEvents, maker: ChunkMaker, received: float, outcome: list[str]
+    ):
+        if maker.chat:
+            yield sse(maker.chunk("", None, first=True))
+        first_at = None
+        while True:
+            item = await events.get()
+            if isinstance(item, (Drained, BaseException)):
+                error = _shutting_down() if isinstance(item, Drained) else _request_failed(item)
+                outcome[0] = "200, then " + str(int(error.status))
+                yield sse(error.body())
+                return
+            if first_at is None:
+                first_at = time.perf_counter()
+            if item.text:
+                yield sse(maker.chunk(item.text, None))
+            if item.finish_reason is not None:
+                yield sse(maker.final(item, (first_at - received) - item.prefill_s))
+                break
+        outcome[0] = "200"
+        yield ChunkMaker.DONE
+
+    # --- shutdown ---------------------------------------------------------------------------------
+
+    def begin_drain(self) -> None:
+        """Refuse new requests; after the drain timeout, end those still in flight."""
+        if self.draining:
+            return
+        self.draining = True
+        asyncio.get_running_loop().call_later(self.limits.drain_timeout_s, self._end_in_flight)
+
+    def _end_in_flight(self) -> None:
+        for events in list(self.in_flight):
+            events.put_here(Drained())
+
+
+def _no_route(path: str) -> ApiError:
+    return ApiError(HTTPStatus.NOT_FOUND, f"no route {path}", "invalid_request_error")
+
+
+def _shutting_down() -> ApiError:
+    return ApiError(
+        HTTPStatus.SERVICE_UNAVAILABLE,
+        "the server shut down before this reply was finished",
+        "server_error",
+        "server_shutting_down",
+    )
+
+
+def _request_failed(error: BaseException) -> ApiError:
+    return ApiError(
+        HTTPStatus.INTERNAL_SERVER_ERROR,
+        f"the server failed on this request: {error}",
+        "server_error",
+    )
+
+
+def _host_name(host: str) -> str:
+    """The name in a Host header, without its port: 'localhost:8080' -> 'localhost',
+    '[::1]:8080' -> '::1'."""
+    host = host.strip().lower()
+    if host.startswith("["):
+        return host[1 : host.find("]")] if "]" in host else host
+    return host.rpartition(":")[0] if host.count(":") == 1 else host
+
+
+# --- the server -----------------------------------------------------------------------------------
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn's server, telling the application when shutdown begins."""
+
+    def __init__(self, config: uvicorn.Config, app: QuillApp) -> None:
+        super().__init__(config)
+        self.quill_app = app
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        self.quill_app.begin_drain()
+        await super().shutdown(sockets)
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """The listening socket, bound before the server starts, so that a port in use is one
+    error line and the bound port is known."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    if host == "localhost":
+        family = socket.AF_INET
+    sock = socket.create_server((host, port), family=family, backlog=LISTEN_BACKLOG)
+    sock.set_inheritable(True)
+    return sock
+
+
+def allowed_hosts_for(host: str) -> tuple[str, ...] | None:
+    return tuple(dict.fromkeys((*LOOPBACK_NAMES, host))) if is_loopback(host) else None
+
+
+def run_server(
+    sock: socket.socket, state: ServerState, limits: HttpLimits, verbose: bool = False
+) -> str | None:
+    """Serve until SIGTERM or SIGINT, drain, return the signal's name (None if none came)."""
+    _quiet_logs(verbose)
+    app = QuillApp(state, limits)
+    config = uvicorn.Config(
+        app,
+        loop="asyncio",
+        http=make_protocol(limits),
+        ws="none",
+        lifespan="off",
+        interface="asgi3",
+        log_config=None,
+        access_log=False,
+        server_header=False,
+        headers=[("server", "quill")],
+        backlog=LISTEN_BACKLOG,
+        timeout_keep_alive=KEEP_ALIVE_S,
+        # A backstop only: the application ends in-flight requests at the drain timeout.
+        timeout_graceful_shutdown=int(limits.drain_timeout_s) + 5,
+        h11_max_incomplete_event_size=MAX_HEADER_BYTES,
+    )
+    server = DrainingServer(config, app)
+    received: list[str] = []
+
+    def note(number: int, _frame: object) -> None:
+        received.append(signal.Signals(number).name)
+
+    # uvicorn re-raises the signal that stopped it once it has shut down; these handlers take
+    # it, so that a drained server exits 0 instead of dying of the signal.
+    previous = {sig: signal.signal(sig, note) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        server.run(sockets=[sock])
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return received[0] if received else None
+
+
+class _OneLine(logging.Formatter):
+    def __init__(self, verbose: bool) -> None:
+        super().__init__("quill serve: %(message)s")
+        self.verbose = verbose
+
+    def formatException(self, ei: Any) -> str:
+        return super().formatException(ei) if self.verbose else ""
+
+    def format(self, record: logging.LogRecord) -> str:
+        if not self.verbose and record.exc_info:
+            record = logging.makeLogRecord(
+                {**record.__dict__, "msg": f"{record.getMessage()} ({record.exc_info[1]!r})",
+                 "args": None, "exc_info": None, "exc_text": None}
+            )  # fmt: skip
+        return super().format(record)
+
+
+def _quiet_logs(verbose: bool) -> None:
+    """uvicorn's and asyncio's logs: one line each on stderr, warnings and worse only (all of
+    them with --verbose), never a traceback unless --verbose."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_OneLine(verbose))
+    for name in ("uvicorn", "asyncio", "quill.serve"):
+        logger = logging.getLogger(name)
+        logger.handlers = [handler]
+        logger.propagate = False
+        logger.setLevel(logging.INFO if verbose else logging.ERROR)
+    logging.getLogger("quill.serve").setLevel(logging.INFO if verbose else logging.WARNING)

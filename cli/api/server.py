@@ -1,0 +1,309 @@
+"""The OpenAI wire format over the batch scheduler: what a request body may hold (validated,
+every refusal an OpenAI error object with its HTTP status), and the JSON bodies and Server-Sent
+Events of the replies.
+
+No HTTP here: cli/api/http.py carries these over uvicorn and starlette.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from http import HTTPStatus
+from typing import Any
+
+from cli.engine.batching import BatchRequest, BatchScheduler
+from cli.engine.events import StreamEvent
+from cli.engine.sampling import SamplingParams
+
+
+@dataclass(frozen=True)
+class ServerLimits:
+    max_body_bytes: int = 1 << 20
+    max_tokens: int = 4096  # the most a request may ask for
+    default_max_tokens: int = 512
+    # Every stop string is searched for after every token of the request: a cap on their number
+    # and size keeps one request from slowing the scheduler's step for everyone.
+    max_stop_strings: int = 16
+    max_stop_chars: int = 1024
+
+
+class ApiError(Exception):
+    def __init__(
+        self,
+        status: HTTPStatus,
+        message: str,
+        kind: str,
+        code: str | None = None,
+        param: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.kind = kind
+        self.code = code
+        self.param = param
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.kind,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+
+def bad_request(message: str, param: str | None = None, code: str | None = None) -> ApiError:
+    return ApiError(HTTPStatus.BAD_REQUEST, message, "invalid_request_error", code, param)
+
+
+@dataclass
+class ServerState:
+    scheduler: BatchScheduler
+    model_name: str
+    limits: ServerLimits
+    api_key: str | None = None
+    created: int = 0
+    on_request: Callable[[str], None] | None = None  # one line per finished request
+
+
+def parse_body(raw: bytes) -> dict:
+    """The request body as a JSON object. NaN and Infinity are not JSON, though Python's parser
+    takes them: refused here, like any other malformed body."""
+
+    def refuse_constant(name: str) -> None:
+        raise ValueError(f"{name} is not a JSON value")
+
+    try:
+        body = json.loads(raw, parse_constant=refuse_constant)
+    except ValueError as error:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise bad_request(f"the body is not valid JSON: {error}") from None
+    if not isinstance(body, dict):
+        raise bad_request("the body must be a JSON object")
+    return body
+
+
+def _number(body: dict, name: str, kind: type, low: float, high: float, default):
+    value = body.get(name, default)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise bad_request(f"'{name}' must be a number", name)
+    if isinstance(value, float) and not math.isfinite(value):  # 1e400 parses as infinity
+        raise bad_request(f"'{name}' must be a finite number, got {value}", name)
+    if kind is int and value != int(value):
+        raise bad_request(f"'{name}' must be a whole number", name)
+    if not low <= value <= high:
+        raise bad_request(f"'{name}' must be between {low} and {high}, got {value}", name)
+    return kind(value)
+
+
+def _text(value: str, what: str, param: str) -> str:
+    """value, if it can be encoded as UTF-8: JSON's \\ud800 escapes decode to lone surrogates,
+    which are not text and which the tokenizer cannot take."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as error:
+        bad = value[error.start]
+        raise bad_request(
+            f"{what} holds a lone surrogate \\u{ord(bad):04x} at character {error.start}, which "
+            "is not Unicode text; send a valid UTF-16 pair or the character itself",
+            param,
+        ) from None
+    return value
+
+
+def _content(content: Any, index: int) -> str:
+    """A message's content: a string, or an array of content parts whose text parts are joined."""
+    where = f"messages[{index}].content"
+    if isinstance(content, list):
+        texts = []
+        for number, part in enumerate(content):
+            if not isinstance(part, dict):
+                raise bad_request(f"{where}[{number}] must be an object", "messages")
+            if part.get("type", "text") != "text":
+                continue  # images and audio: this server reads text only
+            text = part.get("text")
+            if not isinstance(text, str):
+                raise bad_request(f"{where}[{number}].text must be a string", "messages")
+            texts.append(text)
+        content = "".join(texts)
+    if not isinstance(content, str):
+        raise bad_request(f"{where} must be a string or an array of content parts", "messages")
+    return _text(content, where, "messages")
+
+
+def _stop_strings(body: dict, limits: ServerLimits) -> tuple[str, ...]:
+    stop = body.get("stop") or []
+    if isinstance(stop, str):
+        stop = [stop]
+    if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
+        raise bad_request("'stop' must be a string or an array of strings", "stop")
+    if len(stop) > limits.max_stop_strings:
+        raise bad_request(
+            f"'stop' has {len(stop)} strings; this server takes at most {limits.max_stop_strings}",
+            "stop",
+        )
+    total = sum(len(s) for s in stop)
+    if total > limits.max_stop_chars:
+        raise bad_request(
+            f"the stop strings have {total} characters in all; this server takes at most "
+            f"{limits.max_stop_chars}",
+            "stop",
+        )
+    return tuple(_text(s, "a stop string", "stop") for s in stop)
+
+
+def parse_request(body: dict, state: ServerState, chat: bool) -> tuple[list[int], BatchRequest]:
+    """Validate an OpenAI request body; the prompt tokens and the request for the scheduler."""
+    engine = state.scheduler.engine
+    model = body.get("model")
+    known = (state.model_name, state.model_name.partition(":")[0], "quill")
+    if model is not None and model not in known:
+        raise ApiError(
+            HTTPStatus.NOT_FOUND,
+            f"The model '{model}' does not exist; this server has '{state.model_name}'",
+            "invalid_request_error",
+            "model_not_found",
+            "model",
+        )
+    if chat:
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise bad_request("'messages' must be a non-empty array", "messages")
+        pairs = []
+        for index, message in enumerate(messages):
+            if not isinstance(message, dict) or message.get("role") not in (
+                "system",
+                "user",
+                "assistant",
+                "developer",
+            ):
+                raise bad_request(
+                    f"messages[{index}] needs a role of system, user or assistant", "messages"
+                )
+            content = _content(message.get("content"), index)
+            role = "system" if message["role"] == "developer" else message["role"]
+            pairs.append((role, content))
+        prompt, _ = engine.conversation_text(pairs)
+    else:
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+            prompt = prompt[0]
+        if not isinstance(prompt, str) or not prompt:
+            raise bad_request("'prompt' must be a non-empty string", "prompt")
+        _text(prompt, "'prompt'", "prompt")
+    if body.get("n", 1) != 1:
+        raise bad_request("only n=1 is supported", "n")
+    limits = state.limits
+    requested = body.get("max_completion_tokens", body.get("max_tokens"))
+    max_tokens = _number(
+        {"max_tokens": requested}, "max_tokens", int, 1, limits.max_tokens, None
+    ) or min(limits.default_max_tokens, limits.max_tokens)
+    defaults = SamplingParams()
+    sampling = SamplingParams(
+        temperature=_number(body, "temperature", float, 0, 2, defaults.temperature),
+        top_p=_number(body, "top_p", float, 0, 1, defaults.top_p),
+        top_k=_number(body, "top_k", int, 0, 1 << 20, defaults.top_k),
+        min_p=_number(body, "min_p", float, 0, 1, defaults.min_p),
+        repeat_penalty=_number(body, "repeat_penalty", float, 0, 10, defaults.repeat_penalty),
+        frequency_penalty=_number(body, "frequency_penalty", float, -2, 2, 0.0),
+        presence_penalty=_number(body, "presence_penalty", float, -2, 2, 0.0),
+        seed=_number(body, "seed", int, 0, 2**63, None),
+        ignore_eos=bool(body.get("ignore_eos", False)),  # llama-server's extension
+    )
+    stop = _stop_strings(body, limits)
+    tokens = engine.tokenize(prompt)
+    if len(tokens) + 1 > engine.n_ctx:
+        raise bad_request(
+            f"This model's context holds {engine.n_ctx} tokens per request, but the prompt has "
+            f"{len(tokens)}; shorten it",
+            "messages" if chat else "prompt",
+            "context_length_exceeded",
+        )
+    max_tokens = min(max_tokens, engine.n_ctx - len(tokens))
+    return tokens, BatchRequest(tokens, max_tokens, sampling, stop)
+
+
+def timings(last: StreamEvent, queued_s: float) -> dict[str, float]:
+    """llama-server's timings object, plus TTFT: prefill and decode ms and tokens/s."""
+    return {
+        "prompt_n": last.prompt_tokens,
+        "prompt_ms": last.prefill_s * 1000,
+        "prompt_per_second": last.prefill_tokens_per_s,
+        "predicted_n": last.generation_tokens,
+        "predicted_ms": last.decode_s * 1000,
+        "predicted_per_second": last.decode_tokens_per_s,
+        "ttft_ms": (queued_s + last.prefill_s) * 1000,
+    }
+
+
+def _usage(last: StreamEvent) -> dict[str, int]:
+    return {
+        "prompt_tokens": last.prompt_tokens,
+        "completion_tokens": last.generation_tokens,
+        "total_tokens": last.prompt_tokens + last.generation_tokens,
+    }
+
+
+def completion_body(
+    ident: str, chat: bool, model_name: str, text: str, last: StreamEvent, queued_s: float
+) -> dict[str, Any]:
+    """The whole reply of a request that did not ask to stream."""
+    choice: dict[str, Any] = {"index": 0, "finish_reason": last.finish_reason}
+    if chat:
+        choice["message"] = {"role": "assistant", "content": text}
+    else:
+        choice["text"] = text
+    return {
+        "id": ident,
+        "object": "chat.completion" if chat else "text_completion",
+        "created": int(time.time()),
+        "model": model_name,
+        "choices": [choice],
+        "usage": _usage(last),
+        "timings": timings(last, max(queued_s, 0.0)),
+    }
+
+
+class ChunkMaker:
+    """The chunks of one streamed reply, as Server-Sent Events: a first one with the role (chat),
+    one per piece of text, a last one with finish_reason, usage and timings, then [DONE]."""
+
+    DONE = b"data: [DONE]\n\n"
+
+    def __init__(self, ident: str, chat: bool, model_name: str) -> None:
+        self.chat = chat
+        self.base = {
+            "id": ident,
+            "object": "chat.completion.chunk" if chat else "text_completion",
+            "created": int(time.time()),
+            "model": model_name,
+        }
+
+    def chunk(self, delta: str | None, finish: str | None = None, first: bool = False) -> dict:
+        if self.chat:
+            content: dict[str, Any] = {}
+            if first:
+                content["role"] = "assistant"
+            if delta is not None:
+                content["content"] = delta
+            choice = {"index": 0, "delta": content, "finish_reason": finish}
+        else:
+            choice = {"index": 0, "text": delta or "", "finish_reason": finish}
+        return {**self.base, "choices": [choice]}
+
+    def final(self, last: StreamEvent, queued_s: float) -> dict:
+        payload = self.chunk(None if self.chat else "", last.finish_reason)
+        payload["usage"] = _usage(last)
+        payload["timings"] = timings(last, max(queued_s, 0.0))
+        return payload
+
+
+def sse(payload: dict) -> bytes:
+    return b"data: " + json.dumps(payload).encode() + b"\n\n"

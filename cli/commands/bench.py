@@ -1,0 +1,171 @@
+"""quill bench: prefill and decode speed over a grid, locally or against a server."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from cli.commands.options import ApiKey, ModelArgument, ModelOption, Offline, model_name
+from cli.errors import UsageError
+
+if TYPE_CHECKING:
+    from cli.measure.bench import BenchGrid, BenchRow
+
+
+def _numbers(value: str, flag: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(part) for part in value.split(","))
+    except ValueError:
+        raise UsageError(
+            f"{flag} takes comma-separated whole numbers, like 0,1024; got {value!r}"
+        ) from None
+
+
+def bench(
+    name: ModelArgument = None,
+    model: ModelOption = None,
+    prompt_tokens: Annotated[
+        str,
+        typer.Option(
+            "-p", "--prompt-tokens", help="Prompt lengths to prefill (ppP), e.g. 128,512."
+        ),
+    ] = "512",
+    gen_tokens: Annotated[
+        str, typer.Option("-n", "--gen-tokens", help="Lengths to decode (tgN), e.g. 128.")
+    ] = "128",
+    depth: Annotated[
+        str, typer.Option("-d", "--depth", help="Tokens already in the KV cache, e.g. 0,1024,4096.")
+    ] = "0",
+    kv_type: Annotated[
+        str, typer.Option("--kv-type", help="KV-cache types, e.g. f16,q8_0,q4_0.")
+    ] = "f16",
+    threads: Annotated[
+        str | None,
+        typer.Option("-t", "--threads", help="Thread counts, e.g. 1,2. Default: physical cores."),
+    ] = None,
+    batch: Annotated[
+        str, typer.Option("-b", "--batch", help="Batch sizes for prefill, e.g. 128,512.")
+    ] = "512",
+    repetitions: Annotated[
+        int, typer.Option("-r", "--repetitions", help="Measured rounds, after one warm-up round.")
+    ] = 5,
+    repack: Annotated[
+        str,
+        typer.Option(
+            "--repack",
+            help="Weight repacking: on, off, or on,off to compare (on an AMX CPU, on means "
+            "repacking by tensor name with AMX avoided).",
+        ),
+    ] = "on",
+    json_output: Annotated[bool, typer.Option("--json", help="Print JSON on stdout.")] = False,
+    csv_output: Annotated[bool, typer.Option("--csv", help="Print CSV on stdout.")] = False,
+    markdown_output: Annotated[
+        bool, typer.Option("--markdown", help="Print a Markdown table on stdout.")
+    ] = False,
+    plot: Annotated[
+        Path | None,
+        typer.Option("--plot", help="Also draw the results into this PNG (needs matplotlib)."),
+    ] = None,
+    offline: Offline = False,
+    endpoint: Annotated[
+        str | None,
+        typer.Option(
+            "--endpoint",
+            help="Measure an OpenAI-compatible server instead (-p, -n and -r apply; the model "
+            "is its model name).",
+        ),
+    ] = None,
+    api_key: ApiKey = None,
+) -> None:
+    """Measure prefill and decode speed over a grid of lengths, depths, KV types and threads."""
+    from cli.commands.options import obtain_model
+    from cli.measure.bench import BenchGrid, run_bench
+    from cli.store.models import read_model
+    from cli.ui import render
+
+    chosen = model_name(name, model)
+    if sum((json_output, csv_output, markdown_output)) > 1:
+        raise UsageError("choose one of --json, --csv and --markdown")
+    grid = BenchGrid(
+        prompt_tokens=_numbers(prompt_tokens, "-p/--prompt-tokens") if prompt_tokens != "0" else (),
+        gen_tokens=_numbers(gen_tokens, "-n/--gen-tokens") if gen_tokens != "0" else (),
+        depths=_numbers(depth, "--depth"),
+        kv_types=tuple(kv_type.split(",")),
+        threads=_numbers(threads, "--threads") if threads else (),
+        batches=_numbers(batch, "--batch"),
+        repacks=_switches(repack, "--repack"),
+        repetitions=repetitions,
+    )
+    grid.check()
+    if endpoint:
+        rows = _bench_endpoint(endpoint, chosen, grid, api_key)
+        _show_bench(rows, chosen or "endpoint", json_output, csv_output, markdown_output, plot)
+        return
+    label, path = obtain_model(chosen, offline)
+    grid.check(read_model(path).context_length)
+    rows = []
+
+    def name_cpu_path(engine) -> None:
+        render.info_line(f"CPU path: {engine.cpu_path.describe()}")
+
+    for row in run_bench(path, grid, on_load=name_cpu_path):
+        rows.append(row)
+        render.info_line(
+            f"{row.test} @ depth {row.depth}, {row.kv_type}, {row.threads} threads, "
+            f"batch {row.batch}: {row.tokens_per_s:.1f} ± {row.tokens_per_s_sd:.1f} tok/s"
+        )
+    _show_bench(rows, label, json_output, csv_output, markdown_output, plot)
+
+
+def _bench_endpoint(
+    endpoint: str, model: str | None, grid: BenchGrid, api_key: str | None
+) -> list[BenchRow]:
+    from cli.api.client import first_model
+    from cli.measure.bench import run_endpoint_bench
+    from cli.ui import render
+
+    if grid.depths != (0,) or grid.kv_types != ("f16",) or grid.threads or grid.batches != (512,):
+        raise UsageError("--depth, --kv-type, --threads and --batch are the server's to choose")
+    model = model or first_model(endpoint, api_key) or "default"
+    rows = []
+    for row in run_endpoint_bench(endpoint, model, grid, api_key):
+        rows.append(row)
+        render.info_line(
+            f"{row.test} at {endpoint}: {row.tokens_per_s:.1f} ± {row.tokens_per_s_sd:.1f} tok/s"
+        )
+    return rows
+
+
+def _show_bench(
+    rows: list[BenchRow],
+    label: str,
+    json_output: bool,
+    csv_output: bool,
+    markdown_output: bool,
+    plot: Path | None,
+) -> None:
+    from cli.ui import benchrender, render
+
+    if json_output:
+        render.write_stdout(benchrender.json_text(label, rows))
+    elif csv_output:
+        render.write_stdout(benchrender.csv_text(rows))
+    elif markdown_output:
+        render.write_stdout(benchrender.markdown(rows))
+    else:
+        benchrender.table(rows)
+        for line in benchrender.bars(rows):
+            render.stdout_console.print(line)
+    if plot is not None:
+        benchrender.plot(rows, label, plot)
+        render.info_line(f"plot written to {plot}")
+
+
+def _switches(value: str, flag: str) -> tuple[bool, ...]:
+    words = {"on": True, "off": False}
+    parts = value.split(",")
+    if any(part not in words for part in parts):
+        raise UsageError(f"{flag} takes on, off or on,off; got {value!r}")
+    return tuple(words[part] for part in parts)

@@ -1,0 +1,468 @@
+"""quill chat: the terminal REPL (or a scripted conversation on stdin) over a ChatSession.
+
+Line editing and history come from the standard library's readline: the same keys as bash and
+the Python prompt, a history file, and nothing to install.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from cli.commands.options import (
+    DEFAULT_SAMPLING,
+    EXIT_CODES_HELP,
+    ApiKey,
+    GpuLayers,
+    KvK,
+    KvType,
+    KvV,
+    MinP,
+    ModelOption,
+    Offline,
+    RepeatPenalty,
+    Seed,
+    Temperature,
+    Threads,
+    TopK,
+    TopP,
+    Verbose,
+    load_options,
+    model_name,
+    obtain_model,
+    sampling_params,
+)
+from cli.engine.backend import Backend
+from cli.engine.chatsession import (
+    OVERFLOW_POLICIES,
+    ChatSession,
+    ChatSettings,
+    TurnStart,
+    check_text,
+    with_setting,
+)
+from cli.engine.events import StreamEvent
+from cli.engine.options import LoadOptions
+from cli.errors import QuillError, UsageError
+from cli.ui import render
+
+DEFAULTS = DEFAULT_SAMPLING
+BLOCK = '"""'
+HELP = """\
+/help              this list
+/clear             forget the conversation and its KV cache (the system prompt stays,
+                   the transcript keeps the messages under "earlier")
+/system TEXT       set the system prompt (/system alone removes it)
+/set KEY VALUE     temperature, top_p, top_k, min_p, repeat_penalty, seed, max_tokens,
+                   stop (comma-separated, backslash escapes: /set stop \\n\\n; /set stop clears)
+/show              model, settings, context used of total, KV cache bytes
+/stats             the numbers of the last reply
+/save FILE         write the transcript (JSON) to FILE
+/load FILE         continue a saved conversation
+/retry             answer the last message again
+/model NAME        switch to another model, keeping the conversation
+/bye               leave (also Ctrl-D, or Ctrl-C at an empty prompt)
+\"\"\" ... \"\"\"        a message of several lines
+Ctrl-C while a reply streams stops it; what was written is kept."""
+
+CHAT_EPILOG = (
+    "The conversation is saved as it grows to the transcript file (default: "
+    "$QUILL_HOME/chats/). With stdin not a terminal, each line is one message. " + EXIT_CODES_HELP
+)
+
+
+class Quit(Exception):
+    pass
+
+
+def chat(
+    name: Annotated[
+        str | None,
+        typer.Argument(help="The model, as -m takes it (default: smollm2-135m)."),
+    ] = None,
+    model: ModelOption = None,
+    system: Annotated[str | None, typer.Option("-s", "--system", help="System prompt.")] = None,
+    max_tokens: Annotated[
+        int, typer.Option("-n", "--max-tokens", min=1, help="Longest reply, in tokens.")
+    ] = 512,
+    temperature: Temperature = DEFAULTS.temperature,
+    top_k: TopK = DEFAULTS.top_k,
+    top_p: TopP = DEFAULTS.top_p,
+    min_p: MinP = DEFAULTS.min_p,
+    repeat_penalty: RepeatPenalty = DEFAULTS.repeat_penalty,
+    seed: Seed = None,
+    stop: Annotated[
+        list[str] | None, typer.Option("--stop", help="Stop a reply at this text (repeatable).")
+    ] = None,
+    ctx: Annotated[
+        int | None, typer.Option("-c", "--ctx", min=16, help="Context window in tokens.")
+    ] = None,
+    on_overflow: Annotated[
+        str,
+        typer.Option(
+            "--on-overflow",
+            help="When the next turn does not fit: truncate (drop the oldest turns) or error.",
+        ),
+    ] = "truncate",
+    transcript: Annotated[
+        Path | None, typer.Option("--transcript", help="Where the conversation is saved.")
+    ] = None,
+    threads: Threads = None,
+    gpu_layers: GpuLayers = None,
+    kv_type: KvType = "f16",
+    kv_k: KvK = None,
+    kv_v: KvV = None,
+    no_stats: Annotated[
+        bool, typer.Option("--no-stats", help="No stats line after each reply.")
+    ] = False,
+    offline: Offline = False,
+    verbose: Verbose = False,
+    endpoint: Annotated[
+        str | None,
+        typer.Option(
+            "--endpoint",
+            help="Chat with a model on an OpenAI-compatible server (e.g. "
+            "http://127.0.0.1:8080/v1); NAME is then the server's model name.",
+        ),
+    ] = None,
+    api_key: ApiKey = None,
+) -> None:
+    """Chat with a model in the terminal: each turn prefills only what is new."""
+    from cli.store.models import quill_home
+
+    if on_overflow not in OVERFLOW_POLICIES:
+        raise UsageError(f"--on-overflow takes truncate or error, not {on_overflow!r}")
+    chosen = model_name(name, model)
+    options = load_options(ctx, threads, gpu_layers, kv_type, kv_k, kv_v)
+    label, backend = open_chat_backend(chosen, options, offline, verbose, endpoint, api_key)
+    if transcript is None:
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        transcript = quill_home() / "chats" / f"{stamp}-{label.replace('/', '_')}.json"
+    settings = ChatSettings(
+        sampling=sampling_params(temperature, top_k, top_p, min_p, repeat_penalty, seed),
+        max_tokens=max_tokens,
+        stop=tuple(stop or ()),
+        on_overflow=on_overflow,
+    )
+    session = ChatSession(backend, label, transcript, system, settings)
+    if session.continued:
+        render.info_line(f"continuing the {session.continued} messages in {transcript}")
+    repl = Repl(session, options, offline, verbose, show_stats=not no_stats)
+    repl.run()
+
+
+def open_chat_backend(
+    name: str | None,
+    options: LoadOptions,
+    offline: bool,
+    verbose: bool,
+    endpoint: str | None,
+    api_key: str | None,
+) -> tuple[str, Backend]:
+    """(label, backend): the model on a server with --endpoint, else a local engine."""
+    if endpoint:
+        from cli.api.client import RemoteModel, first_model
+
+        label = name or first_model(endpoint, api_key) or "default"
+        return label, RemoteModel(endpoint, label, api_key)
+    from cli.engine.engine import Engine
+
+    label, path = obtain_model(name, offline)
+    return label, Engine(path, options, verbose=verbose)
+
+
+class Repl:
+    def __init__(
+        self,
+        session: ChatSession,
+        options: LoadOptions,
+        offline: bool,
+        verbose: bool,
+        show_stats: bool,
+    ) -> None:
+        self.session = session
+        self.options = options
+        self.offline = offline
+        self.verbose = verbose
+        self.show_stats = show_stats
+        self.interactive = sys.stdin.isatty()
+        self.last_stats: str | None = None
+        self.lines_read = 0
+
+    # --- input ------------------------------------------------------------------------------
+
+    def run(self) -> None:
+        session = self.session
+        backend = session.backend
+        if not backend.has_chat_template:
+            render.warning_line(
+                f"{session.model_name} has no chat template llama.cpp can apply (a base model?); "
+                "the conversation is sent as 'user: ...' lines, which base models only continue"
+            )
+        if self.interactive:
+            _start_history()
+            where = f"context {backend.n_ctx} tokens" if backend.n_ctx else f"at {backend.location}"
+            render.info_line(
+                f"quill chat · {session.model_name} · {where} · "
+                f"/help for commands, Ctrl-D to leave · transcript {session.transcript}"
+            )
+        try:
+            for message in self._messages():
+                try:
+                    if message.startswith("/"):
+                        self._command(message)
+                    else:
+                        self._stream(lambda text=message: session.send(text))
+                except (QuillError, ValueError) as error:
+                    render.error_line(str(error))
+        except Quit:
+            pass
+        finally:
+            if self.interactive:
+                _save_history()
+        render.info_line(f"transcript saved to {session.transcript}")
+
+    def _messages(self) -> Iterator[str]:
+        while True:
+            try:
+                line = self._read(">>> ")
+            except EOFError:
+                if self.interactive:
+                    render.write_stderr("\n")
+                return
+            except KeyboardInterrupt:
+                if self.interactive and _line_buffer():
+                    render.write_stderr("\n")
+                    continue
+                render.write_stderr("\n")
+                return
+            if line.strip() == BLOCK or (line.startswith(BLOCK) and not line.endswith(BLOCK)):
+                block = self._block(line.strip()[len(BLOCK) :])
+                if block is not None and block.strip() and self._valid(block):
+                    yield block
+                continue
+            if line.strip() and self._valid(line):
+                yield line.strip() if line.strip().startswith("/") else line
+
+    def _valid(self, text: str) -> bool:
+        """Whether a line (or block) can be sent; if not, say why and go on with the next."""
+        try:
+            check_text(text)
+        except ValueError as error:
+            where = f"line {self.lines_read}" if not self.interactive else "that line"
+            render.error_line(f"{where} is {error}")
+            return False
+        return True
+
+    def _block(self, first: str) -> str | None:
+        lines = [first] if first else []
+        while True:
+            try:
+                line = self._read("... ")
+            except EOFError:
+                return "\n".join(lines)
+            except KeyboardInterrupt:
+                render.write_stderr("\n(message discarded)\n")
+                return None
+            if line.rstrip().endswith(BLOCK):
+                lines.append(line.rstrip()[: -len(BLOCK)])
+                return "\n".join(lines).strip("\n")
+            lines.append(line)
+
+    def _read(self, prompt: str) -> str:
+        if self.interactive:
+            return input(prompt)
+        # Bytes, decoded here: a line that is not UTF-8 must reach _valid (whatever the locale
+        # makes of stdin's errors), to be refused alone.
+        stdin = getattr(sys.stdin, "buffer", None)
+        if stdin is None:
+            line = sys.stdin.readline()
+        else:
+            line = stdin.readline().decode("utf-8", "surrogateescape")
+        if not line:
+            raise EOFError
+        self.lines_read += 1
+        return line.rstrip("\n")
+
+    # --- output -----------------------------------------------------------------------------
+
+    def _stream(self, turn: Callable[[], Iterator[TurnStart | StreamEvent]]) -> None:
+        session = self.session
+        started = time.perf_counter()
+        first_at: float | None = None
+        start: TurnStart | None = None
+        last: StreamEvent | None = None
+        events = turn()
+        text_end = "\n"
+        try:
+            for item in events:
+                if isinstance(item, TurnStart):
+                    start = item
+                    if item.dropped_messages:
+                        render.warning_line(
+                            f"the context window is full: dropped the {item.dropped_messages} "
+                            "oldest messages to fit this turn (the model no longer sees them; "
+                            "the transcript keeps them; --on-overflow error refuses instead)"
+                        )
+                    continue
+                if first_at is None:
+                    first_at = time.perf_counter()
+                last = item
+                render.write_stdout(item.text)
+                text_end = "\n" if not item.text else ("" if item.text.endswith("\n") else "\n")
+        except KeyboardInterrupt:
+            events.close()  # the session keeps the partial reply, marked interrupted
+            session.save()  # in case the interrupt landed while a save was under way
+            render.write_stdout("\n")
+            render.warning_line("reply interrupted; what was written is kept")
+            text_end = ""
+        except BrokenPipeError:
+            render.silence_stdout()
+            raise Quit from None
+        render.write_stdout(text_end)
+        if last is None or start is None:
+            return
+        ttft = (first_at - started) if first_at else 0.0
+        new = last.prompt_tokens - last.cached_prompt_tokens
+        finish = "interrupted" if session.messages[-1].interrupted else last.finish_reason
+        self.last_stats = (
+            f"prefill {new} new tokens ({last.cached_prompt_tokens} cached), "
+            f"{last.prefill_tokens_per_s:.0f} tok/s · TTFT {ttft * 1000:.0f} ms · "
+            f"decode {last.generation_tokens} tok, {last.decode_tokens_per_s:.1f} tok/s · "
+            f"finish {finish}"
+        )
+        if session.backend.n_ctx:  # a server keeps its own window
+            self.last_stats += f" · context {session.context_used()}/{session.backend.n_ctx}"
+        if self.show_stats:
+            render.info_line(self.last_stats)
+
+    # --- slash commands ---------------------------------------------------------------------
+
+    def _command(self, line: str) -> None:
+        command, _, argument = line.partition(" ")
+        argument = argument.strip()
+        session = self.session
+        if command in ("/bye", "/exit", "/quit"):
+            raise Quit
+        if command in ("/help", "/?"):
+            render.write_stderr(HELP + "\n")
+        elif command == "/clear":
+            session.clear()
+            render.info_line("conversation and KV cache cleared")
+        elif command == "/system":
+            session.set_system(argument)
+            render.info_line("system prompt set" if argument else "system prompt removed")
+        elif command == "/set":
+            key, _, value = argument.partition(" ")
+            if not key:
+                raise ValueError("usage: /set KEY VALUE, e.g. /set temperature 0.2")
+            session.settings = with_setting(session.settings, key, value.strip())
+            render.info_line(f"{key} = {value.strip() or '(none)'}")
+        elif command == "/show":
+            self._show()
+        elif command == "/stats":
+            render.info_line(self.last_stats or "no reply yet")
+        elif command == "/save":
+            if not argument:
+                raise ValueError("usage: /save FILE")
+            session.save(Path(argument).expanduser())
+            render.info_line(f"saved to {argument}")
+        elif command == "/load":
+            if not argument:
+                raise ValueError("usage: /load FILE")
+            session.load(Path(argument).expanduser())
+            render.info_line(f"loaded {len(session.messages)} messages from {argument}")
+        elif command == "/retry":
+            self._stream(session.retry)
+        elif command == "/model":
+            self._switch_model(argument)
+        else:
+            raise ValueError(f"unknown command {command}; /help lists the commands")
+
+    def _show(self) -> None:
+        from cli.units import human_bytes
+
+        session, backend = self.session, self.session.backend
+        sampling, settings = session.settings.sampling, session.settings
+        local = backend.n_ctx > 0  # a server keeps its own window, cache and sampler defaults
+        lines = [
+            f"model      {session.model_name} "
+            + (f"({backend.location})" if local else f"at {backend.location}"),
+            f"system     {session.system or '(none)'}",
+        ]
+        if local:
+            lines += [
+                f"sampling   temperature {sampling.temperature}, top_k {sampling.top_k}, "
+                f"top_p {sampling.top_p}, min_p {sampling.min_p}, "
+                f"repeat_penalty {sampling.repeat_penalty}, seed {sampling.seed}",
+                f"replies    max_tokens {settings.max_tokens}, stop "
+                f"{list(settings.stop)}, on overflow {settings.on_overflow}",
+                f"context    {session.context_used()} of {backend.n_ctx} tokens used, "
+                f"{len(session.messages)} messages",
+                f"KV cache   {backend.kv_type_k}/{backend.kv_type_v}, "
+                f"{human_bytes(backend.kv_cache_bytes)} allocated",
+            ]
+        else:
+            lines += [
+                f"sampling   temperature {sampling.temperature}, top_p {sampling.top_p}, "
+                f"seed {sampling.seed} (the server applies its own top_k and min_p)",
+                f"replies    max_tokens {settings.max_tokens}, stop {list(settings.stop)}",
+                f"context    {len(session.messages)} messages (the server keeps the cache)",
+            ]
+        lines.append(f"transcript {session.transcript}")
+        render.write_stderr("\n".join(lines) + "\n")
+
+    def _switch_model(self, name: str) -> None:
+        if not name:
+            raise ValueError("usage: /model NAME")
+        from cli.engine.engine import Engine
+
+        label, path = obtain_model(name, self.offline)
+        engine = Engine(path, self.options, verbose=self.verbose)
+        old = self.session.backend
+        self.session.backend = engine
+        self.session.model_name = label
+        old.close()
+        self.session.save()
+        render.info_line(f"now chatting with {label}; the conversation is kept")
+
+
+def _history_file() -> Path:
+    from cli.store.models import quill_home
+
+    return quill_home() / "chat_history"
+
+
+def _start_history() -> None:
+    try:
+        import readline
+    except ImportError:  # pragma: no cover  (Windows without pyreadline)
+        return
+    readline.set_history_length(1000)
+    with contextlib.suppress(OSError):
+        readline.read_history_file(_history_file())
+
+
+def _save_history() -> None:
+    try:
+        import readline
+
+        _history_file().parent.mkdir(parents=True, exist_ok=True)
+        readline.write_history_file(_history_file())
+    except (ImportError, OSError):
+        pass
+
+
+def _line_buffer() -> str:
+    try:
+        import readline
+
+        return readline.get_line_buffer()
+    except ImportError:  # pragma: no cover
+        return ""

@@ -1,0 +1,162 @@
+"""quill pull, list, rm and inspect: the models on disk and how they get there."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated
+
+import typer
+
+from cli.commands.options import JsonOutput, KvType, stdin_is_terminal
+from cli.errors import Interrupted, ModelNotFoundError, UsageError
+
+
+def pull(
+    name: Annotated[
+        str, typer.Argument(help="Alias[:tag], OWNER/REPO[:QUANT] or hf://OWNER/REPO/FILE.gguf.")
+    ],
+    offline: Annotated[
+        bool, typer.Option("--offline", help="Only check the local cache; no network.")
+    ] = False,
+    verbose: Annotated[
+        bool, typer.Option("--verbose", "-v", help="Show the Hub client's log.")
+    ] = False,
+) -> None:
+    """Download a model into the local cache: resumable, checked against its sha256."""
+    from cli.store.models import local_path, obtain, parse_model_name
+    from cli.store.registry import load_registry
+    from cli.ui import render
+    from cli.ui.progress import download_progress
+    from cli.units import human_bytes
+
+    request = parse_model_name(name, load_registry())
+    if request.path is not None:
+        raise UsageError(f"{name} is a local file already; `quill run -m {name}` runs it")
+    try:
+        path = local_path(request)
+        render.info_line(f"{request.label}: already on disk at {path}")
+    except ModelNotFoundError:
+        try:
+            path = obtain(
+                request,
+                offline=offline,
+                report=render.info_line,
+                progress=download_progress(),
+                terminal=sys.stderr.isatty(),
+                verbose=verbose,
+            )
+        except KeyboardInterrupt:
+            raise Interrupted(
+                "interrupted; run the same command again to resume the download"
+            ) from None
+    render.info_line(f"{request.label}: {human_bytes(path.stat().st_size)}")
+
+
+def list_models(
+    json_output: Annotated[bool, typer.Option("--json", help="One JSON array on stdout.")] = False,
+) -> None:
+    """List the models on disk: what quill fetched, and registry models other tools cached."""
+    import json
+
+    from cli.store.models import list_local
+    from cli.store.registry import load_registry
+    from cli.ui import render
+    from quant.gguf import GGUFError, quant_type
+
+    models = list_local(load_registry())
+    quants = {}
+    for model in models:
+        try:
+            quants[str(model.path)] = quant_type(model.path) or "?"
+        except GGUFError:
+            quants[str(model.path)] = "unreadable"
+    if json_output:
+        rows = [
+            {
+                "name": m.name,
+                "quant": quants[str(m.path)],
+                "size": m.size,
+                "source": m.source,
+                "owned": m.owned,
+                "path": str(m.path),
+            }
+            for m in models
+        ]
+        render.write_stdout(json.dumps(rows, indent=1) + "\n")
+    elif not models:
+        render.info_line("no models on disk yet: `quill pull smollm2-135m` gets the default one")
+    else:
+        render.models_table(models, quants)
+
+
+def rm(
+    name: Annotated[str, typer.Argument(help="The model to delete, as `quill list` names it.")],
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask.")] = False,
+) -> None:
+    """Delete a model quill downloaded. Files quill did not fetch or make are never touched."""
+    from cli.store.models import local_path, owns, parse_model_name, remove
+    from cli.store.registry import load_registry
+    from cli.ui import render
+    from cli.units import human_bytes
+
+    request = parse_model_name(name, load_registry())
+    path = local_path(request)
+    if not owns(path):
+        remove(request)  # raises the refusal, with its reason
+    if not yes:
+        if not stdin_is_terminal():
+            raise UsageError(f"not deleting {path} without confirmation: add -y")
+        size = human_bytes(path.stat().st_size)
+        if not typer.confirm(f"Delete {path} ({size})?", err=True):
+            raise typer.Exit(1)
+    removed = remove(request)
+    render.info_line(f"removed {removed.name}: {removed.path} ({human_bytes(removed.size)})")
+
+
+def inspect(
+    name: Annotated[
+        str,
+        typer.Argument(
+            help="A model on disk: alias[:tag], OWNER/REPO[:QUANT], hf://..., or a path."
+        ),
+    ],
+    ctx: Annotated[
+        int | None,
+        typer.Option("-c", "--ctx", min=1, help="Plan memory for this context (default 4096)."),
+    ] = None,
+    kv_type: KvType = "f16",
+    kv_k: Annotated[str | None, typer.Option("--kv-k", help="K cache type.")] = None,
+    kv_v: Annotated[str | None, typer.Option("--kv-v", help="V cache type.")] = None,
+    mem: Annotated[
+        str | None,
+        typer.Option("--mem", help="A memory budget, e.g. 4GiB: the largest context that fits."),
+    ] = None,
+    json_output: JsonOutput = False,
+) -> None:
+    """Show what a GGUF file holds and the memory it needs at a context, without loading weights."""
+    import json
+
+    from cli.commands.options import kv_types
+    from cli.store.models import local_path, parse_model_name, read_model_and_shape
+    from cli.store.registry import load_registry
+    from cli.ui import render
+    from quant.memory import largest_context, parse_size, plan
+
+    path = local_path(parse_model_name(name, load_registry()))
+    info, shape = read_model_and_shape(path)
+    type_k, type_v = kv_types(kv_type, kv_k, kv_v)
+    try:
+        budget = parse_size(mem) if mem is not None else None
+    except ValueError as error:
+        raise UsageError(f"--mem: {error}") from None
+    n_ctx = ctx or min(4096, shape.trained_ctx or 4096)
+    memory = plan(shape, n_ctx, type_k, type_v)
+    largest = largest_context(shape, budget, type_k, type_v) if budget is not None else None
+    if json_output:
+        data = {**info.as_dict(), "memory": memory.as_dict()}
+        if budget is not None:
+            data["memory_budget"] = {"bytes": budget, "largest_context": largest}
+        render.write_stdout(json.dumps(data, indent=1) + "\n")
+    else:
+        render.gguf_report(info)
+        render.memory_report(memory, budget, largest)

@@ -1,0 +1,195 @@
+"""The option kit the commands share: option types declared once, and the builders that turn
+options into what the library takes (load options, sampling, a model on disk).
+
+Importing this is cheap (typer only); whatever a builder needs is imported when it runs.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from cli.engine.options import ALL_LAYERS, LoadOptions
+from cli.engine.sampling import SamplingParams
+from cli.errors import EXIT_CODES_HELP, UsageError
+
+__all__ = ["EXIT_CODES_HELP"]
+
+DEFAULT_SAMPLING = SamplingParams()  # the CLI shows the engine's own defaults
+GPU_BUILD_HINT = (
+    'CMAKE_ARGS="-DGGML_CUDA=on" pip install --no-cache-dir --force-reinstall llama-cpp-python '
+    "(or -DGGML_METAL=on, -DGGML_VULKAN=on)"
+)
+
+# Options that several commands take, declared once so that they read the same everywhere.
+MODEL_HELP = (
+    "The model: alias[:tag] from models.yaml, OWNER/REPO[:QUANT], hf://OWNER/REPO/FILE.gguf, or "
+    "a .gguf path. Default: smollm2-135m."
+)
+ModelOption = Annotated[str | None, typer.Option("-m", "--model", help=MODEL_HELP)]
+ModelArgument = Annotated[
+    str | None, typer.Argument(help="The model, as -m takes it (default: smollm2-135m).")
+]
+Threads = Annotated[
+    int | None,
+    typer.Option(
+        "-t",
+        "--threads",
+        min=1,
+        help="Default: physical cores that other work leaves free (measured at load).",
+    ),
+]
+GpuLayers = Annotated[
+    str | None,
+    typer.Option("--gpu-layers", help="Layers to offload: N or all (default: all on a GPU)."),
+]
+# Sampling, as run and chat take it: the engine's own defaults, and ranges checked at parse time.
+Temperature = Annotated[
+    float, typer.Option("--temperature", "--temp", min=0.0, help="0 means greedy.")
+]
+TopK = Annotated[int, typer.Option("--top-k", min=0, help="0 turns it off.")]
+TopP = Annotated[float, typer.Option("--top-p", min=0.0, max=1.0, help="1 turns it off.")]
+MinP = Annotated[float, typer.Option("--min-p", min=0.0, max=1.0, help="0 turns it off.")]
+RepeatPenalty = Annotated[float, typer.Option("--repeat-penalty", min=0.0, help="1 turns it off.")]
+Seed = Annotated[
+    int | None,
+    typer.Option("--seed", min=0, help="Sampling seed. Default: a new random one each time."),
+]
+KV_TYPE_HELP = "KV-cache type for K and V: f16, q8_0 or q4_0 (also bf16, f32, q4_1, q5_0, q5_1)."
+KvType = Annotated[str, typer.Option("--kv-type", help=KV_TYPE_HELP)]
+KvK = Annotated[str | None, typer.Option("--kv-k", help="KV type for K only.")]
+KvV = Annotated[str | None, typer.Option("--kv-v", help="KV type for V only.")]
+Offline = Annotated[bool, typer.Option("--offline", help="Use only models already on disk.")]
+Verbose = Annotated[bool, typer.Option("--verbose", "-v", help="Show llama.cpp's log.")]
+ApiKey = Annotated[
+    str | None,
+    typer.Option("--api-key", envvar="QUILL_API_KEY", help="Bearer token for --endpoint."),
+]
+JsonOutput = Annotated[bool, typer.Option("--json", help="One JSON object on stdout.")]
+
+
+def model_name(argument: str | None, option: str | None) -> str | None:
+    """The model a command was given, as its positional NAME or as -m/--model (not both)."""
+    if argument is not None and option is not None and argument != option:
+        raise UsageError(f"two models given ({argument!r} and -m {option!r}): give one")
+    return option if option is not None else argument
+
+
+def sampling_params(
+    temperature: float,
+    top_k: int,
+    top_p: float,
+    min_p: float,
+    repeat_penalty: float,
+    seed: int | None,
+    ignore_eos: bool = False,
+) -> SamplingParams:
+    return SamplingParams(
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        min_p=min_p,
+        repeat_penalty=repeat_penalty,
+        seed=seed,
+        ignore_eos=ignore_eos,
+    )
+
+
+def parse_gpu_layers(value: str | None) -> int | None:
+    if value is None:
+        return None
+    if value == "all":
+        return ALL_LAYERS
+    if value.isdigit():
+        return int(value)
+    raise UsageError(f"--gpu-layers takes a number of layers or 'all', not {value!r}")
+
+
+def resolve_gpu_layers(requested: int | None) -> int:
+    """Layers to offload: all on a GPU build unless asked otherwise; 0, with a warning that says
+    how to get a GPU build, when this build cannot offload."""
+    import llama_cpp
+
+    from cli.ui import render
+
+    supported = bool(llama_cpp.llama_supports_gpu_offload())
+    if requested is None:
+        return ALL_LAYERS if supported else 0
+    if requested != 0 and not supported:
+        render.warning_line(
+            "this llama-cpp-python build cannot offload to a GPU, so quill runs on the CPU; "
+            f"for a GPU build: {GPU_BUILD_HINT}"
+        )
+        return 0
+    return requested
+
+
+def kv_types(kv_type: str, kv_k: str | None, kv_v: str | None) -> tuple[str, str]:
+    from quant.kv import check_kv_types
+
+    type_k, type_v = kv_k or kv_type, kv_v or kv_type
+    try:
+        check_kv_types(type_k, type_v)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+    return type_k, type_v
+
+
+def load_options(
+    ctx: int | None,
+    threads: int | None,
+    gpu_layers: str | None,
+    kv_type: str,
+    kv_k: str | None,
+    kv_v: str | None,
+    **more: int,
+) -> LoadOptions:
+    """The engine's LoadOptions from the options run, chat, serve and perplexity share."""
+    type_k, type_v = kv_types(kv_type, kv_k, kv_v)
+    return LoadOptions(
+        n_ctx=ctx,
+        threads=threads,
+        gpu_layers=resolve_gpu_layers(parse_gpu_layers(gpu_layers)),
+        kv_type_k=type_k,
+        kv_type_v=type_v,
+        **more,
+    )
+
+
+def obtain_model(name: str | None, offline: bool, verbose: bool = False) -> tuple[str, Path]:
+    """(label, local path) for a model name, downloading it if needed; None means the default."""
+    from cli.store.models import obtain, parse_model_name
+    from cli.store.registry import load_registry
+    from cli.ui import render
+    from cli.ui.progress import download_progress
+
+    registry = load_registry()
+    request = parse_model_name(name or registry.default, registry)
+    path = obtain(
+        request,
+        offline=offline,
+        report=render.info_line,
+        progress=download_progress(),
+        terminal=sys.stderr.isatty(),
+        verbose=verbose,
+    )
+    return request.label, path
+
+
+def stdin_is_terminal() -> bool:
+    return sys.stdin.isatty()
+
+
+def read_prompt(argument: str | None) -> str:
+    """The argument, then stdin (when it is not a terminal) appended after a blank line."""
+    parts = [argument] if argument else []
+    if not sys.stdin.isatty():
+        piped = sys.stdin.buffer.read().decode("utf-8", errors="replace")
+        if piped.strip():
+            parts.append(piped.rstrip("\n"))
+    if not parts:
+        raise UsageError('no prompt: give one as an argument (quill run "...") or on stdin')
+    return "\n\n".join(parts)

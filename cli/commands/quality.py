@@ -1,0 +1,270 @@
+"""quill perplexity and quill quant-report: the commands that measure what quantization costs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from cli.commands.options import (
+    EXIT_CODES_HELP,
+    GpuLayers,
+    JsonOutput,
+    KvK,
+    KvType,
+    KvV,
+    ModelArgument,
+    ModelOption,
+    Offline,
+    Threads,
+    Verbose,
+    kv_types,
+    load_options,
+    model_name,
+    obtain_model,
+)
+from cli.errors import Interrupted, UsageError
+
+PPL_EPILOG = (
+    "Scores the text the way llama.cpp's llama-perplexity does: windows of --ctx tokens, each "
+    "from an empty cache, the second half of each scored. " + EXIT_CODES_HELP
+)
+
+
+def read_text(path: Path) -> str:
+    try:
+        return path.read_bytes().decode("utf-8")
+    except OSError as error:
+        raise UsageError(f"cannot read {path}: {error.strerror}") from None
+    except UnicodeDecodeError as error:
+        raise UsageError(
+            f"{path} is not UTF-8 text (byte {error.start}); perplexity scores plain text"
+        ) from None
+
+
+def _check_window(window: int, trained_ctx: int) -> None:
+    if window < 16:
+        raise UsageError(f"--ctx {window} is too small to score; use 128 or more (default 512)")
+    if window > trained_ctx:
+        raise UsageError(
+            f"--ctx {window} is beyond the {trained_ctx} positions the model was trained for; "
+            f"use {trained_ctx} or less"
+        )
+
+
+def perplexity(
+    name: ModelArgument = None,
+    model: ModelOption = None,
+    file: Annotated[
+        Path, typer.Option("-f", "--file", help="The text to score (UTF-8).", show_default=False)
+    ] = ...,  # type: ignore[assignment]
+    ctx: Annotated[int, typer.Option("-c", "--ctx", help="Tokens per window.")] = 512,
+    chunks: Annotated[
+        int | None,
+        typer.Option("--chunks", min=1, help="Score only the first N windows (default: all)."),
+    ] = None,
+    kv_type: KvType = "f16",
+    kv_k: KvK = None,
+    kv_v: KvV = None,
+    threads: Threads = None,
+    gpu_layers: GpuLayers = None,
+    json_output: JsonOutput = False,
+    offline: Offline = False,
+    verbose: Verbose = False,
+) -> None:
+    """Perplexity of a model over a text file, with its ± error: lower is better, and the change
+    against the F16 model is what a quantization costs."""
+    from cli.engine.engine import Engine
+    from cli.measure.perplexity import perplexity as score
+    from cli.store.models import read_model
+    from cli.ui import render
+    from cli.ui.progress import StepProgress
+
+    last = None
+    options = load_options(ctx, threads, gpu_layers, kv_type, kv_k, kv_v, n_batch=min(ctx, 2048))
+    type_k, type_v = options.kv_type_k, options.kv_type_v
+    text = read_text(file)
+    label, path = obtain_model(model_name(name, model), offline)
+    _check_window(ctx, read_model(path).context_length or ctx)
+    try:
+        with Engine(path, options, verbose=verbose) as engine:
+            tokens = engine.tokenize(text)
+            if len(tokens) < 2 * ctx:
+                raise UsageError(
+                    f"{file} has {len(tokens)} tokens; scoring windows of {ctx} needs at least "
+                    f"{2 * ctx}: give a longer text or a smaller --ctx"
+                )
+            available = len(tokens) // ctx
+            scored = f", scoring the first {chunks}" if chunks and chunks < available else ""
+            render.info_line(
+                f"{file.name}: {len(tokens)} tokens, {available} windows of {ctx}{scored}"
+            )
+            with StepProgress("windows") as progress:
+                for last in score(engine, tokens, ctx, chunks):
+                    progress.update(
+                        last.windows_done,
+                        last.windows,
+                        f"PPL {last.perplexity:.4f} ± {last.error:.4f}",
+                    )
+            threads_used = engine.threads
+    except KeyboardInterrupt:
+        so_far = (
+            ""
+            if last is None
+            else (f" after {last.windows_done} windows: PPL so far {last.perplexity:.4f}")
+        )
+        raise Interrupted(f"interrupted{so_far}") from None
+    assert last is not None
+    if json_output:
+        result = {
+            "model": label,
+            "path": str(path),
+            "file": str(file),
+            "tokens": len(tokens),
+            "window": ctx,
+            "windows": last.windows,
+            "tokens_scored": last.tokens_scored,
+            "perplexity": last.perplexity,
+            "perplexity_error": last.error,
+            "seconds": last.seconds,
+            "tokens_per_s": last.tokens_per_s,
+            "kv_type_k": type_k,
+            "kv_type_v": type_v,
+            "threads": threads_used,
+        }
+        render.write_stdout(json.dumps(result, indent=1) + "\n")
+    else:
+        render.write_stdout(
+            f"perplexity {last.perplexity:.4f} ± {last.error:.4f} "
+            f"({last.tokens_scored} tokens scored in {last.windows} windows of {ctx})\n"
+        )
+    render.info_line(
+        f"{last.seconds:.1f} s, {last.tokens_per_s:.0f} tokens/s evaluated, "
+        f"{threads_used} threads, KV {type_k}/{type_v}"
+    )
+
+
+def quant_report(
+    name: ModelArgument = None,
+    model: ModelOption = None,
+    file: Annotated[
+        Path, typer.Option("-f", "--file", help="The text to score (UTF-8).", show_default=False)
+    ] = ...,  # type: ignore[assignment]
+    types: Annotated[
+        str, typer.Option("--types", help="Weight types, the first being the baseline.")
+    ] = "f16,q8_0,q4_k_m,q4_0",
+    kv_types_option: Annotated[
+        str, typer.Option("--kv-types", help="KV-cache types, e.g. f16,q8_0,q4_0.")
+    ] = "f16,q8_0,q4_0",
+    ctx: Annotated[int, typer.Option("-c", "--ctx", help="Tokens per perplexity window.")] = 512,
+    chunks: Annotated[
+        int, typer.Option("--chunks", min=1, help="Perplexity windows scored per row.")
+    ] = 8,
+    prompt_tokens: Annotated[
+        int, typer.Option("-p", "--prompt-tokens", min=1, help="Prompt length for prefill speed.")
+    ] = 512,
+    gen_tokens: Annotated[
+        int, typer.Option("-n", "--gen-tokens", min=2, help="Tokens decoded for decode speed.")
+    ] = 64,
+    repetitions: Annotated[
+        int, typer.Option("-r", "--repetitions", min=1, help="Speed rounds after a warm-up.")
+    ] = 2,
+    kv_ctx: Annotated[
+        int, typer.Option("--kv-ctx", min=1, help="Context the KV bytes are given for.")
+    ] = 4096,
+    threads: Threads = None,
+    json_output: JsonOutput = False,
+    markdown_output: Annotated[
+        bool, typer.Option("--markdown", help="A Markdown table on stdout.")
+    ] = False,
+    offline: Offline = False,
+) -> None:
+    """Which quant should I use on this machine? Quantizes the model to each weight type, then
+    measures size, perplexity and its change against F16, prefill and decode speed and KV bytes
+    for each KV-cache type."""
+    from cli.engine.hardware import physical_cores
+    from cli.measure.quantreport import ReportSettings, measure
+    from cli.store.making import make_quantized, target_type
+    from cli.store.models import parse_model_name, read_model
+    from cli.store.registry import load_registry
+    from cli.ui import render
+    from cli.ui.progress import StepProgress
+    from quant.quantize import FLOAT_FILE_TYPES, source_file_type
+
+    chosen = model_name(name, model)
+    weights = [target_type(t) for t in types.split(",")]
+    kvs = kv_types_option.split(",")
+    for kv in kvs:
+        kv_types(kv, None, None)
+    if json_output and markdown_output:
+        raise UsageError("choose one of --json and --markdown")
+    text = read_text(file)
+    label, source = obtain_model(chosen, offline)
+    _check_window(ctx, read_model(source).context_length or ctx)
+    registry = load_registry()
+    request = parse_model_name(chosen or registry.default, registry)
+    threads = threads or physical_cores()
+    file_type, _ = source_file_type(source)
+    baseline_type = weights[0]
+    models = []
+    with StepProgress("quantizing") as progress:
+        if file_type in FLOAT_FILE_TYPES and FLOAT_FILE_TYPES[file_type] == baseline_type:
+            baseline = source
+        else:
+            if file_type not in FLOAT_FILE_TYPES:
+                render.warning_line(
+                    f"{label} is quantized: the {baseline_type} baseline is its dequantized "
+                    "copy, so the report measures re-quantization from those rounded weights"
+                )
+            made = make_quantized(
+                label, request, source, baseline_type, registry, threads, force=True,
+                on_tensor=progress.update,
+            )  # fmt: skip
+            baseline = Path(made.result.output)
+        models.append((baseline_type, baseline))
+        baseline_request = parse_model_name(str(baseline), registry)
+        for target in weights[1:]:
+            made = make_quantized(
+                label, baseline_request, baseline, target, registry, threads, force=True,
+                on_tensor=progress.update,
+            )  # fmt: skip
+            models.append((target, Path(made.result.output)))
+    settings = ReportSettings(
+        weight_types=tuple(weights),
+        kv_types=tuple(kvs),
+        window=ctx,
+        max_windows=chunks,
+        prompt_tokens=prompt_tokens,
+        gen_tokens=gen_tokens,
+        repetitions=repetitions,
+        kv_ctx=kv_ctx,
+        threads=threads,
+    )
+    cache: dict[str, list[int]] = {}
+
+    def tokens_for(engine) -> list[int]:
+        # Every weight type shares the vocabulary: tokenize the text once.
+        if "tokens" not in cache:
+            cache["tokens"] = engine.tokenize(text)
+        return cache["tokens"]
+
+    rows = []
+    for row in measure(models, tokens_for, settings):
+        rows.append(row)
+        render.info_line(
+            f"{row.weights} + KV {row.kv_type}: PPL {row.perplexity:.4f} "
+            f"({row.perplexity_change_pct:+.2f}%), pp {row.prefill_tokens_per_s:.0f}, "
+            f"tg {row.decode_tokens_per_s:.1f} tok/s"
+        )
+    if json_output:
+        report = {
+            "model": label,
+            "file": str(file),
+            "settings": settings.__dict__,
+            "rows": [row.as_dict() for row in rows],
+        }
+        render.write_stdout(json.dumps(report, indent=1) + "\n")
+    else:
+        render.quant_report_table(rows, kv_ctx, markdown=markdown_output)

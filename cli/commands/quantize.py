@@ -1,0 +1,90 @@
+"""quill quantize: smaller weights with llama.cpp's quantizer, kept in the store."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from cli.commands.options import JsonOutput, Offline, Threads
+
+
+def quantize(
+    name: Annotated[str, typer.Argument(help="The model to quantize (F32/F16/BF16 GGUF).")],
+    to: Annotated[
+        str,
+        typer.Option("--to", help="int8 (q8_0), int4 (q4_k_m), q4_0, q5_k_m, q6_k, ... or f16."),
+    ],
+    output: Annotated[
+        Path | None, typer.Option("-o", "--output", help="Where to write it.")
+    ] = None,
+    threads: Threads = None,
+    allow_requantize: Annotated[
+        bool,
+        typer.Option(
+            "--allow-requantize", help="Quantize an already-quantized model (loses quality)."
+        ),
+    ] = False,
+    force: Annotated[
+        bool, typer.Option("--force", help="Replace the output if it exists.")
+    ] = False,
+    json_output: JsonOutput = False,
+    offline: Offline = False,
+    verbose: Annotated[
+        bool, typer.Option("--verbose", "-v", help="Show llama.cpp's log (one line per tensor).")
+    ] = False,
+) -> None:
+    """Quantize a model's weights with llama.cpp's quantizer; --to f16 turns a quantized model back
+    into F16 (it cannot restore the precision already lost)."""
+    import json
+
+    from cli.engine.hardware import physical_cores
+    from cli.engine.llamalog import llama_log
+    from cli.store.making import make_quantized, target_type
+    from cli.store.models import obtain, parse_model_name
+    from cli.store.registry import load_registry
+    from cli.ui import render
+    from cli.ui.progress import StepProgress, download_progress
+    from cli.units import human_bytes
+
+    target = target_type(to)
+    registry = load_registry()
+    request = parse_model_name(name, registry)
+    source = obtain(
+        request,
+        offline=offline,
+        report=render.info_line,
+        progress=download_progress(),
+        terminal=sys.stderr.isatty(),
+    )
+    threads = threads or physical_cores()
+    llama_log().verbose = verbose
+    render.info_line(f"quantizing {source.name} to {target} with {threads} threads")
+    with StepProgress("tensors") as progress:
+        made = make_quantized(
+            name,
+            request,
+            source,
+            target,
+            registry,
+            threads,
+            output=output,
+            allow_requantize=allow_requantize,
+            force=force,
+            on_tensor=None if verbose else progress.update,
+        )
+    result, made_name = made.result, made.name
+    if result.dequantized:
+        render.warning_line(
+            f"{name} is quantized: the {target} copy holds exactly its rounded weights, "
+            "it cannot restore the precision they lost"
+        )
+    if json_output:
+        render.write_stdout(json.dumps({"name": made_name, **result.as_dict()}, indent=1) + "\n")
+    render.info_line(
+        f"{made_name}: {human_bytes(result.output_bytes)} from {human_bytes(result.source_bytes)} "
+        f"({result.ratio:.3f}), {result.bits_per_weight:.2f} bits per weight, "
+        f"{result.seconds:.1f} s with {result.threads} threads -> {result.output}"
+    )

@@ -1,0 +1,62 @@
+"""What run, chat and bench hold: a model that streams replies. The local Engine and a model
+behind an OpenAI-compatible server (cli.api.client.RemoteModel) both implement it, so the
+commands never ask which one they have."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Protocol
+
+from cli.engine.events import StreamEvent
+from cli.engine.sampling import SamplingParams
+
+
+class Backend(Protocol):
+    location: str  # the model file, or the server's URL
+    load_s: float
+    n_ctx: int  # positions one conversation may hold; 0 where the server keeps its own window
+    kv_type_k: str
+    kv_type_v: str
+    kv_cache_bytes: int
+    threads: int
+    gpu_layers: int
+
+    @property
+    def has_chat_template(self) -> bool: ...
+
+    @property
+    def cached_tokens(self) -> int:
+        """Positions of the conversation whose KV cells are kept here (0 for a server)."""
+        ...
+
+    def count_tokens(self, messages: Sequence[tuple[str, str]]) -> int | None:
+        """Prompt tokens the conversation takes; None where the server counts them itself."""
+        ...
+
+    def stream_chat(
+        self,
+        messages: Sequence[tuple[str, str]],
+        max_tokens: int,
+        sampling: SamplingParams,
+        stop: Sequence[str] = (),
+    ) -> Iterator[StreamEvent]:
+        """The reply to a conversation, one event per token; the last has finish_reason set."""
+        ...
+
+    def stream_text(
+        self,
+        text: str,
+        max_tokens: int,
+        sampling: SamplingParams,
+        stop: Sequence[str] = (),
+    ) -> Iterator[StreamEvent]:
+        """A reply to text as it is, without a chat template where the backend applies one."""
+        ...
+
+    def perf_note(self) -> str:
+        """The backend's own counters for the last request, for --verbose ("" if none)."""
+        ...
+
+    def clear_cache(self) -> None: ...
+
+    def close(self) -> None: ...

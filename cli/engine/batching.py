@@ -1,0 +1,229 @@
+"""Continuous batching: several sequences share each llama_decode step, as serving engines do.
+
+One thread drives the engine and loops: admit waiting requests into free sequence slots,
+build one batch holding the next token of every decoding sequence plus as much of the waiting
+prompts as the batch has room for, decode it, sample every sequence that got logits, hand each
+its event. A request that finishes or is cancelled leaves at once and frees its slot; a new one
+joins at the next step. Each slot has its own KV cells (sequence id), its own sampler chain and
+its own text stream, so requests do not see each other, but share every matrix multiplication.
+
+Consumers get the same StreamEvent objects Engine.stream_generate yields.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+from cli.engine.engine import DecodeError, Engine, SequenceStep, StreamEvent
+from cli.engine.sampling import SamplingParams
+from cli.errors import QueueFullError
+
+
+class SchedulerStoppedError(Exception):
+    """The scheduler's thread has stopped (shut down, or died of an error): it takes no requests."""
+
+
+@dataclass
+class BatchRequest:
+    prompt_tokens: list[int]
+    max_tokens: int
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    stop: Sequence[str] = ()
+    events: queue.Queue[StreamEvent | BaseException] = field(default_factory=queue.Queue)
+    cancelled: threading.Event = field(default_factory=threading.Event)
+
+    def stream(self) -> Iterator[StreamEvent]:
+        """The events of this request, as they are made; the last has finish_reason set."""
+        while True:
+            item = self.events.get()
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+            if item.finish_reason is not None:
+                return
+
+
+@dataclass
+class _Slot:
+    request: BatchRequest
+    step: SequenceStep
+    pending: deque[int]  # prompt tokens not yet decoded
+    output: int = -1  # where this slot's logits are in the last batch, or -1
+    last_token: int = -1
+
+
+class BatchScheduler:
+    """Drives the engine from a thread of its own; submit() from any thread.
+
+    Slot i is the engine's sequence i. The engine keeps what each sequence has cached and owns
+    the llama.cpp context; the scheduler only chooses what goes into each decode."""
+
+    def __init__(self, engine: Engine, max_queued: int = 16) -> None:
+        if engine.parallel > engine.n_batch:
+            # Every decoding sequence puts one token with logits into each batch.
+            raise ValueError(
+                f"{engine.parallel} sequences cannot share a batch of {engine.n_batch} tokens"
+            )
+        self.engine = engine
+        self.max_queued = max_queued
+        self.failure: BaseException | None = None  # what killed the loop, if anything did
+        self._waiting: deque[BatchRequest] = deque()
+        self._slots: list[_Slot | None] = [None] * engine.parallel
+        self._wake = threading.Condition()
+        self._stopping = False
+        self.steps = 0
+        self.max_sequences_in_a_step = 0
+        self._thread = threading.Thread(target=self._loop, name="quill-batch", daemon=True)
+        self._thread.start()
+
+    # --- what other threads call ------------------------------------------------------------
+
+    def submit(self, request: BatchRequest) -> BatchRequest:
+        with self._wake:
+            if not self.alive:
+                raise SchedulerStoppedError(self.stopped_reason)
+            if len(self._waiting) >= self.max_queued:
+                raise QueueFullError(
+                    f"{len(self._waiting)} requests are already waiting; retry shortly"
+                )
+            self._waiting.append(request)
+            self._wake.notify()
+        return request
+
+    @property
+    def busy_slots(self) -> int:
+        return sum(slot is not None for slot in self._slots)
+
+    @property
+    def queued(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def alive(self) -> bool:
+        return not self._stopping and self._thread.is_alive()
+
+    @property
+    def stopped_reason(self) -> str:
+        if self.failure is not None:
+            return f"the batch scheduler stopped on an error: {self.failure!r}"
+        return "the server is shutting down"
+
+    def close(self) -> None:
+        with self._wake:
+            self._stopping = True
+            self._wake.notify()
+        self._thread.join(timeout=10)
+
+    # --- the loop ---------------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        try:
+            while True:
+                with self._wake:
+                    while not self._stopping and not self._waiting and not self.busy_slots:
+                        self._wake.wait()
+                    if self._stopping:
+                        return
+                    self._admit()
+                self._drop_cancelled()
+                if self.busy_slots:
+                    self._step()
+        except BaseException as error:  # each request's own errors are caught below this
+            self.failure = error  # /health reports it and submit() refuses from now on
+        finally:
+            with self._wake:
+                self._stopping = True
+                ending = RuntimeError(self.stopped_reason)
+                while self._waiting:
+                    self._waiting.popleft().events.put(ending)
+            for index, slot in enumerate(self._slots):
+                if slot is not None:
+                    slot.request.events.put(ending)
+                    self._free(index)
+
+    def _admit(self) -> None:
+        for index, slot in enumerate(self._slots):
+            if slot is not None or not self._waiting:
+                continue
+            request = self._waiting.popleft()
+            if request.cancelled.is_set():
+                continue
+            self.engine.forget(index)
+            try:
+                step = SequenceStep(
+                    self.engine,
+                    request.prompt_tokens,
+                    request.max_tokens,
+                    request.sampling,
+                    request.stop,
+                    cached_prompt_tokens=0,
+                    started=time.perf_counter(),
+                    seq=index,
+                )
+            except Exception as error:  # this request's failure, not the server's
+                request.events.put(error)
+                continue
+            self._slots[index] = _Slot(request, step, deque(request.prompt_tokens))
+
+    def _drop_cancelled(self) -> None:
+        for index, slot in enumerate(self._slots):
+            if slot is not None and slot.request.cancelled.is_set():
+                self._free(index)
+
+    def _free(self, index: int) -> None:
+        slot = self._slots[index]
+        if slot is None:
+            return
+        slot.step.close()
+        self.engine.forget(index)
+        self._slots[index] = None
+
+    def _step(self) -> None:
+        """One decode over every busy slot: decode tokens first, then prompt chunks."""
+        capacity = self.engine.n_batch
+        items: list[tuple[int, int, bool]] = []
+        owners: list[_Slot] = []
+        busy = [(index, slot) for index, slot in enumerate(self._slots) if slot is not None]
+        for index, slot in busy:
+            slot.output = -1
+            if not slot.pending and slot.step.generated:  # decoding: feed back the last token
+                items.append((index, slot.last_token, True))
+                owners.append(slot)
+        for index, slot in busy:
+            while slot.pending and len(items) < capacity:
+                token = slot.pending.popleft()
+                items.append((index, token, not slot.pending))
+                owners.append(slot)
+        try:
+            outputs = self.engine.decode(items)
+        except DecodeError as error:
+            for index, slot in busy:
+                slot.request.events.put(error)
+                self._free(index)
+            return
+        for slot, output in zip(owners, outputs, strict=True):
+            if output >= 0:
+                slot.output = output
+        self.steps += 1
+        self.max_sequences_in_a_step = max(
+            self.max_sequences_in_a_step, sum(slot.output >= 0 for _, slot in busy)
+        )
+        for index, slot in busy:
+            if slot.output >= 0:
+                try:
+                    self._sample(index, slot)
+                except Exception as error:  # this request's failure, not the server's
+                    slot.request.events.put(error)
+                    self._free(index)
+
+    def _sample(self, index: int, slot: _Slot) -> None:
+        event = slot.step.sample(slot.output)
+        slot.last_token = event.token if event.token is not None else -1
+        slot.request.events.put(event)
+        if event.finish_reason is not None:
+            self._free(index)

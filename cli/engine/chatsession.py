@@ -1,0 +1,340 @@
+"""A conversation over one Backend: history, the context window, the transcript.
+
+Each turn hands the whole history to Backend.stream_chat. A local engine renders it with the
+model's chat template and its prefix cache finds everything up to the new user message already
+in the KV cache: only the new tokens are prefilled. A server keeps its own cache and window.
+The transcript is written (temporary file, then rename) when a message is added and every few
+tokens while a reply streams, so a killed process loses at most those few tokens.
+Nothing here reads the keyboard or prints.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from cli.engine.backend import Backend
+from cli.engine.events import StreamEvent
+from cli.engine.sampling import SamplingParams
+from cli.errors import ChatOverflowError, QuillError, TranscriptError
+from quant.partfiles import UnsafeTargetError, check_replaceable, partial_path
+
+OVERFLOW_POLICIES = ("truncate", "error")
+SAVE_EVERY_TOKENS = 8
+
+
+@dataclass
+class Message:
+    role: str  # "user" or "assistant"
+    content: str
+    interrupted: bool = False  # a reply stopped by Ctrl-C, kept as far as it got
+    finish_reason: str | None = None
+
+
+@dataclass
+class ChatSettings:
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    max_tokens: int = 512
+    stop: tuple[str, ...] = ()
+    on_overflow: str = "truncate"
+
+
+@dataclass(frozen=True)
+class TurnStart:
+    """Sent before the reply streams: what the turn costs and what had to go to make it fit."""
+
+    prompt_tokens: int
+    dropped_messages: int  # oldest messages removed by the truncate policy for this turn
+    max_tokens: int  # the reply's budget: the settings', or what is left of the context
+
+
+class ChatSession:
+    def __init__(
+        self,
+        backend: Backend,
+        model_name: str,
+        transcript: Path | None,
+        system: str | None = None,
+        settings: ChatSettings | None = None,
+    ) -> None:
+        self.backend = backend
+        self.model_name = model_name
+        self.transcript = transcript
+        self.system = system
+        self.settings = settings or ChatSettings()
+        self.messages: list[Message] = []
+        # Messages the model no longer sees (dropped to fit, or /clear): kept in the transcript.
+        self.earlier: list[Message] = []
+        self.last_event: StreamEvent | None = None
+        # An existing transcript is continued, never truncated: quill refuses a file that is
+        # not one of its transcripts rather than write over it.
+        self.continued = 0  # messages taken over from the transcript
+        if transcript is not None and (transcript.exists() or transcript.is_symlink()):
+            self._continue(transcript, keep_system=system is not None)
+        self.save()
+
+    # --- the conversation -------------------------------------------------------------------
+
+    def conversation(self, messages: list[Message] | None = None) -> list[tuple[str, str]]:
+        chosen = self.messages if messages is None else messages
+        head = [("system", self.system)] if self.system else []
+        return head + [(m.role, m.content) for m in chosen]
+
+    def prompt_tokens(self, messages: list[Message] | None = None) -> int | None:
+        """Tokens the conversation takes; None where the backend's server counts them."""
+        return self.backend.count_tokens(self.conversation(messages))
+
+    def context_used(self) -> int:
+        """KV cells holding this conversation here (prompt and the replies so far)."""
+        return self.backend.cached_tokens
+
+    def send(self, text: str) -> Iterator[TurnStart | StreamEvent]:
+        """Add a user message and stream the reply: a TurnStart, then the engine's events.
+
+        Closing the iterator early (Ctrl-C) keeps the partial reply, marked interrupted.
+        """
+        check_text(text)  # before it is kept: one bad message must not break every later save
+        self.messages.append(Message("user", text))
+        self.save()
+        yield from self._reply()
+
+    def retry(self) -> Iterator[TurnStart | StreamEvent]:
+        """Drop the last reply and answer the last user message again."""
+        while self.messages and self.messages[-1].role == "assistant":
+            self.messages.pop()
+        if not self.messages:
+            raise ValueError("there is no message to answer again")
+        self.save()
+        yield from self._reply()
+
+    def _events(self) -> Iterator[TurnStart | StreamEvent]:
+        settings = self.settings
+        counted, dropped = self._fit()
+        budget = settings.max_tokens
+        if counted is not None:
+            budget = min(budget, self.backend.n_ctx - counted)
+        try:  # a backend refuses (a server's 4xx, a window overflow) before a reply begins
+            stream = self.backend.stream_chat(
+                self.conversation(), budget, settings.sampling, settings.stop
+            )
+        except QuillError:
+            self.messages.pop()  # the refused message was never answered: it is not kept
+            self.save()
+            raise
+        yield TurnStart(counted or 0, dropped, budget)
+        yield from stream
+
+    def _reply(self) -> Iterator[TurnStart | StreamEvent]:
+        events = self._events()
+        start = next(events)  # fits the conversation, or raises before a reply is begun
+        yield start
+        reply = Message("assistant", "", interrupted=True)
+        self.messages.append(reply)
+        pieces: list[str] = []
+        try:
+            for event in events:
+                if isinstance(event, TurnStart):
+                    continue
+                pieces.append(event.text)
+                self.last_event = event
+                reply.content = "".join(pieces)
+                if event.finish_reason is not None:
+                    reply.interrupted = False
+                    reply.finish_reason = event.finish_reason
+                elif event.generation_tokens % SAVE_EVERY_TOKENS == 0:
+                    self.save()
+                yield event
+        finally:
+            reply.content = "".join(pieces)
+            self.save()
+
+    def _fit(self) -> tuple[int | None, int]:
+        """Tokens of the prompt for the next reply (None where the server checks its own
+        window), and the messages dropped to fit it, if the policy allows.
+
+        A drop changes the start of the prompt, so the next turn prefills the whole remaining
+        history. Dropping down to half the window (as llama.cpp's server discards half) buys
+        several turns of cache reuse before the next drop, instead of a full prefill every turn.
+        """
+        n_ctx = self.backend.n_ctx
+        # Leave room for a useful reply: the requested length, up to a quarter of the window.
+        room = min(self.settings.max_tokens, n_ctx // 4)
+        limit = n_ctx - room
+        tokens = self.prompt_tokens()
+        if tokens is None or tokens <= limit:
+            return tokens, 0
+        if self.settings.on_overflow == "error" and len(self.messages) > 1:
+            self.messages.pop()  # the refused message was never answered: it is not kept
+            self.save()
+            raise ChatOverflowError(
+                f"the conversation needs {tokens + room} tokens with room for a reply, "
+                f"but the context holds {n_ctx}: /clear, or restart with --on-overflow "
+                "truncate or a larger --ctx"
+            )
+        dropped = 0
+        while len(self.messages) > 1 and tokens > min(limit, n_ctx // 2):
+            # The oldest exchange goes: a user message and the reply that followed it.
+            self.earlier.append(self.messages.pop(0))
+            dropped += 1
+            while len(self.messages) > 1 and self.messages[0].role != "user":
+                self.earlier.append(self.messages.pop(0))
+                dropped += 1
+            tokens = self.prompt_tokens() or 0
+        if tokens > limit:
+            self.messages.pop()
+            self.save()
+            raise ChatOverflowError(
+                f"this message takes {tokens} tokens and a reply needs {room} more, "
+                f"but the context holds {n_ctx}: shorten it or restart with a larger --ctx"
+            )
+        self.save()
+        return tokens, dropped
+
+    def clear(self) -> None:
+        """Forget the conversation and the KV cache (the system prompt stays; the transcript
+        keeps the messages under "earlier")."""
+        self.earlier.extend(self.messages)
+        self.messages.clear()
+        self.backend.clear_cache()
+        self.save()
+
+    def set_system(self, text: str | None) -> None:
+        if text:
+            check_text(text)
+        self.system = text or None
+        self.save()
+
+    # --- the transcript ---------------------------------------------------------------------
+
+    def as_dict(self) -> dict[str, Any]:
+        sampling = asdict(self.settings.sampling)
+        return {
+            "model": self.model_name,
+            "system": self.system,
+            "settings": {
+                **sampling,
+                "max_tokens": self.settings.max_tokens,
+                "stop": list(self.settings.stop),
+            },
+            "messages": [asdict(m) for m in self.messages],
+            "earlier": [asdict(m) for m in self.earlier],
+            "saved": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        }
+
+    def save(self, path: Path | None = None) -> None:
+        target = path or self.transcript
+        if target is None:
+            return
+        write_json_atomically(target, self.as_dict())
+
+    def load(self, path: Path) -> None:
+        """Replace the conversation with a saved one (its system prompt and messages)."""
+        data = read_transcript(path, "/save writes one")
+        self.earlier.extend(self.messages)
+        self.messages = data.messages
+        self.system = data.system
+        self.save()
+
+    def _continue(self, path: Path, keep_system: bool) -> None:
+        """Take over the conversation in an existing transcript file."""
+        try:
+            check_replaceable(path)
+        except UnsafeTargetError as error:
+            raise TranscriptError(str(error)) from None
+        data = read_transcript(path, "quill will not overwrite it: choose another --transcript")
+        self.messages, self.earlier = data.messages, data.earlier
+        if not keep_system:
+            self.system = data.system
+        self.continued = len(data.messages)
+
+
+@dataclass(frozen=True)
+class SavedConversation:
+    system: str | None
+    messages: list[Message]
+    earlier: list[Message]
+
+
+def read_transcript(path: Path, advice: str) -> SavedConversation:
+    """A transcript file's conversation; TranscriptError says why it cannot be one."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        messages = [Message(**m) for m in data["messages"]]
+        earlier = [Message(**m) for m in data.get("earlier", [])]
+        system = data.get("system")
+        if system is not None and not isinstance(system, str):
+            raise TypeError("'system' is not text")
+        for message in [*messages, *earlier]:
+            if not isinstance(message.content, str) or message.role not in ("user", "assistant"):
+                raise TypeError("a message without a role and text")
+            check_text(message.content)
+    except OSError as error:
+        raise TranscriptError(f"cannot read {path}: {error.strerror}") from None
+    except (ValueError, KeyError, TypeError, AttributeError) as error:
+        raise TranscriptError(
+            f"{path} is not a quill chat transcript ({error}); {advice}"
+        ) from None
+    return SavedConversation(system, messages, earlier)
+
+
+def check_text(text: str) -> None:
+    """ValueError unless text can be written as UTF-8: bytes that were not UTF-8 arrive from
+    stdin as lone surrogates, which would fail every later save of the transcript."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        char = ord(text[error.start])
+        what = (
+            f"byte 0x{char - 0xDC00:02x}"
+            if 0xDC80 <= char <= 0xDCFF
+            else f"a lone surrogate U+{char:04X}"
+        )
+        raise ValueError(
+            f"not valid UTF-8 ({what} at character {error.start + 1}); not sent: "
+            "send the text in UTF-8"
+        ) from None
+
+
+def write_json_atomically(path: Path, data: dict[str, Any]) -> None:
+    partial = partial_path(path)
+    try:
+        text = json.dumps(data, ensure_ascii=False, indent=1) + "\n"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial.write_text(text, encoding="utf-8")
+        partial.replace(path)
+    except OSError as error:
+        raise TranscriptError(f"cannot write {path}: {error.strerror}") from None
+    finally:
+        partial.unlink(missing_ok=True)  # whatever went wrong, no part file stays behind
+
+
+def with_setting(settings: ChatSettings, key: str, value: str) -> ChatSettings:
+    """settings with one `/set KEY VALUE` applied; ValueError says what is accepted."""
+    numeric = {
+        "temperature": float,
+        "top_p": float,
+        "top_k": int,
+        "min_p": float,
+        "repeat_penalty": float,
+        "seed": int,
+    }
+    if key in numeric:
+        try:
+            number = numeric[key](value)
+        except ValueError:
+            raise ValueError(f"{key} takes a number, not {value!r}") from None
+        return replace(settings, sampling=replace(settings.sampling, **{key: number}))
+    if key == "max_tokens":
+        if not value.isdigit() or int(value) < 1:
+            raise ValueError(f"max_tokens takes a whole number of at least 1, not {value!r}")
+        return replace(settings, max_tokens=int(value))
+    if key == "stop":
+        # Backslash escapes so that a newline can be typed: /set stop \n\n
+        stops = tuple(s.encode().decode("unicode_escape") for s in value.split(",") if s)
+        return replace(settings, stop=stops)
+    known = ", ".join([*numeric, "max_tokens", "stop"])
+    raise ValueError(f"unknown setting {key!r}; /set takes {known}")

@@ -1,0 +1,608 @@
+"""The one engine: load a GGUF through llama.cpp's C API, prefill, decode, stream events.
+
+Every consumer (run, and later chat, bench, serve) iterates `Engine.stream_generate` and renders
+what it yields. Nothing here prints, exits or imports a terminal library.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import random
+import resource
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+
+import llama_cpp as llama
+import numpy as np
+
+from cli.engine.events import StreamEvent
+from cli.engine.freecores import CoreLoad, measure_free_cores
+from cli.engine.llamalog import llama_log
+from cli.engine.loading import load_model
+from cli.engine.options import ALL_LAYERS, DEFAULT_CTX, LoadOptions
+from cli.engine.sampling import SamplingParams
+from cli.engine.textstream import TextStream
+from cli.errors import ContextOverflowError, ModelLoadError, UsageError
+from quant.gguf import GGUFError, check_gguf_magic, head_dims
+from quant.kv import QUANTIZED_KV_TYPES, ggml_type, kv_cache_bytes
+
+_LLAMA_ALL_LAYERS = 0x7FFFFFFF
+
+
+DEFAULT_SAMPLING = SamplingParams()
+
+
+class Engine:
+    def __init__(self, path: Path, options: LoadOptions = LoadOptions(), verbose: bool = False):
+        log = llama_log()
+        log.verbose = verbose
+        log.drain()
+        try:
+            check_gguf_magic(path)
+        except GGUFError as error:
+            raise ModelLoadError(str(error)) from None
+        llama.llama_backend_init()
+        started = time.perf_counter()
+
+        gpu_layers = _LLAMA_ALL_LAYERS if options.gpu_layers == ALL_LAYERS else options.gpu_layers
+        loaded = load_model(
+            path, gpu_layers=gpu_layers, repack=options.repack, avoid_amx=options.avoid_amx
+        )
+        self.cpu_path = loaded.cpu_path
+        self._model = loaded.model
+        if not self._model:
+            raise ModelLoadError(_load_failure(path, log.drain()))
+
+        self._vocab = llama.llama_model_get_vocab(self._model)
+        self.kv_type_k, self.kv_type_v = options.kv_type_k, options.kv_type_v
+        self._refuse_impossible_kv_types()
+        self.trained_ctx = llama.llama_model_n_ctx_train(self._model)
+        n_ctx = options.n_ctx or min(DEFAULT_CTX, self.trained_ctx)
+        self.core_load: CoreLoad | None = None  # measured only when the thread count is ours
+        if options.threads:
+            self.threads = options.threads
+        else:  # one per physical core that other processes leave free
+            self.core_load = measure_free_cores()
+            self.threads = self.core_load.threads
+
+        context_params = llama.llama_context_default_params()
+        context_params.n_ctx = n_ctx * options.parallel
+        context_params.n_seq_max = options.parallel
+        context_params.kv_unified = False  # each sequence owns n_ctx cells: no one starves another
+        context_params.n_batch = min(options.n_batch, n_ctx)
+        context_params.n_ubatch = min(options.n_batch, n_ctx)
+        context_params.n_threads = self.threads
+        context_params.n_threads_batch = self.threads
+        context_params.no_perf = False
+        context_params.type_k = ggml_type(options.kv_type_k)
+        context_params.type_v = ggml_type(options.kv_type_v)
+        # llama.cpp needs flash attention to store V quantized; otherwise let it decide.
+        quantized_v = options.kv_type_v in QUANTIZED_KV_TYPES
+        context_params.flash_attn_type = (
+            llama.LLAMA_FLASH_ATTN_TYPE_ENABLED if quantized_v else llama.LLAMA_FLASH_ATTN_TYPE_AUTO
+        )
+        self._ctx = llama.llama_init_from_model(self._model, context_params)
+        if not self._ctx:
+            llama.llama_model_free(self._model)
+            self._model = None
+            raise ModelLoadError(_load_failure(path, log.drain()))
+        self.load_s = time.perf_counter() - started
+
+        self.path = path
+        self.parallel = options.parallel
+        self.n_ctx = llama.llama_n_ctx_seq(self._ctx)  # positions one sequence can hold
+        self.n_batch = context_params.n_batch
+        self.gpu_layers = (
+            min(options.gpu_layers, self.n_layers) if options.gpu_layers >= 0 else self.n_layers
+        )
+        self._pieces: dict[int, bytes] = {}
+        # The one record of what the KV cache holds: each sequence's tokens, in position order.
+        # Every change to the cache goes through the sequence operations below, which keep it.
+        self._cached: list[list[int]] = [[] for _ in range(self.parallel)]
+        self._batch = None  # one llama_batch of n_batch tokens, made at the first decode
+        self._outputs = 0  # tokens of the last decode that asked for logits
+
+    def _refuse_impossible_kv_types(self) -> None:
+        """Quantized KV caches store blocks of 32 values per head: the head size must divide."""
+        for which, cache_type, head_dim in (
+            ("K", self.kv_type_k, self.head_dims[0]),
+            ("V", self.kv_type_v, self.head_dims[1]),
+        ):
+            if cache_type in QUANTIZED_KV_TYPES and head_dim % 32:
+                llama.llama_model_free(self._model)
+                self._model = None
+                raise UsageError(
+                    f"a {cache_type} {which} cache stores blocks of 32 values, but this model's "
+                    f"heads have {head_dim}: use --kv-type f16 for it"
+                )
+
+    # --- what the model is ------------------------------------------------------------------
+
+    def meta(self, key: str) -> str | None:
+        size = 256
+        while True:
+            buf = ctypes.create_string_buffer(size)
+            n = llama.llama_model_meta_val_str(self._model, key.encode(), buf, size)
+            if n < 0:
+                return None
+            if n < size:
+                return buf.value.decode("utf-8", errors="replace")
+            size = n + 1
+
+    @property
+    def n_layers(self) -> int:
+        return llama.llama_model_n_layer(self._model)
+
+    @property
+    def weights_bytes(self) -> int:
+        """Bytes of all weight tensors: what one decode step reads at least once."""
+        return llama.llama_model_size(self._model)
+
+    @property
+    def kv_bytes_per_position(self) -> float:
+        return self.kv_cache_bytes / (self.n_ctx * self.parallel)
+
+    @property
+    def architecture(self) -> str:
+        return self.meta("general.architecture") or "unknown"
+
+    @property
+    def head_dims(self) -> tuple[int, int]:
+        """(K, V) values per attention head."""
+        return head_dims(lambda key, default: self.meta(key) or default)
+
+    @property
+    def kv_cache_bytes(self) -> int:
+        head_dim_k, head_dim_v = self.head_dims
+        return kv_cache_bytes(
+            self.n_layers,
+            llama.llama_model_n_head_kv(self._model),
+            head_dim_k,
+            self.n_ctx * self.parallel,
+            self.kv_type_k,
+            self.kv_type_v,
+            head_dim_v,
+        )
+
+    @property
+    def n_vocab(self) -> int:
+        return llama.llama_vocab_n_tokens(self._vocab)
+
+    @functools.cached_property
+    def eog_tokens(self) -> tuple[int, ...]:
+        return tuple(t for t in range(self.n_vocab) if llama.llama_vocab_is_eog(self._vocab, t))
+
+    # --- text <-> tokens --------------------------------------------------------------------
+
+    def chat_prompt(self, messages: Sequence[tuple[str, str]]) -> str | None:
+        """The conversation rendered with the model's chat template; None if it has none
+        that llama.cpp can apply."""
+        template = llama.llama_model_chat_template(self._model, None)
+        if not template:
+            return None
+        array = (llama.llama_chat_message * len(messages))()
+        # llama.cpp reads each message as a C string, which ends at a NUL: a stand-in carries
+        # it through the template, or everything after it would silently vanish.
+        nul = _nul_stand_in(content for _, content in messages)
+        keep = [(role.encode(), content.replace("\0", nul).encode()) for role, content in messages]
+        for slot, (role, content) in zip(array, keep, strict=True):
+            slot.role, slot.content = role, content
+        size = 4 * sum(len(c) for _, c in keep) + 1024
+        for _ in range(2):
+            buf = ctypes.create_string_buffer(size)
+            n = llama.llama_chat_apply_template(template, array, len(keep), True, buf, size)
+            if n < 0:
+                return None
+            if n <= size:
+                return buf.raw[:n].decode("utf-8").replace(nul, "\0")
+            size = n
+        return None
+
+    def tokenize(self, text: str) -> list[int]:
+        data = text.encode("utf-8")
+        add_bos = llama.llama_vocab_get_add_bos(self._vocab)
+        bos = llama.llama_vocab_bos(self._vocab)
+        # A chat template may already start with the BOS text; never add a second one.
+        if add_bos and bos >= 0 and data.startswith(self.piece(bos, special=True)):
+            add_bos = False
+        capacity = len(data) + 8
+        tokens = (llama.llama_token * capacity)()
+        n = llama.llama_tokenize(self._vocab, data, len(data), tokens, capacity, add_bos, True)
+        if n < 0:
+            capacity = -n
+            tokens = (llama.llama_token * capacity)()
+            n = llama.llama_tokenize(self._vocab, data, len(data), tokens, capacity, add_bos, True)
+        return list(tokens[:n])
+
+    def piece(self, token: int, special: bool = False) -> bytes:
+        """The bytes of one token, whatever their length (llama-cpp-python's own helper
+        truncates pieces over 32 bytes)."""
+        if not special and token in self._pieces:
+            return self._pieces[token]
+        size = 64
+        while True:
+            buf = ctypes.create_string_buffer(size)
+            n = llama.llama_token_to_piece(self._vocab, token, buf, size, 0, special)
+            if n < 0:
+                size = -n
+                continue
+            data = buf.raw[:n]
+            if not special:
+                self._pieces[token] = data
+            return data
+
+    def conversation_text(self, messages: Sequence[tuple[str, str]]) -> tuple[str, bool]:
+        """The conversation as the model reads it, and whether its chat template made it. A
+        model without a template llama.cpp can apply gets one 'role: text' line per message
+        and 'assistant: ' (base models only continue text), in run, chat and serve alike."""
+        templated = self.chat_prompt(messages)
+        if templated is not None:
+            return templated, True
+        return "".join(f"{role}: {text}\n" for role, text in messages) + "assistant: ", False
+
+    @functools.cached_property
+    def has_chat_template(self) -> bool:
+        return self.chat_prompt([("user", "?")]) is not None
+
+    def count_tokens(self, messages: Sequence[tuple[str, str]]) -> int:
+        return len(self.tokenize(self.conversation_text(messages)[0]))
+
+    @property
+    def location(self) -> str:
+        return str(self.path)
+
+    # --- generation -------------------------------------------------------------------------
+
+    def stream_chat(
+        self,
+        messages: Sequence[tuple[str, str]],
+        max_tokens: int,
+        sampling: SamplingParams = DEFAULT_SAMPLING,
+        stop: Sequence[str] = (),
+    ) -> Iterator[StreamEvent]:
+        """The reply to a conversation (the Backend protocol): templated, checked against the
+        context window, then stream_generate, whose prefix cache reuses earlier turns."""
+        return self.stream_text(self.conversation_text(messages)[0], max_tokens, sampling, stop)
+
+    def stream_text(
+        self,
+        text: str,
+        max_tokens: int,
+        sampling: SamplingParams = DEFAULT_SAMPLING,
+        stop: Sequence[str] = (),
+    ) -> Iterator[StreamEvent]:
+        """A continuation of text as it is (no template), checked against the context window."""
+        tokens = self.tokenize(text)
+        if len(tokens) + max_tokens > self.n_ctx:
+            raise ContextOverflowError(len(tokens), max_tokens, self.n_ctx, self.trained_ctx)
+        return self.stream_generate(tokens, max_tokens, sampling, stop)
+
+    def stream_generate(
+        self,
+        prompt_tokens: Sequence[int],
+        max_tokens: int,
+        sampling: SamplingParams = DEFAULT_SAMPLING,
+        stop: Sequence[str] = (),
+    ) -> Iterator[StreamEvent]:
+        """One sequence (0) from prompt to finish: reuse the cached prefix, prefill the rest in
+        batches, then one SequenceStep per token."""
+        if not prompt_tokens:
+            raise ValueError("the prompt has no tokens")
+        llama.llama_perf_context_reset(self._ctx)
+        started = time.perf_counter()
+        cached = self.reuse_prefix(0, prompt_tokens)
+        pending = list(prompt_tokens[cached:])
+        output = -1
+        while pending:
+            chunk, pending = pending[: self.n_batch], pending[self.n_batch :]
+            output = self.decode([(0, token, not pending and i == len(chunk) - 1)
+                                  for i, token in enumerate(chunk)])[0]  # fmt: skip
+        step = SequenceStep(self, prompt_tokens, max_tokens, sampling, stop, cached, started)
+        step.prefill_s = time.perf_counter() - started
+        try:
+            while True:
+                event = step.sample(output)
+                yield event
+                if event.finish_reason is not None:
+                    return
+                output = self.decode([(0, event.token, True)])[0]
+        finally:
+            step.close()
+
+    def sample(self, sampler: object, output: int) -> int:
+        """The token a sampler chain picks from the logits of output (an index into the last
+        decoded batch)."""
+        return llama.llama_sampler_sample(sampler, self._ctx, output)
+
+    def is_end_of_generation(self, token: int) -> bool:
+        return bool(llama.llama_vocab_is_eog(self._vocab, token))
+
+    # --- sequences: the KV cache, and the one record of what it holds --------------------------
+
+    def cached(self, seq: int = 0) -> list[int]:
+        """The tokens whose KV cells sequence seq holds, in position order (a copy)."""
+        return list(self._cached[seq])
+
+    def cached_count(self, seq: int = 0) -> int:
+        return len(self._cached[seq])
+
+    def reuse_prefix(self, seq: int, tokens: Sequence[int]) -> int:
+        """Keep the KV cells of the longest common prefix of tokens with what seq holds, drop the
+        rest; the number kept. At least one token is left to decode, for logits to sample."""
+        common = 0
+        for old, new in zip(self._cached[seq], tokens, strict=False):
+            if old != new:
+                break
+            common += 1
+        common = min(common, len(tokens) - 1)
+        llama.llama_memory_seq_rm(llama.llama_get_memory(self._ctx), seq, common, -1)
+        del self._cached[seq][common:]
+        return common
+
+    def forget(self, seq: int) -> None:
+        """Free every KV cell of sequence seq."""
+        llama.llama_memory_seq_rm(llama.llama_get_memory(self._ctx), seq, -1, -1)
+        self._cached[seq].clear()
+
+    def decode(self, items: Sequence[tuple[int, int, bool]]) -> list[int]:
+        """One llama_decode of (sequence, token, wants logits) items, each token at the next
+        position of its sequence; for each item its output index (-1 without logits). Raises
+        DecodeError, after which the sequences in items hold nothing."""
+        if len(items) > self.n_batch:
+            raise ValueError(f"{len(items)} tokens exceed the batch of {self.n_batch}")
+        if self._batch is None:
+            self._batch = llama.llama_batch_init(self.n_batch, 0, 1)
+        batch = self._batch
+        outputs = []
+        positions = {seq: len(self._cached[seq]) for seq, _, _ in items}
+        n_outputs = 0
+        for n, (seq, token, wants_logits) in enumerate(items):
+            batch.token[n] = token
+            batch.pos[n] = positions[seq]
+            batch.n_seq_id[n] = 1
+            batch.seq_id[n][0] = seq
+            batch.logits[n] = wants_logits
+            positions[seq] += 1
+            outputs.append(n if wants_logits else -1)
+            n_outputs += wants_logits
+        batch.n_tokens = len(items)
+        status = llama.llama_decode(self._ctx, batch)
+        if status != 0:
+            problems = "; ".join(llama_log().drain()[-2:])
+            for seq in positions:
+                self.forget(seq)
+            raise DecodeError(f"llama_decode failed with status {status}: {problems}")
+        for seq, token, _ in items:
+            self._cached[seq].append(token)
+        self._outputs = n_outputs
+        return outputs
+
+    def output_logits(self, output: int) -> np.ndarray:
+        """The logits of one output of the last decode (a copy)."""
+        pointer = llama.llama_get_logits_ith(self._ctx, output)
+        return np.ctypeslib.as_array(pointer, (self.n_vocab,)).copy()
+
+    def window_logits(self, tokens: Sequence[int], first_scored: int) -> np.ndarray:
+        """Logits after each of tokens[first_scored:], from a fresh cache, as one window.
+
+        Row i predicts tokens[first_scored + i + 1]; what perplexity scores.
+        """
+        if len(tokens) > self.n_ctx:
+            raise ValueError(f"a window of {len(tokens)} tokens exceeds the context {self.n_ctx}")
+        self.clear_cache()
+        rows: list[np.ndarray] = []
+        for start in range(0, len(tokens), self.n_batch):
+            chunk = tokens[start : start + self.n_batch]
+            self.decode([(0, token, start + i >= first_scored) for i, token in enumerate(chunk)])
+            if self._outputs:
+                pointer = llama.llama_get_logits(self._ctx)
+                rows.append(np.ctypeslib.as_array(pointer, (self._outputs, self.n_vocab)).copy())
+        return np.concatenate(rows)
+
+    @property
+    def cached_tokens(self) -> int:
+        """Positions of sequence 0 whose KV cells hold evaluated tokens (what a next prompt may
+        reuse)."""
+        return len(self._cached[0])
+
+    def clear_cache(self) -> None:
+        llama.llama_memory_clear(llama.llama_get_memory(self._ctx), True)
+        for tokens in self._cached:
+            tokens.clear()
+
+    @property
+    def add_bos(self) -> bool:
+        return bool(llama.llama_vocab_get_add_bos(self._vocab))
+
+    @property
+    def bos_token(self) -> int:
+        return llama.llama_vocab_bos(self._vocab)
+
+    def perf_note(self) -> str:
+        return f"llama.cpp perf: {self.perf()}\nCPU path: {self.cpu_path.describe()}"
+
+    def perf(self) -> dict[str, float]:
+        """llama.cpp's own counters for the last request (prompt eval and eval times)."""
+        data = llama.llama_perf_context(self._ctx)
+        return {
+            "t_load_ms": data.t_load_ms,
+            "t_p_eval_ms": data.t_p_eval_ms,
+            "t_eval_ms": data.t_eval_ms,
+            "n_p_eval": data.n_p_eval,
+            "n_eval": data.n_eval,
+        }
+
+    def close(self) -> None:
+        if getattr(self, "_batch", None) is not None:
+            llama.llama_batch_free(self._batch)
+            self._batch = None
+        if getattr(self, "_ctx", None):
+            llama.llama_free(self._ctx)
+            self._ctx = None
+        if getattr(self, "_model", None):
+            llama.llama_model_free(self._model)
+            self._model = None
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        self.close()
+
+
+def sampler_chain(
+    sampling: SamplingParams,
+    seed: int,
+    prompt_tokens: Sequence[int],
+    banned: Sequence[int],
+    n_vocab: int,
+):
+    chain = llama.llama_sampler_chain_init(llama.llama_sampler_chain_default_params())
+
+    def add(sampler) -> None:
+        llama.llama_sampler_chain_add(chain, sampler)
+
+    if banned:
+        biases = (llama.llama_logit_bias * len(banned))()
+        for slot, token in zip(biases, banned, strict=True):
+            slot.token, slot.bias = token, float("-inf")
+        add(llama.llama_sampler_init_logit_bias(n_vocab, len(banned), biases))
+
+    if sampling.penalizes:
+        add(penalties_sampler(sampling, n_vocab))
+        # The penalty also looks back into the prompt, as llama.cpp's own tools do.
+        for token in prompt_tokens[-sampling.repeat_last_n :]:
+            llama.llama_sampler_accept(chain, token)
+    if sampling.temperature <= 0:
+        add(llama.llama_sampler_init_greedy())
+        return chain
+    if sampling.top_k > 0:
+        add(llama.llama_sampler_init_top_k(sampling.top_k))
+    if sampling.top_p < 1.0:
+        add(llama.llama_sampler_init_top_p(sampling.top_p, 1))
+    if sampling.min_p > 0.0:
+        add(llama.llama_sampler_init_min_p(sampling.min_p, 1))
+    add(llama.llama_sampler_init_temp(sampling.temperature))
+    add(llama.llama_sampler_init_dist(seed))
+    return chain
+
+
+class SequenceStep:
+    """The per-token step of one sequence, for stream_generate and the batch scheduler alike:
+    its sampler chain and seed, its text stream with stop strings, its counters, and the
+    StreamEvent each sampled token becomes."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        prompt_tokens: Sequence[int],
+        max_tokens: int,
+        sampling: SamplingParams,
+        stop: Sequence[str],
+        cached_prompt_tokens: int,
+        started: float,
+        seq: int = 0,
+    ) -> None:
+        self.engine = engine
+        self.seq = seq
+        self.prompt_tokens = len(prompt_tokens)
+        self.cached_prompt_tokens = cached_prompt_tokens
+        self.max_tokens = max_tokens
+        self.started = started
+        # A seed is always chosen here and reported, so that any run can be repeated.
+        self.seed = (
+            sampling.seed if sampling.seed is not None else random.SystemRandom().randrange(2**31)
+        )
+        banned = engine.eog_tokens if sampling.ignore_eos else ()
+        self._sampler = sampler_chain(sampling, self.seed, prompt_tokens, banned, engine.n_vocab)
+        self.text = TextStream(stop)
+        self.generated = 0
+        self.prefill_s: float | None = None  # None: until the first token, measured from started
+        self.first_token_at = 0.0
+
+    def sample(self, output: int) -> StreamEvent:
+        """Sample from one output of the last decode; the event says what it releases and
+        whether the sequence is finished (end of generation or a stop string: "stop"; the
+        token limit or a full context: "length")."""
+        engine = self.engine
+        token = engine.sample(self._sampler, output)
+        now = time.perf_counter()
+        self.generated += 1
+        if self.generated == 1:
+            self.first_token_at = now
+            if self.prefill_s is None:
+                self.prefill_s = now - self.started
+        text = self.text
+        if engine.is_end_of_generation(token):
+            released, finish = text.finish(), "stop"
+        else:
+            released, finish = text.push(engine.piece(token)), None
+            if text.matched_stop is not None:
+                finish = "stop"
+            elif self.generated >= self.max_tokens or engine.cached_count(self.seq) >= engine.n_ctx:
+                released, finish = released + text.finish(), "length"
+        return StreamEvent(
+            text=released,
+            token=token,
+            prompt_tokens=self.prompt_tokens,
+            cached_prompt_tokens=self.cached_prompt_tokens,
+            prefill_s=self.prefill_s or 0.0,
+            generation_tokens=self.generated,
+            decode_s=now - self.first_token_at,
+            finish_reason=finish,
+            stop_string=text.matched_stop,
+            seed=self.seed,
+            peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        )
+
+    def close(self) -> None:
+        if self._sampler is not None:
+            llama.llama_sampler_free(self._sampler)
+            self._sampler = None
+
+
+def penalties_sampler(sampling: SamplingParams, n_vocab: int):
+    """llama.cpp's repeat, frequency and presence penalties in one sampler."""
+    args = (
+        sampling.repeat_last_n,
+        sampling.repeat_penalty,
+        sampling.frequency_penalty,
+        sampling.presence_penalty,
+    )
+    # The pinned llama-cpp-python's llama.cpp takes the vocabulary size first; later ones do not.
+    if len(llama.llama_sampler_init_penalties.argtypes) == 5:
+        return llama.llama_sampler_init_penalties(n_vocab, *args)
+    return llama.llama_sampler_init_penalties(*args)
+
+
+def _nul_stand_in(texts: Iterable[str]) -> str:
+    """A private-use character that none of the texts holds."""
+    seen = set("".join(texts))
+    return next(chr(c) for c in range(0xE000, 0xF900) if chr(c) not in seen)
+
+
+class DecodeError(RuntimeError):
+    """llama_decode refused a batch (out of KV cells, or a backend failure)."""
+
+
+def _load_failure(path: Path, problems: list[str]) -> str:
+    errors = [p for p in problems if "error" in p.lower() or "fail" in p.lower()] or problems
+    reason = "; ".join(errors[-2:]) or "llama.cpp gave no reason (run with --verbose)"
+    return f"llama.cpp cannot load {path}: {reason}"
+
+
+__all__ = [
+    "ALL_LAYERS",
+    "DEFAULT_CTX",
+    "DecodeError",
+    "Engine",
+    "LoadOptions",
+    "SequenceStep",
+    "StreamEvent",
+    "sampler_chain",
+]

@@ -1,0 +1,33 @@
+"""What generation yields: one StreamEvent per token, from a local engine or a server alike."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class StreamEvent:
+    """One step of generation. The last event has finish_reason set."""
+
+    text: str  # text released by this step ("" while a possible stop string is held back)
+    token: int | None  # the token sampled at this step
+    prompt_tokens: int
+    cached_prompt_tokens: int  # prompt tokens whose KV cache was reused, not prefilled again
+    prefill_s: float
+    generation_tokens: int
+    decode_s: float  # from the first sampled token to this one
+    finish_reason: str | None  # "stop" (end of generation or a stop string) or "length"
+    stop_string: str | None
+    seed: int
+    peak_rss_bytes: int
+
+    @property
+    def prefill_tokens_per_s(self) -> float:
+        new = self.prompt_tokens - self.cached_prompt_tokens
+        return new / self.prefill_s if self.prefill_s > 0 else 0.0
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        # The first token comes from the prefill's logits; each later one costs one decode step.
+        steps = self.generation_tokens - 1
+        return steps / self.decode_s if steps > 0 and self.decode_s > 0 else 0.0

@@ -1,0 +1,99 @@
+"""How many cores are free right now: the default thread count on a machine others share.
+
+llama.cpp's threads meet at a barrier after every matrix multiplication, so one thread that has
+to share its core with another process holds back all the others: on 2 cores beside one busy
+process, decode with 2 threads ran at 32 tokens/s and with 1 thread at 54. quill therefore
+measures, when a model is loaded, how much CPU time *other* processes used over a short window
+(system-wide CPU time from psutil, which reads /proc/stat on Linux, minus quill's own) and uses
+one thread per physical core that is left.
+
+The window starts when this module is imported (quill imports it before it loads a model, so
+the model's load time is the window and costs nothing extra); a window shorter than
+MIN_WINDOW_S is waited out, one older than MAX_WINDOW_S (a long-lived process loading a second
+model) is started afresh.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import psutil
+
+from cli.engine.hardware import physical_cores
+
+MIN_WINDOW_S = 0.15  # psutil's CPU times tick every 10 ms: 15 ticks per core at least
+MAX_WINDOW_S = 5.0
+# A core counts as busy when other processes use more than this share of it: a thread of ours
+# there would wait for its time slice at every barrier.
+BUSY_SHARE = 0.3
+
+
+@dataclass(frozen=True)
+class _Snapshot:
+    wall: float
+    busy_s: float  # all CPUs' non-idle seconds since boot
+    own_s: float  # this process's CPU seconds, all threads
+
+
+def _snapshot() -> _Snapshot:
+    times = psutil.cpu_times()
+    idle = times.idle + getattr(times, "iowait", 0.0)
+    busy = sum(times) - idle
+    # guest time is already counted in user time on Linux.
+    busy -= getattr(times, "guest", 0.0) + getattr(times, "guest_nice", 0.0)
+    own = psutil.Process().cpu_times()
+    return _Snapshot(time.monotonic(), busy, own.user + own.system)
+
+
+_window_start = _snapshot()
+
+
+@dataclass(frozen=True)
+class CoreLoad:
+    """What the last measurement saw."""
+
+    logical_cpus: int
+    physical_cores: int
+    busy_elsewhere: float  # cores' worth of CPU time other processes used in the window
+    window_s: float
+
+    @property
+    def busy_cores(self) -> int:
+        """Cores counted as taken by other work (more than BUSY_SHARE of a core each)."""
+        return min(self.logical_cpus, math.floor(self.busy_elsewhere + 1 - BUSY_SHARE))
+
+    @property
+    def threads(self) -> int:
+        """One thread per physical core that other work leaves free, at least one."""
+        free = self.logical_cpus - self.busy_cores
+        return max(1, min(self.physical_cores, free))
+
+
+def measure_free_cores() -> CoreLoad:
+    """Other processes' CPU use since the window started (waiting out a short window)."""
+    global _window_start
+    start = _window_start
+    age = time.monotonic() - start.wall
+    if age > MAX_WINDOW_S:
+        start = _snapshot()
+        age = 0.0
+    if age < MIN_WINDOW_S:
+        time.sleep(MIN_WINDOW_S - age)
+    end = _snapshot()
+    _window_start = end  # the next measurement in this process starts here
+    wall = max(end.wall - start.wall, 1e-6)
+    others = max(0.0, (end.busy_s - start.busy_s) - (end.own_s - start.own_s))
+    return CoreLoad(
+        logical_cpus=psutil.cpu_count(logical=True) or 1,
+        physical_cores=physical_cores(),
+        busy_elsewhere=others / wall,
+        window_s=wall,
+    )
+
+
+def restart_window() -> None:
+    """Start the next measurement's window now (before a model load, say)."""
+    global _window_start
+    _window_start = _snapshot()

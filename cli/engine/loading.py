@@ -1,0 +1,289 @@
+"""The one place where a GGUF becomes a llama.cpp model, and the AMX guard every load passes.
+
+llama.cpp offers "extra" weight buffer types on the CPU: CPU_REPACK (weights re-laid for wider
+SIMD kernels) and, on Intel CPUs with AMX, an AMX buffer whose matmul crashes (llama.cpp issue
+20824). Turning the extra buffer types off avoids AMX but also loses repacking, worth ~1.4x on
+Q4_0. So on an AMX CPU quill turns them off and sends, by exact name, the weight matrices that
+the repack buffer can hold on this CPU to CPU_REPACK itself. A tensor sent there that the
+repack code cannot lay out (a q6_K matrix on x86, an f32 norm) crashes the process, so the choice
+mirrors ggml's own rule (`ggml_repack_get_optimal_repack_type` in
+vendor/llama.cpp/ggml/src/ggml-cpu/repack.cpp) for the tensor's type, its rows and the CPU
+features the CPU backend was built with, and takes only matrices that feed a plain matmul.
+
+Nothing else in quill, its tests, benchmarks or scripts calls `llama_model_load_from_file`
+(tests/test_hardware.py checks).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import re
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import llama_cpp as llama
+from llama_cpp._ctypes_extensions import load_shared_library
+
+from cli.engine.hardware import cpu_has_amx
+
+_LIBS = Path(llama.__file__).parent / "lib"
+_GGML_DEVICE_TYPE_CPU = 0
+
+# ggml_type values (ggml.h) of the types the repack code knows.
+Q4_0, Q8_0, Q2_K, Q4_K, Q5_K, Q6_K, IQ4_NL, MXFP4, Q1_0 = 2, 8, 10, 12, 13, 14, 20, 39, 41
+
+# Weights that only ever feed a 2-D matmul with f32 activations, which is all the repack buffer
+# runs (token_embd also feeds get_rows, and so does output.weight where it is tied to it).
+MATMUL_WEIGHT = re.compile(
+    r"blk\.(?P<layer>\d+)\.(?P<kind>attn_q|attn_k|attn_v|attn_output|attn_qkv|"
+    r"ffn_gate|ffn_up|ffn_down)\.weight|output\.weight"
+)
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    ggml_type: int
+    type_name: str
+    n_dims: int
+    rows: int  # ne[1] for a matrix: the count of output features
+
+
+def cpu_backend_features() -> dict[str, str]:
+    """What llama.cpp's CPU backend was built with and found on this CPU (AVX2, NEON, DOTPROD, ...):
+    the very tests ggml's repack code makes."""
+    info = llama.llama_print_system_info().decode("utf-8", errors="replace")
+    features: dict[str, str] = {}
+    for item in info.split("|"):
+        name, _, value = item.partition("=")
+        name = name.split(":")[-1].strip()
+        if name:
+            features[name] = value.strip()
+    return features
+
+
+def repack_layout(ggml_type: int, rows: int, features: dict[str, str]) -> str | None:
+    """The layout ggml would repack a matrix of this type and row count into, or None.
+
+    Mirrors ggml_repack_get_optimal_repack_type for x86 and ARM; for other CPUs (RISC-V, s390x)
+    it answers None, so quill never sends there what it cannot prove is safe.
+    """
+
+    def has(name: str) -> bool:
+        return features.get(name, "0") not in ("", "0")
+
+    avx2, avx512 = has("AVX2"), has("AVX512")
+    neon, i8mm, dotprod = has("NEON"), has("MATMUL_INT8"), has("DOTPROD")
+    sve_256 = has("SVE") and i8mm and features.get("SVE_CNT") == "32"
+    rules: list[tuple[bool, int, str]] = {
+        Q4_0: [
+            (avx2 or sve_256, 8, "q4_0_8x8"),
+            (neon and i8mm, 4, "q4_0_4x8"),
+            (neon and dotprod, 4, "q4_0_4x4"),
+        ],
+        Q4_K: [
+            (avx2, 8, "q4_K_8x8"),
+            (neon and i8mm, 8, "q4_K_8x8"),
+            (neon and dotprod, 8, "q4_K_8x4"),
+        ],
+        Q2_K: [(avx512, 8, "q2_K_8x8")],
+        Q5_K: [(neon and i8mm, 8, "q5_K_8x8"), (neon and dotprod, 8, "q5_K_8x4")],
+        Q6_K: [(neon and i8mm, 8, "q6_K_8x8"), (neon and dotprod, 8, "q6_K_8x4")],
+        IQ4_NL: [(avx2, 8, "iq4_nl_8x8"), (neon and dotprod, 4, "iq4_nl_4x4")],
+        MXFP4: [(avx2, 8, "mxfp4_8x8"), (neon and dotprod, 4, "mxfp4_4x4")],
+        Q8_0: [(neon and i8mm, 4, "q8_0_4x8"), (neon and dotprod, 4, "q8_0_4x4")],
+        Q1_0: [(neon and i8mm, 4, "q1_0_4x8"), (neon and dotprod, 4, "q1_0_4x4")],
+    }.get(ggml_type, [])
+    for applies, divisor, layout in rules:
+        if applies and rows % divisor == 0:
+            return layout
+    return None
+
+
+@functools.cache
+def _ggml_base() -> ctypes.CDLL:
+    lib = load_shared_library("ggml-base", _LIBS)
+
+    class GgufInitParams(ctypes.Structure):
+        _fields_ = [("no_alloc", ctypes.c_bool), ("ctx", ctypes.POINTER(ctypes.c_void_p))]
+
+    lib.GgufInitParams = GgufInitParams
+    signatures = {
+        "gguf_init_from_file": ([ctypes.c_char_p, GgufInitParams], ctypes.c_void_p),
+        "gguf_free": ([ctypes.c_void_p], None),
+        "gguf_get_n_tensors": ([ctypes.c_void_p], ctypes.c_int64),
+        "gguf_get_tensor_name": ([ctypes.c_void_p, ctypes.c_int64], ctypes.c_char_p),
+        "gguf_get_tensor_type": ([ctypes.c_void_p, ctypes.c_int64], ctypes.c_int),
+        "ggml_get_tensor": ([ctypes.c_void_p, ctypes.c_char_p], ctypes.c_void_p),
+        "ggml_n_dims": ([ctypes.c_void_p], ctypes.c_int),
+        "ggml_nrows": ([ctypes.c_void_p], ctypes.c_int64),
+        "ggml_free": ([ctypes.c_void_p], None),
+        "ggml_type_name": ([ctypes.c_int], ctypes.c_char_p),
+        "ggml_backend_dev_backend_reg": ([ctypes.c_void_p], ctypes.c_void_p),
+        "ggml_backend_reg_get_proc_address": ([ctypes.c_void_p, ctypes.c_char_p], ctypes.c_void_p),
+        "ggml_backend_buft_name": ([ctypes.c_void_p], ctypes.c_char_p),
+    }
+    for name, (argtypes, restype) in signatures.items():
+        function = getattr(lib, name)
+        function.argtypes, function.restype = argtypes, restype
+    return lib
+
+
+def tensor_infos(path: Path) -> list[TensorInfo]:
+    """Each tensor's name, type and shape, read by ggml's own GGUF parser (header only)."""
+    lib = _ggml_base()
+    ggml_ctx = ctypes.c_void_p()
+    gguf = lib.gguf_init_from_file(
+        str(path).encode(), lib.GgufInitParams(True, ctypes.pointer(ggml_ctx))
+    )
+    if not gguf:
+        return []
+    try:
+        infos = []
+        for i in range(lib.gguf_get_n_tensors(gguf)):
+            name = lib.gguf_get_tensor_name(gguf, i)
+            tensor = lib.ggml_get_tensor(ggml_ctx, name)
+            n_dims = lib.ggml_n_dims(tensor)
+            ggml_type = lib.gguf_get_tensor_type(gguf, i)
+            infos.append(
+                TensorInfo(
+                    name=name.decode(),
+                    ggml_type=ggml_type,
+                    type_name=lib.ggml_type_name(ggml_type).decode(),
+                    n_dims=n_dims,
+                    rows=lib.ggml_nrows(tensor) if n_dims == 2 else 0,
+                )
+            )
+        return infos
+    finally:
+        lib.gguf_free(gguf)
+        if ggml_ctx:
+            lib.ggml_free(ggml_ctx)
+
+
+def repack_plan(tensors: list[TensorInfo], features: dict[str, str]) -> dict[str, str]:
+    """{tensor name: repacked layout} for the matmul weights this CPU can repack."""
+    names = {t.name for t in tensors}
+    plan = {}
+    for tensor in tensors:
+        if tensor.n_dims != 2 or not MATMUL_WEIGHT.fullmatch(tensor.name):
+            continue
+        layout = repack_layout(tensor.ggml_type, tensor.rows, features)
+        if layout:
+            plan[tensor.name] = layout
+    if "output.weight" not in names:
+        plan.pop("output.weight", None)
+    return plan
+
+
+def override_patterns(names: list[str]) -> list[str]:
+    """Anchored patterns that match exactly these tensor names and no other.
+
+    llama.cpp compiles every pattern again for every tensor it loads, so one pattern per kind of
+    matrix (layers listed) keeps loading fast where one pattern per tensor would not.
+    """
+    layers_by_kind: dict[str, list[str]] = defaultdict(list)
+    patterns = []
+    for name in names:
+        match = MATMUL_WEIGHT.fullmatch(name)
+        if match and match["layer"] is not None:
+            layers_by_kind[match["kind"]].append(match["layer"])
+        else:
+            patterns.append(f"^{re.escape(name)}$")
+    for kind, layers in layers_by_kind.items():
+        patterns.append(rf"^blk\.({'|'.join(layers)})\.{kind}\.weight$")
+    return patterns
+
+
+def _repack_buffer_type() -> int | None:
+    """llama.cpp's CPU_REPACK buffer type, found among the CPU device's extra buffer types."""
+    lib = _ggml_base()
+    ggml = load_shared_library("ggml", _LIBS)
+    ggml.ggml_backend_dev_by_type.argtypes = [ctypes.c_int]
+    ggml.ggml_backend_dev_by_type.restype = ctypes.c_void_p
+    device = ggml.ggml_backend_dev_by_type(_GGML_DEVICE_TYPE_CPU)
+    if not device:
+        return None
+    registry = lib.ggml_backend_dev_backend_reg(device)
+    address = lib.ggml_backend_reg_get_proc_address(registry, b"ggml_backend_dev_get_extra_bufts")
+    if not address:
+        return None
+    get_extra = ctypes.CFUNCTYPE(ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p)(address)
+    buffer_types = get_extra(device)
+    i = 0
+    while buffer_types and buffer_types[i]:
+        if lib.ggml_backend_buft_name(buffer_types[i]) == b"CPU_REPACK":
+            return buffer_types[i]
+        i += 1
+    return None
+
+
+class _Override(ctypes.Structure):
+    _fields_ = [("pattern", ctypes.c_char_p), ("buft", ctypes.c_void_p)]
+
+
+@dataclass(frozen=True)
+class CpuPath:
+    """How the weights sit on the CPU: what `quill run --verbose` and `quill bench` name."""
+
+    amx_avoided: bool  # llama.cpp's extra buffer types (AMX among them) are off
+    repack: bool  # repacking was asked for
+    repacked: dict[str, str] = field(default_factory=dict)  # tensor -> layout, sent by name
+
+    def describe(self) -> str:
+        if not self.repack:
+            return "repack off"
+        if not self.amx_avoided:
+            return "llama.cpp's extra buffers (repack where it can)"
+        if not self.repacked:
+            return "AMX avoided, nothing to repack"
+        layouts = ", ".join(sorted(set(self.repacked.values())))
+        return f"AMX avoided, {len(self.repacked)} tensors repacked ({layouts})"
+
+    @property
+    def label(self) -> str:
+        """A short name for tables: extra, amx-repack, amx-plain or plain."""
+        if not self.repack:
+            return "plain"
+        if not self.amx_avoided:
+            return "extra"
+        return "amx-repack" if self.repacked else "amx-plain"
+
+
+@dataclass
+class LoadedModel:
+    model: ctypes.c_void_p  # llama_model *, NULL when llama.cpp refused the file
+    params: llama.llama_model_params
+    cpu_path: CpuPath
+    overrides: ctypes.Array | None = None  # kept alive with the parameters that point at it
+
+
+def load_model(
+    path: Path, *, gpu_layers: int = 0, repack: bool = True, avoid_amx: bool | None = None
+) -> LoadedModel:
+    """Load the weights with the AMX guard. gpu_layers follows llama.cpp (0x7FFFFFFF = all);
+    avoid_amx None reads the CPU, True forces the AMX path (safe on any CPU)."""
+    llama.llama_backend_init()
+    if avoid_amx is None:
+        avoid_amx = cpu_has_amx() or "AMX_INT8" in cpu_backend_features()
+    params = llama.llama_model_default_params()
+    params.n_gpu_layers = gpu_layers
+    params.use_extra_bufts = repack and not avoid_amx
+    plan: dict[str, str] = {}
+    overrides = None
+    # Offloaded layers belong on the GPU: name-based CPU overrides only when nothing is offloaded.
+    if repack and avoid_amx and gpu_layers == 0:
+        plan = repack_plan(tensor_infos(path), cpu_backend_features())
+        repack_buffer = _repack_buffer_type() if plan else None
+        if repack_buffer is None:
+            plan = {}
+        else:
+            patterns = override_patterns(list(plan))
+            overrides = (_Override * (len(patterns) + 1))()
+            for slot, pattern in zip(overrides, patterns, strict=False):
+                slot.pattern, slot.buft = pattern.encode(), repack_buffer
+            params.tensor_buft_overrides = ctypes.cast(overrides, ctypes.c_void_p)
+    model = llama.llama_model_load_from_file(str(path).encode(), params)
+    return LoadedModel(model, params, CpuPath(avoid_amx, repack, plan), overrides)

@@ -1,0 +1,21 @@
+"""How a model is loaded: the options, importable without loading llama.cpp."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+ALL_LAYERS = -1  # offload every layer
+DEFAULT_CTX = 4096
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    n_ctx: int | None = None  # None: min(DEFAULT_CTX, the model's trained context)
+    n_batch: int = 512
+    threads: int | None = None  # None: physical cores that other work leaves free
+    gpu_layers: int = 0  # ALL_LAYERS offloads every layer
+    kv_type_k: str = "f16"
+    kv_type_v: str = "f16"
+    parallel: int = 1  # sequences sharing the context (quill serve); each gets n_ctx tokens
+    repack: bool = True  # repacked weight layouts for faster CPU kernels (engine/loading.py)
+    avoid_amx: bool | None = None  # None: when the CPU has AMX; True forces that path anywhere

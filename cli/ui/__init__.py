@@ -1,0 +1,1 @@
+"""How results look in the terminal: lines, tables, progress bars, plots."""

@@ -1,0 +1,108 @@
+"""Download progress on stderr: a rich bar on a terminal, a few plain lines otherwise.
+
+Both are tqdm classes, the interface huggingface-hub reports bytes through.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+import warnings
+from typing import Any
+
+from tqdm import TqdmExperimentalWarning, tqdm
+from tqdm.rich import tqdm_rich
+
+from cli.ui.render import stderr_console
+from cli.units import human_bytes
+
+
+class RichDownloadBar(tqdm_rich):
+    """Bytes done and total, speed, time left."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("options", {"console": stderr_console})
+        kwargs["unit_divisor"] = 1024  # the same MiB as every other size quill prints
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", TqdmExperimentalWarning)
+            super().__init__(*args, **kwargs)
+
+
+class PlainDownloadLines(tqdm):
+    """One line at each tenth of the file (and at least every 30 s), nothing animated."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._next_tenth = 1
+        self._last_line = time.monotonic()
+        kwargs["file"] = sys.stderr
+        super().__init__(*args, **kwargs)
+
+    def display(self, msg: str | None = None, pos: int | None = None) -> bool:
+        total = self.total or 0
+        done = total > 0 and self.n >= total
+        tenth = int(10 * self.n / total) if total else 0
+        stale = time.monotonic() - self._last_line > 30
+        if not (tenth >= self._next_tenth or stale or (done and self._next_tenth <= 10)):
+            return True
+        rate = self.format_dict.get("rate") or 0
+        percent = f"{100 * self.n / total:.0f}%, " if total else ""
+        line = f"{self.desc or 'download'}: {percent}{human_bytes(self.n)}"
+        if total:
+            line += f" of {human_bytes(total)}"
+        if rate:
+            line += f", {human_bytes(rate)}/s"
+        print(line, file=sys.stderr, flush=True)
+        self._next_tenth = 11 if done else tenth + 1
+        self._last_line = time.monotonic()
+        return True
+
+
+def download_progress() -> type[tqdm]:
+    return RichDownloadBar if sys.stderr.isatty() else PlainDownloadLines
+
+
+class StepProgress:
+    """Counted steps (tensors, windows) on stderr: a rich bar on a terminal, otherwise a plain
+    line at each tenth. Use as a context manager; call update(done, total, detail)."""
+
+    def __init__(self, description: str) -> None:
+        self.description = description
+        self._bar: Any = None
+        self._task: Any = None
+        self._next_tenth = 1
+
+    def __enter__(self) -> StepProgress:
+        if sys.stderr.isatty():
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+                TimeElapsedColumn,
+            )
+
+            self._bar = Progress(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                TextColumn("{task.fields[detail]}"),
+                console=stderr_console,
+                transient=True,
+            )
+            self._bar.start()
+        return self
+
+    def update(self, done: int, total: int, detail: str = "") -> None:
+        if self._bar is not None:
+            if self._task is None:
+                self._task = self._bar.add_task(self.description, total=total, detail=detail)
+            self._bar.update(self._task, completed=done, total=total, detail=detail)
+            return
+        if total and done * 10 >= self._next_tenth * total:
+            print(f"{self.description}: {done}/{total} {detail}".rstrip(), file=sys.stderr)
+            self._next_tenth = done * 10 // total + 1
+
+    def __exit__(self, *_exc: object) -> None:
+        if self._bar is not None:
+            self._bar.stop()

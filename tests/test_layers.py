@@ -1,0 +1,147 @@
+"""The floor plan, kept by tests: which layer may import which, no import cycles, and a CLI that
+starts without loading llama.cpp or numpy."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("cli", "quant")
+# What each layer must never import (anywhere in its modules, at the top or inside a function).
+FORBIDDEN = {
+    "cli.engine": ("typer", "rich", "click", "cli.ui", "cli.commands", "cli.store", "cli.api",
+                   "cli.measure", "cli.app"),
+    "cli.store": ("typer", "rich", "click", "cli.ui", "cli.commands", "cli.api", "cli.measure",
+                  "cli.app"),
+    "cli.measure": ("typer", "rich", "click", "cli.ui", "cli.commands", "cli.app"),
+    "cli.api": ("typer", "rich", "click", "cli.ui", "cli.commands", "cli.measure", "cli.app"),
+    "cli.ui": ("typer", "cli.commands", "cli.app"),
+    "quant": ("cli", "typer", "rich", "click"),
+}  # fmt: skip
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def modules() -> dict[str, Path]:
+    found = {}
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            found[module_name(path)] = path
+    return found
+
+
+def imports_of(path: Path) -> set[str]:
+    """Every module a file imports, wherever the import statement is."""
+    names = set()
+    package = module_name(path)
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            base = node.module
+            if node.level:  # relative: from the file's package
+                base = ".".join([*package.split(".")[: -node.level], node.module])
+            names.add(base)
+            names.update(f"{base}.{alias.name}" for alias in node.names)
+    return names
+
+
+def within(name: str, prefix: str) -> bool:
+    return name == prefix or name.startswith(prefix + ".")
+
+
+@pytest.mark.parametrize("layer", sorted(FORBIDDEN))
+def test_layers_import_only_downwards(layer):
+    breaches = []
+    for name, path in modules().items():
+        if not within(name, layer):
+            continue
+        for imported in imports_of(path):
+            for forbidden in FORBIDDEN[layer]:
+                if within(imported, forbidden):
+                    breaches.append(f"{name} imports {imported}")
+    assert not breaches, breaches
+
+
+def test_nothing_imports_the_commands_but_the_app():
+    breaches = [
+        f"{name} imports {imported}"
+        for name, path in modules().items()
+        if not within(name, "cli.commands") and name != "cli.app"
+        for imported in imports_of(path)
+        if within(imported, "cli.commands")
+    ]
+    assert not breaches, breaches
+
+
+def test_no_import_cycles():
+    known = modules()
+    graph = {
+        name: {
+            target
+            for imported in imports_of(path)
+            for target in (imported, imported.rpartition(".")[0])
+            if target in known and target != name and known[target].name != "__init__.py"
+        }
+        for name, path in known.items()
+    }
+    done: set[str] = set()
+
+    def visit(name: str, trail: list[str]) -> None:
+        if name in trail:
+            cycle = [*trail[trail.index(name) :], name]
+            pytest.fail("import cycle: " + " -> ".join(cycle))
+        if name in done:
+            return
+        for target in sorted(graph[name]):
+            visit(target, [*trail, name])
+        done.add(name)
+
+    for name in sorted(graph):
+        visit(name, [])
+
+
+@pytest.mark.parametrize(
+    ("module", "forbidden"),
+    [
+        ("cli.app", ("llama_cpp", "numpy", "gguf", "huggingface_hub")),
+        ("cli.engine.engine", ("typer", "rich", "click")),
+        ("cli.engine.metrics", ("typer", "rich", "click", "llama_cpp")),
+        ("cli.store.models", ("typer", "rich", "llama_cpp", "numpy")),
+        ("quant", ("cli", "typer", "rich", "numpy", "gguf", "llama_cpp")),
+    ],
+)
+def test_what_importing_a_module_loads(module, forbidden):
+    code = f"import sys, {module}; print(sorted(m for m in {forbidden!r} if m in sys.modules))"
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    )
+    assert result.stdout.strip() == "[]", f"{module} pulls in {result.stdout.strip()}"
+
+
+def test_the_scheduler_leaves_the_llama_context_to_the_engine():
+    """The engine owns the context and the one record of each sequence's cached tokens: the
+    batch scheduler decodes and frees only through the engine's sequence operations."""
+    scheduler = ROOT / "cli" / "engine" / "batching.py"
+    assert not any(within(name, "llama_cpp") for name in imports_of(scheduler))
+    source = scheduler.read_text(encoding="utf-8")
+    assert "llama_memory" not in source and "_ctx" not in source
+
+
+def test_the_token_step_is_written_once():
+    """Only the SequenceStep assembles a StreamEvent from a sampled token; the client builds
+    one from a server's chunks in one helper."""
+    makers = {
+        name: path.read_text(encoding="utf-8").count("StreamEvent(")
+        for name, path in modules().items()
+        if "StreamEvent(" in path.read_text(encoding="utf-8")
+    }
+    assert makers == {"cli.engine.engine": 1, "cli.api.client": 1}, makers
