@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import psutil
 import pytest
 
-from cli import freecores
+from cli.engine import freecores
 from cli.app import app
 from cli.engine.freecores import CoreLoad
 
