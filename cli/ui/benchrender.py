@@ -111,9 +111,12 @@ def bars(rows: Sequence[BenchRow], width: int = 40) -> list[Text]:
         if len(chosen) < 2:
             continue
         top = max(value(r) for r in chosen) or 1.0
+        several_paths = len({r.cpu_path for r in rows}) > 1
         pictures.append(Text(title, style="bold"))
         for row in chosen:
             label = f"{row.test} @ d{row.depth} {row.kv_type} t{row.threads} b{row.batch}"
+            if several_paths:
+                label += f" {row.cpu_path}"
             filled = value(row) / top * width
             bar = "█" * int(filled) + ("▌" if filled - int(filled) >= 0.5 else "")
             line = Text(f"  {label:<28} ")
@@ -137,8 +140,9 @@ def plot(rows: Sequence[BenchRow], model: str, target: Path) -> None:
     figure, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
     series: dict[tuple[str, str], list[BenchRow]] = {}
     for row in rows:
+        path = f", {row.cpu_path}" if len({r.cpu_path for r in rows}) > 1 else ""
         series.setdefault(
-            (row.test, f"{row.kv_type}, {row.threads} threads, batch {row.batch}"), []
+            (row.test, f"{row.kv_type}, {row.threads} threads, batch {row.batch}{path}"), []
         ).append(row)
     for (test, label), points in series.items():
         if test.startswith("tg"):
@@ -155,6 +159,8 @@ def plot(rows: Sequence[BenchRow], model: str, target: Path) -> None:
     for row in rows:
         if row.test.startswith("pp"):
             key = f"depth {row.depth}, {row.kv_type}, {row.threads} threads, batch {row.batch}"
+            if len({r.cpu_path for r in rows}) > 1:
+                key += f", {row.cpu_path}"
             prompts.setdefault(key, []).append(row)
     for label, points in prompts.items():
         points.sort(key=lambda r: int(r.test[2:]))
