@@ -13,8 +13,8 @@ from collections.abc import Iterator
 import psutil
 import pytest
 
-from cli.engine import freecores
 from cli.app import app
+from cli.engine import freecores
 from cli.engine.freecores import CoreLoad
 
 SPIN = "import time\nend = time.monotonic() + 120\nwhile time.monotonic() < end: pass\n"
