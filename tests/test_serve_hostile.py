@@ -433,6 +433,8 @@ def test_sigterm_drains_streams_and_exits_0(smollm2_path, quill_home, tmp_path):
     with pytest.raises(httpx.HTTPError):  # draining: no new connections
         httpx.post(f"{url}/v1/chat/completions", json=HI, timeout=5).raise_for_status()
     assert process.wait(timeout=15) == 0
+    # Streams end at 1.2 s, leaving the rest of the drain timeout for closing and freeing; the
+    # margin over 1.5 s is for a machine as busy as CI's can be.
     assert time.monotonic() - signalled < 1.5 + 5
     for thread in threads:
         thread.join(timeout=10)
@@ -461,3 +463,12 @@ def test_importing_the_cli_does_not_import_the_http_stack():
         env=dict(os.environ),
     )  # fmt: skip
     assert result.stdout.strip() == "[]"
+
+
+def test_streams_end_before_the_drain_timeout_to_leave_time_for_teardown():
+    from cli.api.http import streams_end_after
+
+    assert streams_end_after(30) == 29
+    assert streams_end_after(5) == 4
+    assert streams_end_after(1.5) == pytest.approx(1.2)
+    assert streams_end_after(0) == 0

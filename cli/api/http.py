@@ -615,11 +615,21 @@ class QuillApp:
         if self.draining:
             return
         self.draining = True
-        asyncio.get_running_loop().call_later(self.limits.drain_timeout_s, self._end_in_flight)
+        asyncio.get_running_loop().call_later(
+            streams_end_after(self.limits.drain_timeout_s), self._end_in_flight
+        )
 
     def _end_in_flight(self) -> None:
         for events in list(self.in_flight):
             events.put_here(Drained())
+
+
+def streams_end_after(drain_timeout_s: float) -> float:
+    """When, after SIGTERM, requests still in flight are ended: the drain timeout bounds the
+    whole shutdown (a supervisor kills a process that outlives its grace period), so the last
+    second of it, or the last fifth of a short one, is kept for closing streams and freeing the
+    model."""
+    return max(0.0, drain_timeout_s - min(1.0, drain_timeout_s / 5))
 
 
 def _no_route(path: str) -> ApiError:

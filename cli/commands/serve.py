@@ -27,8 +27,8 @@ from cli.errors import UsageError
 
 SERVE_EPILOG = (
     "Endpoints: POST /v1/chat/completions, POST /v1/completions (stream or not), GET /v1/models, "
-    "GET /health. SIGTERM or Ctrl-C drains the server: no new requests, those in flight get up "
-    "to --drain-timeout to finish, then exit 0. " + EXIT_CODES_HELP
+    "GET /health. SIGTERM or Ctrl-C drains the server: no new requests, those in flight get "
+    "all but the last second of --drain-timeout to finish, then exit 0. " + EXIT_CODES_HELP
 )
 
 
@@ -80,7 +80,8 @@ def serve(
         typer.Option(
             "--drain-timeout",
             min=0,
-            help="Seconds in-flight requests get to finish after SIGTERM or Ctrl-C.",
+            help="Seconds after SIGTERM or Ctrl-C within which the server exits; requests in "
+            "flight get all but the last second to finish.",
         ),
     ] = 30.0,
     cors: Annotated[
