@@ -193,7 +193,7 @@ def test_list_rm_and_ownership(runner, hub, tmp_path, tiny_path, smollm2_path, m
     # Asking first: no terminal, no -y, no deletion.
     unconfirmed = quill(hub, tmp_path, "rm", "hf://owner/tiny/tiny.gguf")
     assert unconfirmed.returncode == 2 and "-y" in unconfirmed.stderr
-    removed = quill(hub, tmp_path, "rm", "-y", "hf://owner/tiny/tiny.gguf")
+    removed = quill(hub, tmp_path, "rm", "--yes", "hf://owner/tiny/tiny.gguf")  # -y above
     assert removed.returncode == 0 and "removed" in removed.stderr
     assert not list(blob_dir(tmp_path, "owner/tiny").iterdir())
     assert json.loads(quill(hub, tmp_path, "list", "--json").stdout) == []
