@@ -10,6 +10,8 @@ from test_serve import start_server
 
 from cli.app import app
 
+from conftest import PPL_TEXT
+
 PROMPT = "Name three primary colors."
 
 
@@ -48,7 +50,7 @@ def test_bench_batch_and_gen_tokens_by_their_long_names(runner, tiny32_path):
 
 
 def test_quant_report_kv_ctx(runner, tiny32_path):
-    args = ["quant-report", str(tiny32_path), "-f", "tests/data/gpl-3.txt", "--types", "f16",
+    args = ["quant-report", str(tiny32_path), "--file", str(PPL_TEXT), "--types", "f16",
             "--kv-types", "f16", "--ctx", "64", "--chunks", "1", "-p", "16",
             "--gen-tokens", "2", "-r", "1", "--json"]  # fmt: skip
     small = json.loads(runner.invoke(app, [*args, "--kv-ctx", "1024"]).stdout)
