@@ -6,7 +6,6 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import llama_cpp as llama
 import pytest
 
 from cli.engine.engine import Engine, LoadOptions
@@ -24,6 +23,7 @@ from cli.engine.loading import (
     tensor_infos,
 )
 from cli.engine.sampling import SamplingParams
+from quant.quantize import quantize
 
 from reference import Reference
 from tinymodel import write_tiny_llama
@@ -102,10 +102,7 @@ def q4_k_m_tiny(tmp_path_factory, smollm2_path) -> Path:
     folder = tmp_path_factory.mktemp("tiny-q4km")
     source = write_tiny_llama(folder / "f16.gguf", smollm2_path, n_embd=256, n_ff=512, n_head=4)
     target = folder / "q4_k_m.gguf"
-    params = llama.llama_model_quantize_default_params()
-    params.ftype = 15  # LLAMA_FTYPE_MOSTLY_Q4_K_M
-    params.nthread = 2
-    assert llama.llama_model_quantize(str(source).encode(), str(target).encode(), params) == 0
+    quantize(source, target, "q4_k_m", threads=2)
     return target
 
 
@@ -149,8 +146,6 @@ def test_forced_amx_path_loads_and_generates(request, capsys, model):
 def test_forced_amx_path_repacks_q4_0_on_cpus_that_can(smollm2_f16, tmp_path, capsys):
     """Q4_0 is the type worth repacking (1.4x prefill on an AVX-512 Xeon); on a CPU whose
     backend has a Q4_0 layout, the AMX path must actually repack it."""
-    from quant.quantize import quantize
-
     target = tmp_path / "q4_0.gguf"
     quantize(Path(smollm2_f16["output"]), target, "q4_0", threads=2)
     features = cpu_backend_features()

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import httpx2 as httpx
-import pytest
+from test_serve import start_server
 
 from cli.app import app
 from cli.engine.engine import Engine, LoadOptions
@@ -72,25 +72,8 @@ def test_chat_set_repeat_penalty_keeps_chatting(smollm2_path, quill_home, tmp_pa
     assert [m["role"] for m in messages] == ["user", "assistant"] and messages[1]["content"]
 
 
-def start_server(quill_home: Path, ready: Path, *args: str) -> tuple[subprocess.Popen, str]:
-    process = subprocess.Popen(
-        [QUILL, "serve", "--port", "0", *args],
-        env=quill_env(quill_home, QUILL_SERVE_READY_FILE=str(ready)),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    deadline = time.monotonic() + 60
-    while not ready.exists() or not ready.read_text():
-        if process.poll() is not None or time.monotonic() > deadline:
-            process.kill()
-            pytest.fail(f"quill serve did not start: {process.stderr.read()}")
-        time.sleep(0.1)
-    return process, f"http://127.0.0.1:{ready.read_text()}"
-
-
 def test_serve_applies_penalties_and_keeps_serving(smollm2_path, quill_home, tmp_path):
-    process, url = start_server(quill_home, tmp_path / "port", "--parallel", "2", "--ctx", "256")
+    process, url = start_server(quill_home, tmp_path, "--parallel", "2", "--ctx", "256")
     try:
 
         def ask(**extra: float) -> str:

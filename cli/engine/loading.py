@@ -51,9 +51,11 @@ class TensorInfo:
     rows: int  # ne[1] for a matrix: the count of output features
 
 
+@functools.cache
 def cpu_backend_features() -> dict[str, str]:
     """What llama.cpp's CPU backend was built with and found on this CPU (AVX2, NEON, DOTPROD, ...):
-    the very tests ggml's repack code makes."""
+    the very tests ggml's repack code makes. Read once per process, after the backends load."""
+    llama.llama_backend_init()
     info = llama.llama_print_system_info().decode("utf-8", errors="replace")
     features: dict[str, str] = {}
     for item in info.split("|"):
@@ -165,7 +167,6 @@ def tensor_infos(path: Path) -> list[TensorInfo]:
 
 def repack_plan(tensors: list[TensorInfo], features: dict[str, str]) -> dict[str, str]:
     """{tensor name: repacked layout} for the matmul weights this CPU can repack."""
-    names = {t.name for t in tensors}
     plan = {}
     for tensor in tensors:
         if tensor.n_dims != 2 or not MATMUL_WEIGHT.fullmatch(tensor.name):
@@ -173,8 +174,6 @@ def repack_plan(tensors: list[TensorInfo], features: dict[str, str]) -> dict[str
         layout = repack_layout(tensor.ggml_type, tensor.rows, features)
         if layout:
             plan[tensor.name] = layout
-    if "output.weight" not in names:
-        plan.pop("output.weight", None)
     return plan
 
 
@@ -197,6 +196,7 @@ def override_patterns(names: list[str]) -> list[str]:
     return patterns
 
 
+@functools.cache
 def _repack_buffer_type() -> int | None:
     """llama.cpp's CPU_REPACK buffer type, found among the CPU device's extra buffer types."""
     lib = _ggml_base()

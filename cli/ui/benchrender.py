@@ -53,9 +53,13 @@ def _cells(row: BenchRow, with_cpu_path: bool = False) -> list[str]:
 HEADERS = ["test", "depth", "KV", "threads", "batch", "tokens/s", "TTFT ms", "bytes/token", "GB/s"]
 
 
+def _compares_cpu_paths(rows: Sequence[BenchRow]) -> bool:
+    return len({row.cpu_path for row in rows}) > 1
+
+
 def _headers(rows: Sequence[BenchRow]) -> tuple[list[str], bool]:
     """The table's headers, with a CPU path column when the rows compare several."""
-    several = len({row.cpu_path for row in rows}) > 1
+    several = _compares_cpu_paths(rows)
     return [*HEADERS, "CPU path"] if several else HEADERS, several
 
 
@@ -111,7 +115,7 @@ def bars(rows: Sequence[BenchRow], width: int = 40) -> list[Text]:
         if len(chosen) < 2:
             continue
         top = max(value(r) for r in chosen) or 1.0
-        several_paths = len({r.cpu_path for r in rows}) > 1
+        several_paths = _compares_cpu_paths(rows)
         pictures.append(Text(title, style="bold"))
         for row in chosen:
             label = f"{row.test} @ d{row.depth} {row.kv_type} t{row.threads} b{row.batch}"
@@ -138,9 +142,10 @@ def plot(rows: Sequence[BenchRow], model: str, target: Path) -> None:
             "--plot needs matplotlib: pip install 'quill-llm[plot]' (or pip install matplotlib)"
         ) from error
     figure, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    several_paths = _compares_cpu_paths(rows)
     series: dict[tuple[str, str], list[BenchRow]] = {}
     for row in rows:
-        path = f", {row.cpu_path}" if len({r.cpu_path for r in rows}) > 1 else ""
+        path = f", {row.cpu_path}" if several_paths else ""
         series.setdefault(
             (row.test, f"{row.kv_type}, {row.threads} threads, batch {row.batch}{path}"), []
         ).append(row)
@@ -159,7 +164,7 @@ def plot(rows: Sequence[BenchRow], model: str, target: Path) -> None:
     for row in rows:
         if row.test.startswith("pp"):
             key = f"depth {row.depth}, {row.kv_type}, {row.threads} threads, batch {row.batch}"
-            if len({r.cpu_path for r in rows}) > 1:
+            if several_paths:
                 key += f", {row.cpu_path}"
             prompts.setdefault(key, []).append(row)
     for label, points in prompts.items():
