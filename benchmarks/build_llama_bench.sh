@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Build llama.cpp's own llama-bench, llama-perplexity and llama-batched-bench from the very
+# Build llama.cpp's own tools (llama-bench, llama-perplexity, llama-batched-bench, llama-server,
+# llama-completion, llama-lookup, llama-speculative-simple) from the very
 # llama-cpp-python sdist quill runs on: both sides of every ratio share one source and flags.
 # Usage: benchmarks/build_llama_bench.sh   (inside the venv quill is installed in; ~5 min on 2 cores)
 # Prints the path of the llama-bench binary on its last line.
@@ -13,13 +14,13 @@ if [ ! -d "$work/src" ]; then
   mkdir -p "$work/src"
   tar -xzf "$work"/llama_cpp_python-"$version".tar.gz -C "$work/src" --strip-components=1
 fi
-tools="llama-bench llama-perplexity llama-batched-bench"
+tools="llama-bench llama-perplexity llama-batched-bench llama-server llama-completion llama-lookup llama-speculative-simple"
 missing=0
 for tool in $tools; do [ -x "$work/build/bin/$tool" ] || missing=1; done
 if [ "$missing" = 1 ]; then
   cmake -S "$work/src/vendor/llama.cpp" -B "$work/build" -DCMAKE_BUILD_TYPE=Release \
-    -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
-    -DLLAMA_BUILD_SERVER=OFF -DLLAMA_CURL=OFF >&2
+    -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=ON \
+    -DLLAMA_BUILD_SERVER=ON -DLLAMA_CURL=OFF >&2
   cmake --build "$work/build" --target $tools -j "$(nproc)" >&2
 fi
 echo "$work/build/bin/llama-bench"

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -44,13 +45,18 @@ app()
 """
 
 
-def best_of(command: list[str], runs: int, env: dict[str, str]) -> float:
-    times = []
+def best_of(command: list[str], runs: int, env: dict[str, str]) -> tuple[float, float]:
+    """(best wall seconds, best CPU seconds): CPU time (user + system of the child) hardly
+    moves when other work shares the cores, so it still compares on a busy machine."""
+    walls, cpus = [], []
     for _ in range(runs):
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
         started = time.perf_counter()
         subprocess.run(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        times.append(time.perf_counter() - started)
-    return min(times)
+        walls.append(time.perf_counter() - started)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpus.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
+    return min(walls), min(cpus)
 
 
 def default_model() -> Path:
@@ -65,6 +71,9 @@ def default_model() -> Path:
 
 
 def ten_models(home: Path, source: Path) -> None:
+    from cli.store.models import file_quant
+
+    quant = file_quant(source)  # recorded as `quill pull` and `quill quantize` record it
     folder = home / "models" / "bench"
     folder.mkdir(parents=True)
     downloads = []
@@ -84,6 +93,7 @@ def ten_models(home: Path, source: Path) -> None:
                 "size": target.stat().st_size,
                 "sha256": None,
                 "added": time.time(),
+                "quant": quant,
             }
         )
     (home / "manifest.json").write_text(json.dumps({"downloads": downloads}))
@@ -121,14 +131,15 @@ def main() -> None:
         ):
             rows.append((label, best_of(command, args.runs, env)))
     print(f"best of {args.runs} runs, {source.name}")
-    print(f"{'command':<28} {'seconds':>8} {'over baseline':>14}")
-    worst = 0.0
-    for label, seconds in rows:
-        over = seconds - baseline
-        worst = max(worst, over)
-        print(f"{label:<28} {seconds:8.3f} {over:+14.3f}")
-    verdict = "within" if worst <= TARGET_S else "NOT within"
-    print(f"every command {verdict} {TARGET_S} s of the baseline (worst {worst:+.3f} s)")
+    print(f"{'command':<28} {'wall s':>7} {'over':>7} {'CPU s':>7} {'over':>7}")
+    worst_wall = worst_cpu = 0.0
+    for label, (wall, cpu) in rows:
+        over_wall, over_cpu = wall - baseline[0], cpu - baseline[1]
+        worst_wall, worst_cpu = max(worst_wall, over_wall), max(worst_cpu, over_cpu)
+        print(f"{label:<28} {wall:7.3f} {over_wall:+7.3f} {cpu:7.3f} {over_cpu:+7.3f}")
+    for what, worst in (("wall", worst_wall), ("CPU", worst_cpu)):
+        verdict = "within" if worst <= TARGET_S else "NOT within"
+        print(f"{what}: each command {verdict} {TARGET_S} s of the baseline (worst {worst:+.3f} s)")
 
 
 if __name__ == "__main__":

@@ -7,11 +7,15 @@ needs when it runs, so `quill --help` never loads llama.cpp or numpy.
 
 from __future__ import annotations
 
+import importlib
+import re
 import sys
+from functools import cache
 from typing import Annotated, Any
 
 import typer
 from typer.core import TyperGroup
+from typer.models import CommandInfo
 
 try:  # recent typer vendors click; earlier releases use click itself
     from typer._click.exceptions import ClickException, NoArgsIsHelpError
@@ -19,7 +23,6 @@ except ImportError:  # pragma: no cover
     from click.exceptions import ClickException, NoArgsIsHelpError
 
 from cli import __version__
-from cli.commands import bench, chat, models, quality, quantize, run, serve, tokenize
 from cli.errors import EXIT_CODES_HELP, EXIT_INTERRUPTED, EXIT_USAGE, QuillError
 
 
@@ -41,15 +44,73 @@ class QuillGroup(TyperGroup):
             raise typer.Exit(EXIT_INTERRUPTED) from None
 
 
-app = typer.Typer(
-    name="quill",
-    cls=QuillGroup,
-    help="Run quantized language models on your own machine, with honest numbers.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-    context_settings={"help_option_names": ["-h", "--help"]},
+# name, module under cli.commands, function, epilog: the module's attribute, or the exit codes.
+COMMANDS: tuple[tuple[str, str, str, str | None], ...] = (
+    ("run", "run", "run", None),
+    ("pull", "models", "pull", None),
+    ("list", "models", "list_models", ""),
+    ("rm", "models", "rm", ""),
+    ("inspect", "models", "inspect", None),
+    ("quantize", "quantize", "quantize", None),
+    ("bench", "bench", "bench", None),
+    ("chat", "chat", "chat", "CHAT_EPILOG"),
+    ("tokenize", "tokenize", "tokenize", "EPILOG"),
+    ("serve", "serve", "serve", "SERVE_EPILOG"),
+    ("perplexity", "quality", "perplexity", "PPL_EPILOG"),
+    ("quant-report", "quality", "quant_report", None),
 )
+
+
+def _command_info(name: str) -> CommandInfo | None:
+    """The registration of one command, importing only its module."""
+    for command, module_name, function, epilog in COMMANDS:
+        if command == name:
+            module = importlib.import_module(f"cli.commands.{module_name}")
+            text = EXIT_CODES_HELP if epilog is None else getattr(module, epilog, "") or None
+            return CommandInfo(name=name, callback=getattr(module, function), epilog=text)
+    return None
+
+
+class LazyQuillGroup(QuillGroup):
+    """The group main() runs: it imports and builds only the command being run. Typer would
+    otherwise import every command module and read every signature (a dozen get_type_hints) on
+    every start, whichever command is asked for."""
+
+    def list_commands(self, ctx: Any) -> list[str]:
+        return [name for name, *_ in COMMANDS]
+
+    def get_command(self, ctx: Any, cmd_name: str) -> Any:
+        info = _command_info(cmd_name)
+        if info is None:
+            return None
+        return typer.main.get_command_from_info(
+            info, pretty_exceptions_short=True, rich_markup_mode=None
+        )
+
+    def format_commands(self, ctx: Any, formatter: Any) -> None:
+        # The listing needs each command's first sentence, not its options.
+        rows = []
+        for name, *_ in COMMANDS:
+            info = _command_info(name)
+            assert info is not None and info.callback is not None
+            doc = " ".join((info.callback.__doc__ or "").split())
+            rows.append((name, re.split(r"(?<=[.?!])\s", doc, maxsplit=1)[0]))
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+
+# Help is click's plain text: rich's panels cost more start-up time (its import alone is a
+# tenth of a second) than the whole of `quill list`, and plain text is what a pipe wants.
+SETTINGS: dict[str, Any] = {
+    "name": "quill",
+    "help": "Run quantized language models on your own machine, with honest numbers.",
+    "no_args_is_help": True,
+    "add_completion": False,
+    "pretty_exceptions_enable": False,
+    "rich_markup_mode": None,
+    "context_settings": {"help_option_names": ["-h", "--help"]},
+}
+lazy_app = typer.Typer(cls=LazyQuillGroup, **SETTINGS)
 
 
 def _version(value: bool) -> None:
@@ -58,7 +119,7 @@ def _version(value: bool) -> None:
         raise typer.Exit()
 
 
-@app.callback()
+@lazy_app.callback()
 def _root(
     version: Annotated[
         bool, typer.Option("--version", callback=_version, is_eager=True, help="Show the version.")
@@ -67,24 +128,30 @@ def _root(
     """Run quantized language models on your own machine, with honest numbers."""
 
 
-app.command(name="run", epilog=EXIT_CODES_HELP)(run.run)
-app.command(name="pull", epilog=EXIT_CODES_HELP)(models.pull)
-app.command(name="list")(models.list_models)
-app.command(name="rm")(models.rm)
-app.command(name="inspect", epilog=EXIT_CODES_HELP)(models.inspect)
-app.command(name="quantize", epilog=EXIT_CODES_HELP)(quantize.quantize)
-app.command(name="bench", epilog=EXIT_CODES_HELP)(bench.bench)
-app.command(name="chat", epilog=chat.CHAT_EPILOG)(chat.chat)
-app.command(name="tokenize", epilog=tokenize.EPILOG)(tokenize.tokenize)
-app.command(name="serve", epilog=serve.SERVE_EPILOG)(serve.serve)
-app.command(name="perplexity", epilog=quality.PPL_EPILOG)(quality.perplexity)
-app.command(name="quant-report", epilog=EXIT_CODES_HELP)(quality.quant_report)
+@cache
+def _full_app() -> typer.Typer:
+    """Every command registered at once: what tests (CliRunner), docgen and --help listings
+    read. The console script runs lazy_app instead."""
+    full = typer.Typer(cls=QuillGroup, **SETTINGS)
+    full.callback()(_root)
+    for name, *_ in COMMANDS:
+        info = _command_info(name)
+        assert info is not None
+        full.command(name=name, epilog=info.epilog)(info.callback)
+    return full
+
+
+def __getattr__(name: str) -> Any:
+    # `from cli.app import app` builds the full app; `quill list` never touches it.
+    if name == "app":
+        return _full_app()
+    raise AttributeError(f"module 'cli.app' has no attribute {name!r}")
 
 
 def main() -> None:
     """The console script: every outcome leaves through here with a documented exit code."""
     try:
-        code = app(standalone_mode=False)
+        code = lazy_app(standalone_mode=False)
     except NoArgsIsHelpError as error:
         error.ctx.get_help()  # typer renders the help itself
         sys.exit(EXIT_USAGE)

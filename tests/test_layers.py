@@ -4,6 +4,7 @@ starts without loading llama.cpp or numpy."""
 from __future__ import annotations
 
 import ast
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -120,7 +121,10 @@ def test_no_import_cycles():
     ],
 )
 def test_what_importing_a_module_loads(module, forbidden):
-    code = f"import sys, {module}; print(sorted(m for m in {forbidden!r} if m in sys.modules))"
+    # cli.app builds its full app (every command's module and signature) on first use of .app
+    touch = "cli.app.app; " if module == "cli.app" else ""
+    code = f"import sys, {module}; {touch}"
+    code += f"print(sorted(m for m in {forbidden!r} if m in sys.modules))"
     result = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     )
@@ -145,3 +149,25 @@ def test_the_token_step_is_written_once():
         if "StreamEvent(" in path.read_text(encoding="utf-8")
     }
     assert makers == {"cli.engine.engine": 1, "cli.api.client": 1}, makers
+
+
+def test_a_command_imports_only_what_it_runs(tmp_path):
+    """`quill list` imports its own command module and the option kit, not the other commands,
+    nor rich, PyYAML (the registry is kept as JSON after the first read) or llama.cpp: start-up
+    time is what every command pays before it does anything."""
+    code = (
+        "import atexit, sys\n"
+        "atexit.register(lambda: print(sorted(m for m in sys.modules if m.startswith("
+        "('cli.commands.', 'rich', 'yaml', 'llama_cpp', 'numpy', 'pydantic'))), file=sys.stderr))\n"
+        "sys.argv = ['quill', 'list', '--json']\n"
+        "from cli.app import main\n"
+        "main()\n"
+    )
+    env = {**os.environ, "QUILL_HOME": str(tmp_path), "HF_HUB_OFFLINE": "1"}
+    for _ in range(2):  # the first run reads models.yaml with PyYAML and keeps it
+        result = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=False
+        )
+        assert result.returncode == 0, result.stderr
+    loaded = result.stderr.strip().splitlines()[-1]
+    assert loaded == "['cli.commands.models', 'cli.commands.options']", loaded

@@ -15,9 +15,9 @@ import pytest
 from hubserver import Hub, serve_hub
 
 from cli.app import app
-from cli.errors import ModelNotFoundError
+from cli.errors import DiskSpaceError, ModelNotFoundError
 from cli.store.hubdownload import RESUME_CHUNK
-from cli.store.models import DiskSpaceError, ModelRequest, obtain, parse_model_name, sha256_of
+from cli.store.models import ModelRequest, obtain, parse_model_name, sha256_of
 from cli.store.registry import load_registry
 
 from conftest import quill_env
@@ -170,7 +170,7 @@ def test_free_disk_space_is_checked_before_downloading(hub, tmp_path, monkeypatc
     monkeypatch.setattr("huggingface_hub.constants.HUGGINGFACE_CO_URL_TEMPLATE", template)
     monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path / "hf"))
     monkeypatch.setattr(
-        "cli.store.models.shutil.disk_usage", lambda _p: type("U", (), {"free": 2**20})()
+        "cli.store.hub.shutil.disk_usage", lambda _p: type("U", (), {"free": 2**20})()
     )
     request = parse_model_name("hf://owner/tiny/tiny.gguf", load_registry())
     with pytest.raises(DiskSpaceError, match=r"needs 14\.0 MiB, .* has 1\.0 MiB free"):

@@ -58,18 +58,12 @@ def list_models(
     """List the models on disk: what quill fetched, and registry models other tools cached."""
     import json
 
-    from cli.store.models import list_local
+    from cli.store.models import file_quant, list_local
     from cli.store.registry import load_registry
     from cli.ui import render
-    from quant.gguf import GGUFError, quant_type
 
     models = list_local(load_registry())
-    quants = {}
-    for model in models:
-        try:
-            quants[str(model.path)] = quant_type(model.path) or "?"
-        except GGUFError:
-            quants[str(model.path)] = "unreadable"
+    quants = {str(m.path): m.quant or file_quant(m.path) or "?" for m in models}
     if json_output:
         rows = [
             {

@@ -13,7 +13,14 @@ from pathlib import Path
 
 from cli.engine.llamalog import llama_log
 from cli.errors import ModelLoadError, UsageError
-from cli.store.models import Download, ModelRequest, quill_home, read_model, record
+from cli.store.models import (
+    Download,
+    ModelRequest,
+    file_quant,
+    quill_home,
+    read_model,
+    record,
+)
 from cli.store.registry import Registry
 from quant.quantize import (
     QuantizeError,
@@ -102,6 +109,7 @@ def make_quantized(
                 result.output_bytes,
                 None,
                 time.time(),
+                file_quant(output),
             ),
         )
     return Made(made_name, result)

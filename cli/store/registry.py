@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from functools import cache
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from cli.errors import RegistryError
+from cli.store.home import quill_home
+from quant.partfiles import partial_path
 
 
 @dataclass(frozen=True)
@@ -67,9 +67,12 @@ class Registry:
 
 
 def registry_path() -> Path:
-    packaged = resources.files("cli") / "models.yaml"
+    # The wheel puts models.yaml inside the cli package (pyproject's force-include); a plain path
+    # beside this file finds it without importlib.resources, whose import costs `quill list` more
+    # than reading the registry does.
+    packaged = Path(__file__).resolve().parents[1] / "models.yaml"
     if packaged.is_file():
-        return Path(str(packaged))
+        return packaged
     # An editable install of a checkout has no packaged copy; the checkout's file is the one.
     return Path(__file__).resolve().parents[2] / "models.yaml"
 
@@ -77,13 +80,49 @@ def registry_path() -> Path:
 @cache
 def load_registry(path: Path | None = None) -> Registry:
     path = path or registry_path()
+    return parse_registry(_registry_data(path), str(path))
+
+
+def _registry_data(path: Path) -> Any:
+    """models.yaml's data. Importing PyYAML costs every command about 50 ms of CPU, so the data
+    is kept as JSON under quill's home, keyed on the file's path, size and modification time:
+    an edited registry is read afresh, and a cache that cannot be read or written is skipped."""
+    try:
+        stat = path.stat()
+    except OSError as error:
+        raise RegistryError(f"cannot read the model registry {path}: {error}") from error
+    key = f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}"
+    cached = quill_home() / "cache" / "registry.json"
+    try:
+        kept = json.loads(cached.read_text(encoding="utf-8"))
+        if isinstance(kept, dict) and kept.get("key") == key:
+            return kept["data"]
+    except (OSError, ValueError):
+        pass
+    import yaml
+
     try:
         # libyaml (when built in) parses the registry several times faster than pure Python.
         loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
         data = yaml.load(path.read_text(encoding="utf-8"), Loader=loader)
     except (OSError, yaml.YAMLError) as error:
         raise RegistryError(f"cannot read the model registry {path}: {error}") from error
-    return parse_registry(data, str(path))
+    try:
+        text = json.dumps({"key": key, "data": data})
+    except (TypeError, ValueError):
+        return data  # YAML that JSON cannot hold (dates): parsed every time
+    if json.loads(text)["data"] != data:
+        return data  # keys JSON would turn into strings: the same
+    partial = partial_path(cached)
+    try:
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        partial.write_text(text, encoding="utf-8")
+        partial.replace(cached)
+    except OSError:
+        pass  # a read-only home: parse it every time
+    finally:
+        partial.unlink(missing_ok=True)
+    return data
 
 
 def parse_registry(data: Any, where: str) -> Registry:

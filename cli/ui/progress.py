@@ -13,7 +13,7 @@ from typing import Any
 from tqdm import TqdmExperimentalWarning, tqdm
 from tqdm.rich import tqdm_rich
 
-from cli.ui.render import stderr_console
+from cli.ui import render
 from cli.units import human_bytes
 
 
@@ -21,7 +21,7 @@ class RichDownloadBar(tqdm_rich):
     """Bytes done and total, speed, time left."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        kwargs.setdefault("options", {"console": stderr_console})
+        kwargs.setdefault("options", {"console": render.stderr_console})
         kwargs["unit_divisor"] = 1024  # the same MiB as every other size quill prints
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", TqdmExperimentalWarning)
@@ -87,7 +87,7 @@ class StepProgress:
                 MofNCompleteColumn(),
                 TimeElapsedColumn(),
                 TextColumn("{task.fields[detail]}"),
-                console=stderr_console,
+                console=render.stderr_console,
                 transient=True,
             )
             self._bar.start()

@@ -6,16 +6,42 @@ import itertools
 import json
 import os
 import sys
-from typing import Any
+from functools import cache
+from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
-from rich.text import Text
-
-from cli.engine.metrics import RunMetrics
 from cli.units import human_bytes
 
-# rich drops colour by itself when stderr is not a terminal (and honours NO_COLOR).
-stderr_console = Console(stderr=True, highlight=False, soft_wrap=True)
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.text import Text
+
+    from cli.engine.metrics import RunMetrics
+
+
+# rich costs a tenth of a second to import: a command that prints no styled line never pays it.
+@cache
+def _console(stream: str) -> Console:
+    from rich.console import Console
+
+    if stream == "stderr":
+        # rich drops colour by itself when stderr is not a terminal (and honours NO_COLOR).
+        return Console(stderr=True, highlight=False, soft_wrap=True)
+    # Off a terminal, lines are as long as they need to be: scripts should not get wrapped paths.
+    return Console(highlight=False, width=None if sys.stdout.isatty() else 4096)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "stderr_console":
+        return _console("stderr")
+    if name == "stdout_console":
+        return _console("stdout")
+    raise AttributeError(name)
+
+
+def _text(text: str = "", style: str = "") -> Text:
+    from rich.text import Text
+
+    return Text(text, style=style)
 
 
 def _ms(seconds: float | None) -> str:
@@ -61,19 +87,19 @@ REMOTE_PARTS = ("TTFT", "prefill", "decode", "ITL", "total", "finish")
 
 
 def print_stats(metrics: RunMetrics) -> None:
-    line = Text()
+    line = _text()
     for index, (label, value) in enumerate(stats_parts(metrics)):
         if index:
             line.append(" · ", style="dim")
         line.append(f"{label} ", style="dim")
         line.append(value, style="bold" if label in ("TTFT", "decode", "finish") else "")
-    stderr_console.print(line)
+    _console("stderr").print(line)
 
 
 def print_timeline(arrivals: list[tuple[float, str]], width: int = 40) -> None:
     """When each token arrived, then how the gaps between tokens are spread."""
-    console = stderr_console
-    console.print(Text("token  arrived (ms)  gap (ms)  text", style="bold"))
+    console = _console("stderr")
+    console.print(_text("token  arrived (ms)  gap (ms)  text", style="bold"))
     previous = None
     for index, (at, text) in enumerate(arrivals, start=1):
         gap = "" if previous is None else f"{at - previous:8.1f}"
@@ -88,7 +114,7 @@ def print_timeline(arrivals: list[tuple[float, str]], width: int = 40) -> None:
     counts = [0] * bins
     for gap in gaps:
         counts[min(int((gap - low) / step), bins - 1)] += 1
-    console.print(Text("gaps between tokens (ms)", style="bold"))
+    console.print(_text("gaps between tokens (ms)", style="bold"))
     top = max(counts)
     for number, count in enumerate(counts):
         start = low + number * step
@@ -103,15 +129,15 @@ def run_json(model: str, path: str, text: str, metrics: RunMetrics) -> str:
 
 
 def error_line(message: str) -> None:
-    stderr_console.print(Text("quill: error: ", style="bold red") + Text(message))
+    _console("stderr").print(_text("quill: error: ", style="bold red") + _text(message))
 
 
 def warning_line(message: str) -> None:
-    stderr_console.print(Text("quill: warning: ", style="yellow") + Text(message))
+    _console("stderr").print(_text("quill: warning: ", style="yellow") + _text(message))
 
 
 def info_line(message: str) -> None:
-    stderr_console.print(Text(message, style="dim"))
+    _console("stderr").print(_text(message, style="dim"))
 
 
 def write_stdout(text: str) -> None:
@@ -133,34 +159,32 @@ def silence_stdout() -> None:
     os.dup2(devnull, sys.stdout.fileno())
 
 
-# Off a terminal, lines are as long as they need to be: scripts should not get wrapped paths.
-stdout_console = Console(highlight=False, width=None if sys.stdout.isatty() else 4096)
+def columns(headers: list[str], rows: list[list[str]]) -> str:
+    """A plain table, as `ollama list` prints one: aligned columns, nothing to strip in a pipe
+    (and no rich import, which would cost `quill list` more than everything else it does)."""
+    widths = [max(len(cell) for cell in column) for column in zip(headers, *rows, strict=True)]
+    lines = [
+        "  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip()
+        for line in [headers, *rows]
+    ]
+    return "\n".join(lines) + "\n"
 
 
 def models_table(models: list[Any], quants: dict[str, str]) -> None:
-    from rich.table import Table
-
-    table = Table(box=None, pad_edge=False, header_style="bold")
-    for column in ("NAME", "QUANT", "SIZE", "SOURCE", "PATH"):
-        table.add_column(column, no_wrap=column != "PATH", overflow="fold")
+    rows = []
     for model in models:
         source = model.source if model.owned else f"{model.source} (not quill's)"
-        table.add_row(
-            model.name, quants[str(model.path)], human_bytes(model.size), source, str(model.path)
+        rows.append(
+            [model.name, quants[str(model.path)], human_bytes(model.size), source, str(model.path)]
         )
-    stdout_console.print(table)
+    write_stdout(columns(["NAME", "QUANT", "SIZE", "SOURCE", "PATH"], rows))
 
 
 def gguf_report(info: Any) -> None:
-    from rich.table import Table
-
     def number(value: Any) -> str:
         return f"{value:,}" if isinstance(value, int) else str(value if value is not None else "-")
 
-    facts = Table(box=None, show_header=False, pad_edge=False)
-    facts.add_column(style="dim", no_wrap=True)
-    facts.add_column(overflow="fold")
-    rows = [
+    facts = [
         ("name", info.name or "-"),
         ("architecture", info.architecture),
         ("quantization", info.file_type or "-"),
@@ -177,16 +201,10 @@ def gguf_report(info: Any) -> None:
         ("file size", f"{human_bytes(info.file_size)} ({info.file_size:,} bytes)"),
         ("path", info.path),
     ]
-    for label, text in rows:
-        facts.add_row(label, text)
-    stdout_console.print(facts)
-    tensors = Table(box=None, pad_edge=False, header_style="bold")
-    for column in ("TENSOR TYPE", "TENSORS", "BYTES"):
-        tensors.add_column(column, justify="left" if column == "TENSOR TYPE" else "right")
-    for kind in info.tensor_types:
-        tensors.add_row(kind.type, str(kind.tensors), human_bytes(kind.bytes))
-    stdout_console.print()
-    stdout_console.print(tensors)
+    width = max(len(label) for label, _ in facts)
+    text = "".join(f"{label.ljust(width)}  {value}\n" for label, value in facts)
+    rows = [[kind.type, str(kind.tensors), human_bytes(kind.bytes)] for kind in info.tensor_types]
+    write_stdout(text + "\n" + columns(["TENSOR TYPE", "TENSORS", "BYTES"], rows))
 
 
 def memory_line(memory: Any) -> str:
@@ -199,33 +217,29 @@ def memory_line(memory: Any) -> str:
 
 
 def memory_report(memory: Any, budget: int | None, largest: int | None) -> None:
-    from rich.table import Table
-
     kv = f"{memory.type_k}/{memory.type_v}" if memory.type_k != memory.type_v else memory.type_k
-    table = Table(box=None, show_header=False, pad_edge=False)
-    table.add_column(style="dim", no_wrap=True)
-    table.add_column(justify="right")
-    table.add_column(style="dim")
-    table.add_row("weights", human_bytes(memory.weights_bytes), "")
     note = f"{memory.n_ctx} cells"
     if memory.kv_bytes_windowed != memory.kv_bytes:
         windowed = human_bytes(memory.kv_bytes_windowed)
         note += f"; {windowed} if sliding-window layers kept only their window"
-    table.add_row(f"KV cache ({kv})", human_bytes(memory.kv_bytes), note)
-    table.add_row(
-        "compute buffer", human_bytes(memory.compute_bytes), "one batch of logits, mostly"
-    )
-    table.add_row("output buffer", human_bytes(memory.output_bytes), "")
-    table.add_row("total", human_bytes(memory.total_bytes), "")
-    stdout_console.print()
-    stdout_console.print(Text(f"memory at a context of {memory.n_ctx} tokens", style="bold"))
-    stdout_console.print(table)
+    rows = [
+        ["weights", human_bytes(memory.weights_bytes), ""],
+        [f"KV cache ({kv})", human_bytes(memory.kv_bytes), note],
+        ["compute buffer", human_bytes(memory.compute_bytes), "one batch of logits, mostly"],
+        ["output buffer", human_bytes(memory.output_bytes), ""],
+        ["total", human_bytes(memory.total_bytes), ""],
+    ]
+    text = f"\nmemory at a context of {memory.n_ctx} tokens\n"
+    # columns() with an empty header row: the labels say what each line is.
+    text += columns(["", "", ""], rows).removeprefix("\n")
     if budget is not None:
         if largest:
-            line = f"largest context that fits {human_bytes(budget)}: {largest} tokens"
+            text += f"largest context that fits {human_bytes(budget)}: {largest} tokens\n"
         else:
-            line = f"the model does not fit {human_bytes(budget)} even with 256 tokens of context"
-        stdout_console.print(line)
+            text += (
+                f"the model does not fit {human_bytes(budget)} even with 256 tokens of context\n"
+            )
+    write_stdout(text)
 
 
 def quant_report_table(rows: list[Any], kv_ctx: int, markdown: bool = False) -> None:
@@ -265,4 +279,4 @@ def quant_report_table(rows: list[Any], kv_ctx: int, markdown: bool = False) -> 
         table.add_column(header, justify="left" if header in ("weights", "KV") else "right")
     for line in cells:
         table.add_row(*line)
-    stdout_console.print(table)
+    _console("stdout").print(table)
