@@ -153,7 +153,7 @@ def main() -> None:
     try:
         code = lazy_app(standalone_mode=False)
     except NoArgsIsHelpError as error:
-        error.ctx.get_help()  # typer renders the help itself
+        sys.stderr.write(error.ctx.get_help() + "\n")
         sys.exit(EXIT_USAGE)
     except ClickException as error:
         from cli.ui.render import error_line

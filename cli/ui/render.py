@@ -159,14 +159,18 @@ def silence_stdout() -> None:
     os.dup2(devnull, sys.stdout.fileno())
 
 
-def columns(headers: list[str], rows: list[list[str]]) -> str:
-    """A plain table, as `ollama list` prints one: aligned columns, nothing to strip in a pipe
-    (and no rich import, which would cost `quill list` more than everything else it does)."""
+def columns(headers: list[str], rows: list[list[str]], right: tuple[int, ...] = ()) -> str:
+    """A plain table, as `ollama list` prints one: aligned columns (those in right aligned on
+    the right, for numbers), nothing to strip in a pipe, and no rich import, which would cost
+    `quill list` more than everything else it does."""
     widths = [max(len(cell) for cell in column) for column in zip(headers, *rows, strict=True)]
-    lines = [
-        "  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip()
-        for line in [headers, *rows]
-    ]
+    lines = []
+    for line in [headers, *rows]:
+        cells = [
+            cell.rjust(width) if index in right else cell.ljust(width)
+            for index, (cell, width) in enumerate(zip(line, widths, strict=True))
+        ]
+        lines.append("  ".join(cells).rstrip())
     return "\n".join(lines) + "\n"
 
 
@@ -204,7 +208,7 @@ def gguf_report(info: Any) -> None:
     width = max(len(label) for label, _ in facts)
     text = "".join(f"{label.ljust(width)}  {value}\n" for label, value in facts)
     rows = [[kind.type, str(kind.tensors), human_bytes(kind.bytes)] for kind in info.tensor_types]
-    write_stdout(text + "\n" + columns(["TENSOR TYPE", "TENSORS", "BYTES"], rows))
+    write_stdout(text + "\n" + columns(["TENSOR TYPE", "TENSORS", "BYTES"], rows, right=(1, 2)))
 
 
 def memory_line(memory: Any) -> str:
@@ -231,7 +235,7 @@ def memory_report(memory: Any, budget: int | None, largest: int | None) -> None:
     ]
     text = f"\nmemory at a context of {memory.n_ctx} tokens\n"
     # columns() with an empty header row: the labels say what each line is.
-    text += columns(["", "", ""], rows).removeprefix("\n")
+    text += columns(["", "", ""], rows, right=(1,)).removeprefix("\n")
     if budget is not None:
         if largest:
             text += f"largest context that fits {human_bytes(budget)}: {largest} tokens\n"
