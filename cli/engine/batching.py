@@ -7,6 +7,12 @@ its event. A request that finishes or is cancelled leaves at once and frees its 
 joins at the next step. Each slot has its own KV cells (sequence id), its own sampler chain and
 its own text stream, so requests do not see each other, but share every matrix multiplication.
 
+A slot keeps its tokens and KV cells after its request ends (a prefix cache, as llama-server's
+cache_prompt): a new request goes to the idle slot whose cached tokens share the longest prefix
+with its prompt (with none shared, the least recently used), only the cells past that prefix are
+freed, and only the rest of the prompt is prefilled. A conversation re-sent by an OpenAI client
+with one more message costs the new message, not the whole history.
+
 Consumers get the same StreamEvent objects Engine.stream_generate yields.
 """
 
@@ -36,6 +42,8 @@ class BatchRequest:
     stop: Sequence[str] = ()
     events: queue.Queue[StreamEvent | BaseException] = field(default_factory=queue.Queue)
     cancelled: threading.Event = field(default_factory=threading.Event)
+    cache_prompt: bool = True  # False: prefill the whole prompt, reusing no slot's cache
+    cached_tokens: int = 0  # prompt tokens found in the slot's cache, set when admitted
 
     def stream(self) -> Iterator[StreamEvent]:
         """The events of this request, as they are made; the last has finish_reason set."""
@@ -74,6 +82,11 @@ class BatchScheduler:
         self.failure: BaseException | None = None  # what killed the loop, if anything did
         self._waiting: deque[BatchRequest] = deque()
         self._slots: list[_Slot | None] = [None] * engine.parallel
+        # When each slot last took a request: misses and ties go to the least recently used,
+        # so the caches of the conversations seen last survive longest.
+        self._last_used: list[int] = [0] * engine.parallel
+        self._admitted = 0
+        self.reused_tokens = 0  # prompt tokens not prefilled thanks to a slot's cache, in all
         self._wake = threading.Condition()
         self._stopping = False
         self.steps = 0
@@ -144,43 +157,65 @@ class BatchScheduler:
             for index, slot in enumerate(self._slots):
                 if slot is not None:
                     slot.request.events.put(ending)
-                    self._free(index)
+                    self._free(index, keep_cache=False)
+
+    def _choose_slot(self, prompt: list[int], idle: list[int]) -> int:
+        """The idle slot whose cache shares the longest prefix with prompt; with none shared,
+        or between equals, the least recently used."""
+        shared = {index: self.engine.common_prefix(index, prompt) for index in idle}
+        return max(idle, key=lambda index: (shared[index], -self._last_used[index]))
 
     def _admit(self) -> None:
-        for index, slot in enumerate(self._slots):
-            if slot is not None or not self._waiting:
-                continue
+        while self._waiting:
+            idle = [index for index, slot in enumerate(self._slots) if slot is None]
+            if not idle:
+                return
             request = self._waiting.popleft()
             if request.cancelled.is_set():
                 continue
-            self.engine.forget(index)
+            prompt = request.prompt_tokens
+            if request.cache_prompt:
+                index = self._choose_slot(prompt, idle)
+                cached = self.engine.reuse_prefix(index, prompt)
+            else:
+                index = min(idle, key=lambda i: self._last_used[i])
+                self.engine.forget(index)
+                cached = 0
+            self._admitted += 1
+            self._last_used[index] = self._admitted
+            request.cached_tokens = cached
+            self.reused_tokens += cached
             try:
                 step = SequenceStep(
                     self.engine,
-                    request.prompt_tokens,
+                    prompt,
                     request.max_tokens,
                     request.sampling,
                     request.stop,
-                    cached_prompt_tokens=0,
+                    cached_prompt_tokens=cached,
                     started=time.perf_counter(),
                     seq=index,
                 )
             except Exception as error:  # this request's failure, not the server's
                 request.events.put(error)
                 continue
-            self._slots[index] = _Slot(request, step, deque(request.prompt_tokens))
+            self._slots[index] = _Slot(request, step, deque(prompt[cached:]))
 
     def _drop_cancelled(self) -> None:
         for index, slot in enumerate(self._slots):
             if slot is not None and slot.request.cancelled.is_set():
                 self._free(index)
 
-    def _free(self, index: int) -> None:
+    def _free(self, index: int, keep_cache: bool = True) -> None:
+        """End slot index's request. Its cells stay for the next request that shares their
+        prefix (they hold exactly the tokens decoded so far, a cancelled prompt's part too);
+        after a failure they go."""
         slot = self._slots[index]
         if slot is None:
             return
         slot.step.close()
-        self.engine.forget(index)
+        if not keep_cache:
+            self.engine.forget(index)
         self._slots[index] = None
 
     def _step(self) -> None:
@@ -204,7 +239,7 @@ class BatchScheduler:
         except DecodeError as error:
             for index, slot in busy:
                 slot.request.events.put(error)
-                self._free(index)
+                self._free(index, keep_cache=False)
             return
         for slot, output in zip(owners, outputs, strict=True):
             if output >= 0:
@@ -219,7 +254,7 @@ class BatchScheduler:
                     self._sample(index, slot)
                 except Exception as error:  # this request's failure, not the server's
                     slot.request.events.put(error)
-                    self._free(index)
+                    self._free(index, keep_cache=False)
 
     def _sample(self, index: int, slot: _Slot) -> None:
         event = slot.step.sample(slot.output)

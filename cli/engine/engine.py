@@ -328,18 +328,60 @@ class Engine:
     def cached_count(self, seq: int = 0) -> int:
         return len(self._cached[seq])
 
-    def reuse_prefix(self, seq: int, tokens: Sequence[int]) -> int:
-        """Keep the KV cells of the longest common prefix of tokens with what seq holds, drop the
-        rest; the number kept. At least one token is left to decode, for logits to sample."""
+    def common_prefix(self, seq: int, tokens: Sequence[int]) -> int:
+        """How many leading tokens of tokens sequence seq already holds (nothing changes)."""
         common = 0
         for old, new in zip(self._cached[seq], tokens, strict=False):
             if old != new:
                 break
             common += 1
-        common = min(common, len(tokens) - 1)
-        llama.llama_memory_seq_rm(llama.llama_get_memory(self._ctx), seq, common, -1)
-        del self._cached[seq][common:]
         return common
+
+    def keep_prefix(self, seq: int, n: int) -> None:
+        """Keep the KV cells of sequence seq's first n positions and free the rest: the one
+        place cells past a point are removed (prefix reuse, prompt caches, speculative
+        decoding's rejected drafts)."""
+        if n < 0:
+            raise ValueError(f"cannot keep {n} positions")
+        if n >= len(self._cached[seq]):
+            return
+        llama.llama_memory_seq_rm(llama.llama_get_memory(self._ctx), seq, n, -1)
+        del self._cached[seq][n:]
+
+    def reuse_prefix(self, seq: int, tokens: Sequence[int]) -> int:
+        """Keep the KV cells of the longest common prefix of tokens with what seq holds, drop the
+        rest; the number kept. At least one token is left to decode, for logits to sample."""
+        common = min(self.common_prefix(seq, tokens), len(tokens) - 1)
+        self.keep_prefix(seq, common)
+        return common
+
+    def sequence_state(self, seq: int = 0) -> bytes:
+        """Sequence seq's KV cells as llama.cpp serializes them (positions, K and V per layer):
+        what a prompt cache keeps, to restore with restore_sequence."""
+        size = llama.llama_state_seq_get_size(self._ctx, seq)
+        buffer = (ctypes.c_uint8 * size)()
+        written = llama.llama_state_seq_get_data(self._ctx, buffer, size, seq)
+        return bytes(buffer[:written])
+
+    def restore_sequence(self, seq: int, state: bytes, tokens: Sequence[int]) -> bool:
+        """Replace sequence seq's cells with a saved state holding tokens; False (and seq empty)
+        when llama.cpp refuses the state or it does not hold exactly len(tokens) positions."""
+        self.forget(seq)
+        if not tokens or len(tokens) > self.n_ctx:
+            return False
+        buffer = (ctypes.c_uint8 * len(state)).from_buffer_copy(state)
+        if llama.llama_state_seq_set_data(self._ctx, buffer, len(state), seq) == 0:
+            self.forget(seq)
+            return False
+        memory = llama.llama_get_memory(self._ctx)
+        if (
+            llama.llama_memory_seq_pos_min(memory, seq) != 0
+            or llama.llama_memory_seq_pos_max(memory, seq) != len(tokens) - 1
+        ):
+            self.forget(seq)
+            return False
+        self._cached[seq] = list(tokens)
+        return True
 
     def forget(self, seq: int) -> None:
         """Free every KV cell of sequence seq."""
