@@ -19,7 +19,7 @@ except ImportError:  # pragma: no cover
     from click.exceptions import ClickException, NoArgsIsHelpError
 
 from cli import __version__
-from cli.commands import bench, chat, models, quality, quantize, run, serve, tokenize
+from cli.commands import bench, cache, chat, models, quality, quantize, run, serve, tokenize
 from cli.errors import EXIT_CODES_HELP, EXIT_INTERRUPTED, EXIT_USAGE, QuillError
 
 
@@ -79,6 +79,7 @@ app.command(name="tokenize", epilog=tokenize.EPILOG)(tokenize.tokenize)
 app.command(name="serve", epilog=serve.SERVE_EPILOG)(serve.serve)
 app.command(name="perplexity", epilog=quality.PPL_EPILOG)(quality.perplexity)
 app.command(name="quant-report", epilog=EXIT_CODES_HELP)(quality.quant_report)
+app.command(name="cache", epilog=EXIT_CODES_HELP)(cache.cache)
 
 
 def main() -> None:
