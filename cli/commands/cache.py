@@ -4,6 +4,7 @@ cache directory, and `quill cache` (list / clear)."""
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -132,3 +133,107 @@ def cache(
         )
     lines.append(f"{len(entries)} files, {human_bytes(total)} in {folder}")
     render.write_stdout("\n".join(lines) + "\n")
+
+
+# --- chat: the KV state beside the transcript ------------------------------------------------
+
+CHAT_CACHE_MIN_TOKENS = 64  # shorter conversations prefill faster than a file loads
+
+
+def resolve_resume(value: str) -> Path:
+    """The transcript --resume names: last (the newest in QUILL_HOME/chats), an ID (a file
+    name there, or the start of one) or a path."""
+    from cli.store.models import quill_home
+
+    folder = quill_home() / "chats"
+    saved = (
+        sorted(folder.glob("*.json"), key=lambda p: p.stat().st_mtime) if folder.is_dir() else []
+    )
+    if value == "last":
+        if not saved:
+            raise UsageError(f"no saved chats in {folder} to resume")
+        return saved[-1]
+    path = Path(value).expanduser()
+    if path.suffix == ".json" and path.is_file():
+        return path
+    matches = [p for p in saved if p.stem == value] or [
+        p for p in saved if p.stem.startswith(value)
+    ]
+    if len(matches) == 1:
+        return matches[0]
+    if not matches:
+        raise UsageError(f"no saved chat {value!r} in {folder}: --resume last, or an ID from there")
+    names = ", ".join(p.stem for p in matches[:4])
+    raise UsageError(f"--resume {value!r} matches {len(matches)} chats ({names}); give more of it")
+
+
+def chat_cache_folder(transcript: Path) -> Path:
+    return transcript.with_name(transcript.stem + ".kvcache")
+
+
+def attach_chat_cache(backend: Backend, transcript: Path) -> PromptCacheStore | None:
+    """Give a local engine the KV state saved beside the transcript: one file, loaded by the
+    first turn of a resumed chat, rewritten when the chat ends."""
+    from cli.engine.engine import Engine
+    from cli.store.promptcache import PromptCacheStore
+
+    if not isinstance(backend, Engine):
+        return None
+    engine = backend
+    store = PromptCacheStore(
+        chat_cache_folder(transcript),
+        lambda: cache_key(engine),
+        min_tokens=CHAT_CACHE_MIN_TOKENS,
+        max_files=1,
+        exact=False,  # a resumed chat goes on as the process that kept its cells would have
+    )
+    engine.prompt_cache = store
+    return store
+
+
+class ChatCacheReport:
+    """Says once, after the first turn of a resumed chat, what the saved KV state gave."""
+
+    def __init__(self, backend: Backend, store: PromptCacheStore | None, resumed: bool) -> None:
+        from cli.store.promptcache import files
+
+        self.backend = backend
+        self.store = store
+        self.had_state = store is not None and bool(files(store.folder))
+        self.pending = resumed and store is not None
+        self.turns = 0
+
+    def after_turn(self) -> None:
+        from cli.ui import render
+
+        self.turns += 1
+        if not self.pending or self.store is None:
+            return
+        self.pending = False
+        for warning in dict.fromkeys(self.store.warnings):
+            render.warning_line(warning)
+        self.store.warnings.clear()
+        engine = self.backend
+        restored = getattr(engine, "restored_tokens", 0)
+        if restored:
+            render.info_line(
+                f"resumed: {restored} tokens of KV cache loaded in "
+                f"{getattr(engine, 'restore_s', 0.0) * 1000:.0f} ms"
+            )
+        elif self.had_state:
+            render.info_line(
+                "the saved KV cache does not fit this chat (another model, context size, KV "
+                "type or llama.cpp build, or an edited transcript): the conversation was "
+                "prefilled again"
+            )
+
+    def finish(self, backend: Backend) -> None:
+        """Save the conversation's KV state beside the transcript, if this process added to
+        it with the engine the state was attached to."""
+        from cli.ui import render
+
+        if self.store is None or backend is not self.backend or not self.turns:
+            return
+        backend.keep_prompt_cache(always=True)  # type: ignore[attr-defined]
+        for warning in dict.fromkeys(self.store.warnings):
+            render.warning_line(warning)

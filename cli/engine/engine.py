@@ -47,6 +47,7 @@ class PromptCache(Protocol):
     files, or one file beside a chat transcript); cli.store.promptcache implements it."""
 
     min_tokens: int  # prompts shorter than this are neither looked up nor kept
+    exact: bool  # after loading, decode EXACT_BATCH prompt tokens again (the uncached logits)
 
     def find(self, tokens: Sequence[int]) -> tuple[list[int], bytes] | None:
         """(the tokens a saved state holds, the state) sharing the longest prefix with tokens."""
@@ -323,8 +324,8 @@ class Engine:
         llama.llama_perf_context_reset(self._ctx)
         started = time.perf_counter()
         self._load_prompt_cache(prompt_tokens)
-        exact = EXACT_BATCH if self.restored_tokens else 1
-        cached = self.reuse_prefix(0, prompt_tokens, exact)
+        exact = self.restored_tokens and self.prompt_cache and self.prompt_cache.exact
+        cached = self.reuse_prefix(0, prompt_tokens, EXACT_BATCH if exact else 1)
         self.restored_tokens = min(self.restored_tokens, cached)
         self.prefilled_tokens = len(prompt_tokens) - cached
         pending = list(prompt_tokens[cached:])
@@ -369,12 +370,14 @@ class Engine:
         self.restored_tokens = min(self.common_prefix(0, tokens), len(tokens) - 1)
         self.restore_s = time.perf_counter() - started
 
-    def keep_prompt_cache(self) -> None:
-        """Save sequence 0 to the prompt cache if the last request prefilled a long prompt."""
+    def keep_prompt_cache(self, always: bool = False) -> None:
+        """Save sequence 0 to the prompt cache if the last request prefilled a long prompt (or,
+        always, if it holds one: a chat leaving)."""
         cache = self.prompt_cache
-        if cache is None or self.prefilled_tokens < cache.min_tokens or not self._cached[0]:
+        if cache is None or len(self._cached[0]) < cache.min_tokens:
             return
-        cache.keep(self.cached(0), self.sequence_state(0))
+        if always or self.prefilled_tokens >= cache.min_tokens:
+            cache.keep(self.cached(0), self.sequence_state(0))
 
     @property
     def llama_version(self) -> str:

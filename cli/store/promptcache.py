@@ -126,11 +126,18 @@ class PromptCacheStore:
         key: dict | Callable[[], dict],
         max_bytes: int = DEFAULT_MAX_BYTES,
         min_tokens: int = MIN_TOKENS,
+        max_files: int | None = None,
+        exact: bool = True,
     ) -> None:
         self.folder = folder
         self._key = key
         self.max_bytes = max_bytes
         self.min_tokens = min_tokens
+        self.max_files = max_files
+        # True: a loaded state decodes its last prompt tokens again in one long batch, for the
+        # logits a run without the cache gets; False: as few as a process that had kept its
+        # cells would (a resumed chat continues exactly as if it had never stopped).
+        self.exact = exact
         self.warnings: list[str] = []
 
     @functools.cached_property
@@ -219,12 +226,14 @@ class PromptCacheStore:
                 continue
             entries.append((stat.st_mtime, stat.st_size, path))
         total = sum(size for _, size, _ in entries)
+        count = len(entries)
         for _, size, path in sorted(entries):
-            if total <= self.max_bytes:
+            if total <= self.max_bytes and (self.max_files is None or count <= self.max_files):
                 break
             if path != keep:
                 path.unlink(missing_ok=True)
                 total -= size
+                count -= 1
 
     @contextmanager
     def _lock(self) -> Iterator[None]:
