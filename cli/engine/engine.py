@@ -416,8 +416,8 @@ class Engine:
         decoding's rejected drafts)."""
         if n < 0:
             raise ValueError(f"cannot keep {n} positions")
-        if n >= len(self._cached[seq]):
-            return
+        # Removed even when the record holds no more than n: a Ctrl-C that lands just after a
+        # llama_decode returns leaves a cell the record never saw, and it must go too.
         llama.llama_memory_seq_rm(llama.llama_get_memory(self._ctx), seq, n, -1)
         del self._cached[seq][n:]
 
