@@ -214,3 +214,12 @@ def test_two_runs_at_once_share_the_cache_directory(home, tiny_path):
     assert len(cache_files(home)) == 1
     after = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
     assert "tokens from cache" in after.stderr and after.stdout == outputs[0][0]
+
+
+def test_a_cache_directory_that_cannot_be_made_costs_only_the_cache(runner, home, tiny_path):
+    (home / "cache").mkdir(parents=True)
+    (home / "cache" / "prompts").write_text("a file where the directory should be\n")
+    result = runner.invoke(app, ["run", "-m", str(tiny_path), *GREEDY, long_prompt()])
+    assert result.exit_code == 0 and result.stdout.strip()
+    warnings = [line for line in result.stderr.splitlines() if "warning" in line]
+    assert len(warnings) == 1 and "prompt cache not kept" in warnings[0]

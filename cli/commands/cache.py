@@ -74,7 +74,9 @@ def attach_prompt_cache(backend: Backend, max_bytes: int) -> PromptCacheStore | 
     return store
 
 
-def finish_prompt_cache(backend: Backend, store: PromptCacheStore | None, show: bool) -> None:
+def finish_prompt_cache(
+    backend: Backend, store: PromptCacheStore | None, show: bool, keep: bool = True
+) -> None:
     """Keep the state of a long prompt just prefilled; say what the cache saved this run; one
     warning line for each file that was refused or could not be written."""
     from cli.engine.engine import Engine
@@ -82,7 +84,8 @@ def finish_prompt_cache(backend: Backend, store: PromptCacheStore | None, show: 
 
     if store is None or not isinstance(backend, Engine):
         return
-    backend.keep_prompt_cache()
+    if keep:
+        backend.keep_prompt_cache()
     if show and backend.restored_tokens:
         render.info_line(
             f"prompt cache: {backend.restored_tokens} tokens from cache in "

@@ -214,7 +214,9 @@ def run_once(request: RunRequest, options: LoadOptions | None = None) -> int:
             )
         try:
             code = _stream(backend, recorder, events, request, name)
-            finish_prompt_cache(backend, store, request.show_stats and not request.json_output)
+            show = request.show_stats and not request.json_output
+            # An interrupted run leaves at once: no state is written on the way out.
+            finish_prompt_cache(backend, store, show, keep=code == EXIT_OK)
             return code
         except BrokenPipeError:
             # The reader went away (quill run ... | head): stop quietly, as cat and grep do.
