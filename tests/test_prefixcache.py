@@ -12,6 +12,8 @@ from cli.engine.batching import BatchRequest, BatchScheduler
 from cli.engine.engine import Engine, LoadOptions
 from cli.engine.sampling import SamplingParams
 
+from neartie import NEAR_TIE_LOGITS
+
 GREEDY = SamplingParams(temperature=0)
 
 
@@ -23,6 +25,27 @@ def reply(scheduler: BatchScheduler, tokens: list[int], cache: bool = True, n: i
     request = scheduler.submit(BatchRequest(tokens, n, GREEDY, cache_prompt=cache))
     events = list(request.stream())
     return request, [e.token for e in events], "".join(e.text for e in events), events[-1]
+
+
+def same_or_near_tie(engine: Engine, prompt: list[int], reused: list[int], full: list[int]) -> None:
+    """The two greedy replies are the same; or, where llama.cpp's kernels for a short batch
+    (a reused prefix leaves few tokens to decode) and a long one part ways in their last bits,
+    the first differing pick was a near-tie in the full prefill's own logits."""
+    if reused == full:
+        return
+    at = next(i for i, (a, b) in enumerate(zip(reused, full, strict=False)) if a != b)
+    tokens = prompt + full[:at]
+    engine.forget(0)
+    output = -1
+    for start in range(0, len(tokens), engine.n_batch):
+        chunk = tokens[start : start + engine.n_batch]
+        last = start + len(chunk) == len(tokens)
+        output = engine.decode([(0, t, last and i == len(chunk) - 1) for i, t in enumerate(chunk)])[
+            -1
+        ]
+    logits = engine.output_logits(output)
+    gap = float(logits[full[at]] - logits[reused[at]])
+    assert 0 <= gap <= NEAR_TIE_LOGITS, f"token {at}: the reused pick is {gap:.3f} logits behind"
 
 
 def follow_up_matches_full_prefill(path: Path, options: LoadOptions) -> None:
@@ -43,8 +66,9 @@ def follow_up_matches_full_prefill(path: Path, options: LoadOptions) -> None:
             assert full.cached_tokens == 0 and full_last.cached_prompt_tokens == 0
         finally:
             scheduler.close()
-    assert reused_tokens == full_tokens
-    assert reused_text == full_text
+        same_or_near_tie(engine, second, reused_tokens, full_tokens)
+    if reused_tokens == full_tokens:
+        assert reused_text == full_text
 
 
 def test_a_follow_up_on_smollm2_prefills_only_what_is_new(smollm2_path):
