@@ -40,9 +40,8 @@ def same_or_near_tie(engine: Engine, prompt: list[int], reused: list[int], full:
     for start in range(0, len(tokens), engine.n_batch):
         chunk = tokens[start : start + engine.n_batch]
         last = start + len(chunk) == len(tokens)
-        output = engine.decode([(0, t, last and i == len(chunk) - 1) for i, t in enumerate(chunk)])[
-            -1
-        ]
+        items = [(0, t, last and i == len(chunk) - 1) for i, t in enumerate(chunk)]
+        output = engine.decode(items)[-1]
     logits = engine.output_logits(output)
     gap = float(logits[full[at]] - logits[reused[at]])
     assert 0 <= gap <= NEAR_TIE_LOGITS, f"token {at}: the reused pick is {gap:.3f} logits behind"
@@ -186,3 +185,13 @@ def test_the_server_reports_reuse_through_the_openai_client(smollm2_path, quill_
     assert full.usage.prompt_tokens_details.cached_tokens == 0
     assert reused_text == full_text
     assert f"{cached} cached" in log
+
+
+def test_the_near_tie_check_refuses_a_clear_difference(smollm2_path):
+    with Engine(smollm2_path, LoadOptions(n_ctx=256)) as engine:
+        prompt = engine.tokenize("The capital of France is")
+        full = [e.token for e in engine.stream_generate(prompt, 3, GREEDY)]
+        same_or_near_tie(engine, prompt, full, full)
+        wrong = [engine.tokenize(" zebra")[0], *full[1:]]
+        with pytest.raises(AssertionError, match="logits behind"):
+            same_or_near_tie(engine, prompt, wrong, full)
