@@ -195,3 +195,83 @@ def test_the_near_tie_check_refuses_a_clear_difference(smollm2_path):
         wrong = [engine.tokenize(" zebra")[0], *full[1:]]
         with pytest.raises(AssertionError, match="logits behind"):
             same_or_near_tie(engine, prompt, wrong, full)
+
+
+@pytest.mark.parametrize("budget", [64 << 20, 0])
+def test_a_parked_cache_comes_back_for_its_conversation(smollm2_path, budget):
+    """One slot, two conversations taking turns: with a RAM budget, the one that lost the slot
+    is parked and loaded back for its next turn; without, its turn prefills it all again."""
+    with Engine(smollm2_path, LoadOptions(n_ctx=512, parallel=1)) as engine:
+        scheduler = BatchScheduler(engine, park_bytes=budget)
+        try:
+            a_turns = [
+                ("system", "You answer questions about geography. " * 8),
+                ("user", "Name three rivers in Europe and say where each one flows."),
+            ]
+            b_turns = [("system", "You write short poems. " * 8),
+                       ("user", "Write four lines about snow on a quiet town.")]  # fmt: skip
+            a = conversation(engine, a_turns)
+            _, _, a_text, _ = reply(scheduler, a, n=40)
+            reply(scheduler, conversation(engine, b_turns), n=40)
+            follow = conversation(engine, [*a_turns, ("assistant", a_text),
+                                           ("user", "And in Asia?")])  # fmt: skip
+            back, back_tokens, _, _ = reply(scheduler, follow)
+            parked = scheduler.parked_bytes
+            full, full_tokens, _, _ = reply(scheduler, follow, cache=False)
+        finally:
+            scheduler.close()
+        same_or_near_tie(engine, follow, back_tokens, full_tokens)
+    assert full.cached_tokens == 0
+    if budget:
+        assert back.cached_tokens >= len(a)  # A's prompt (and reply) came back from RAM
+        assert 0 < parked <= budget  # B's cache is parked now, in its place
+    else:
+        assert back.cached_tokens < len(a) // 2  # only what every chat shares (the template)
+        assert parked == 0
+
+
+def test_serve_cache_ram_parks_a_conversation_that_loses_its_slot(
+    smollm2_path, quill_home, tmp_path
+):
+    import httpx2 as httpx
+    from test_serve import start_server
+
+    process, url = start_server(
+        quill_home, tmp_path, "--parallel", "1", "--ctx", "512", "--cache-ram", "64MiB"
+    )
+
+    def ask(messages: list[dict]) -> dict:
+        body = {"messages": messages, "max_tokens": 40, "temperature": 0}
+        response = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=120)
+        assert response.status_code == 200, response.text
+        return response.json()
+
+    try:
+        a = [{"role": "system", "content": "You answer questions about geography. " * 8},
+             {"role": "user", "content": "Name three rivers in Europe."}]  # fmt: skip
+        first = ask(a)
+        ask([{"role": "system", "content": "You write short poems. " * 8},
+             {"role": "user", "content": "Four lines about snow."}])  # fmt: skip
+        a += [first["choices"][0]["message"], {"role": "user", "content": "And in Asia?"}]
+        back = ask(a)
+    finally:
+        process.terminate()
+        log = process.communicate(timeout=30)[1]
+    assert "parked caches up to 64.0 MiB" in log.splitlines()[0]
+    assert (
+        back["usage"]["prompt_tokens_details"]["cached_tokens"] >= first["usage"]["prompt_tokens"]
+    )
+
+
+def test_serve_refuses_a_cache_ram_that_is_not_a_size(quill_home, tmp_path):
+    import subprocess
+    import sys
+
+    from conftest import quill_env
+
+    quill = str(Path(sys.executable).with_name("quill"))
+    result = subprocess.run(
+        [quill, "serve", "--cache-ram", "plenty", "--port", "0"], capture_output=True,
+        text=True, env=quill_env(quill_home), timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 2 and "--cache-ram takes a size" in result.stderr

@@ -37,11 +37,11 @@ CacheMax = Annotated[
 ]
 
 
-def parse_size(text: str) -> int:
+def parse_size(text: str, option: str = "--cache-max") -> int:
     """'2GiB', '500M', '1.5g', '1048576' -> bytes (binary units); UsageError otherwise."""
     match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([bkmgt]?)(?:i?b)?\s*", text.lower())
     if not match:
-        raise UsageError(f"--cache-max takes a size such as 500MiB or 2GiB, not {text!r}")
+        raise UsageError(f"{option} takes a size such as 500MiB or 2GiB, not {text!r}")
     return int(float(match.group(1)) * _UNITS[match.group(2)])
 
 

@@ -11,7 +11,10 @@ A slot keeps its tokens and KV cells after its request ends (a prefix cache, as 
 cache_prompt): a new request goes to the idle slot whose cached tokens share the longest prefix
 with its prompt (with none shared, the least recently used), only the cells past that prefix are
 freed, and only the rest of the prompt is prefilled. A conversation re-sent by an OpenAI client
-with one more message costs the new message, not the whole history.
+with one more message costs the new message, not the whole history. With a RAM budget
+(park_bytes, llama-server's --cache-ram), a slot's cache that a new conversation would overwrite
+is first parked as a serialized state; a later request that shares more with a parked state than
+with any slot gets it loaded back into a slot.
 
 Consumers get the same StreamEvent objects Engine.stream_generate yields.
 """
@@ -21,13 +24,17 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from cli.engine.engine import DecodeError, Engine, SequenceStep, StreamEvent
 from cli.engine.sampling import SamplingParams
 from cli.errors import QueueFullError
+
+# A request that would drop fewer of a slot's cached tokens than this (a conversation's next turn
+# re-rendering the end of the last reply) is not worth parking the slot's cache for.
+PARK_MIN_TOKENS = 64
 
 
 class SchedulerStoppedError(Exception):
@@ -71,7 +78,7 @@ class BatchScheduler:
     Slot i is the engine's sequence i. The engine keeps what each sequence has cached and owns
     the llama.cpp context; the scheduler only chooses what goes into each decode."""
 
-    def __init__(self, engine: Engine, max_queued: int = 16) -> None:
+    def __init__(self, engine: Engine, max_queued: int = 16, park_bytes: int = 0) -> None:
         if engine.parallel > engine.n_batch:
             # Every decoding sequence puts one token with logits into each batch.
             raise ValueError(
@@ -87,6 +94,11 @@ class BatchScheduler:
         self._last_used: list[int] = [0] * engine.parallel
         self._admitted = 0
         self.reused_tokens = 0  # prompt tokens not prefilled thanks to a slot's cache, in all
+        # Caches moved out of slots, least recently used first: (tokens, state) by a serial.
+        self.park_bytes = park_bytes
+        self._parked: OrderedDict[int, tuple[list[int], bytes]] = OrderedDict()
+        self.parked_bytes = 0
+        self._parked_serial = 0
         self._wake = threading.Condition()
         self._stopping = False
         self.steps = 0
@@ -161,9 +173,40 @@ class BatchScheduler:
 
     def _choose_slot(self, prompt: list[int], idle: list[int]) -> int:
         """The idle slot whose cache shares the longest prefix with prompt; with none shared,
-        or between equals, the least recently used."""
+        or between equals, the least recently used. Where a parked cache shares more, it is
+        loaded into the least recently used slot (whose own cache is parked first)."""
         shared = {index: self.engine.common_prefix(index, prompt) for index in idle}
-        return max(idle, key=lambda index: (shared[index], -self._last_used[index]))
+        best = max(idle, key=lambda index: (shared[index], -self._last_used[index]))
+        parked = max(
+            self._parked.items(), key=lambda item: _common(item[1][0], prompt), default=None
+        )
+        if parked is not None and _common(parked[1][0], prompt) > shared[best]:
+            serial, (tokens, state) = parked
+            target = min(idle, key=lambda index: self._last_used[index])
+            del self._parked[serial]
+            self.parked_bytes -= len(state)
+            self._park(target, keeping=0)
+            restored = self.engine.restore_sequence(target, state, tokens)
+            return target if restored else best
+        self._park(best, keeping=shared[best])  # another conversation: keep this one's cache
+        return best
+
+    def _park(self, index: int, keeping: int) -> None:
+        """Copy slot index's cache into the parked states before all but its first `keeping`
+        cells go, if that loses PARK_MIN_TOKENS or more and the budget holds it; the least
+        recently parked go first."""
+        tokens = self.engine.cached(index)
+        if not self.park_bytes or len(tokens) - keeping < PARK_MIN_TOKENS:
+            return
+        state = self.engine.sequence_state(index)
+        if len(state) > self.park_bytes:
+            return
+        self._parked_serial += 1
+        self._parked[self._parked_serial] = (tokens, state)
+        self.parked_bytes += len(state)
+        while self.parked_bytes > self.park_bytes:
+            _, (_, dropped) = self._parked.popitem(last=False)
+            self.parked_bytes -= len(dropped)
 
     def _admit(self) -> None:
         while self._waiting:
@@ -262,3 +305,12 @@ class BatchScheduler:
         slot.request.events.put(event)
         if event.finish_reason is not None:
             self._free(index)
+
+
+def _common(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
