@@ -435,7 +435,7 @@ class Engine:
         size = llama.llama_state_seq_get_size(self._ctx, seq)
         buffer = (ctypes.c_uint8 * size)()
         written = llama.llama_state_seq_get_data(self._ctx, buffer, size, seq)
-        return bytes(buffer[:written])
+        return ctypes.string_at(buffer, written)  # one copy (slicing would make a list of ints)
 
     def restore_sequence(self, seq: int, state: bytes, tokens: Sequence[int]) -> bool:
         """Replace sequence seq's cells with a saved state holding tokens; False (and seq empty)
