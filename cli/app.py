@@ -58,6 +58,7 @@ COMMANDS: tuple[tuple[str, str, str, str | None], ...] = (
     ("serve", "serve", "serve", "SERVE_EPILOG"),
     ("perplexity", "quality", "perplexity", "PPL_EPILOG"),
     ("quant-report", "quality", "quant_report", None),
+    ("cache", "cache", "cache", None),
 )
 
 

@@ -180,6 +180,7 @@ def _events(response: Any, started: float, sampling: SamplingParams) -> Iterator
         ttft,
         now - (first_at or now),
         prompt_tokens=int(usage.get("prompt_tokens") or 0),
+        cached_prompt_tokens=_cached_tokens(usage),
         finish_reason=finish or "stop",
         seed=sampling.seed if sampling.seed is not None else -1,
     )
@@ -193,6 +194,7 @@ def _event(
     prompt_tokens: int = 0,
     finish_reason: str | None = None,
     seed: int = -1,
+    cached_prompt_tokens: int = 0,
 ) -> StreamEvent:
     """One content chunk as an event (the server does not say which token), or with
     finish_reason set, the last event, carrying the server's usage counts."""
@@ -200,7 +202,7 @@ def _event(
         text=text,
         token=-1 if finish_reason is None else None,
         prompt_tokens=prompt_tokens,
-        cached_prompt_tokens=0,
+        cached_prompt_tokens=cached_prompt_tokens,
         prefill_s=ttft,
         generation_tokens=generated,
         decode_s=decode_s,
@@ -209,6 +211,13 @@ def _event(
         seed=seed,
         peak_rss_bytes=0,
     )
+
+
+def _cached_tokens(usage: dict) -> int:
+    """OpenAI's usage.prompt_tokens_details.cached_tokens, where the server reports it."""
+    details = usage.get("prompt_tokens_details")
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    return cached if isinstance(cached, int) and cached >= 0 else 0
 
 
 def _refusal(url: str, error: urllib.error.HTTPError) -> QuillError:

@@ -480,7 +480,8 @@ class QuillApp:
             if self.state.on_request is not None:
                 self.state.on_request(
                     f"{request.method} {request.url.path} {outcome[0]} · "
-                    f"{len(batch_request.prompt_tokens)} prompt tokens · "
+                    f"{len(batch_request.prompt_tokens)} prompt tokens "
+                    f"({batch_request.cached_tokens} cached) · "
                     f"{time.perf_counter() - received:.2f} s"
                 )
 

@@ -227,13 +227,20 @@ def parse_request(body: dict, state: ServerState, chat: bool) -> tuple[list[int]
             "context_length_exceeded",
         )
     max_tokens = min(max_tokens, engine.n_ctx - len(tokens))
-    return tokens, BatchRequest(tokens, max_tokens, sampling, stop)
+    cache_prompt = body.get("cache_prompt", True)  # llama-server's extension, on by default
+    if not isinstance(cache_prompt, bool):
+        raise bad_request("'cache_prompt' must be true or false", "cache_prompt")
+    request = BatchRequest(tokens, max_tokens, sampling, stop, cache_prompt=cache_prompt)
+    return tokens, request
 
 
 def timings(last: StreamEvent, queued_s: float) -> dict[str, float]:
     """llama-server's timings object, plus TTFT: prefill and decode ms and tokens/s."""
     return {
-        "prompt_n": last.prompt_tokens,
+        # llama-server's names: cache_n prompt tokens reused from the slot's cache, prompt_n
+        # the rest, which were prefilled.
+        "cache_n": last.cached_prompt_tokens,
+        "prompt_n": last.prompt_tokens - last.cached_prompt_tokens,
         "prompt_ms": last.prefill_s * 1000,
         "prompt_per_second": last.prefill_tokens_per_s,
         "predicted_n": last.generation_tokens,
@@ -243,11 +250,12 @@ def timings(last: StreamEvent, queued_s: float) -> dict[str, float]:
     }
 
 
-def _usage(last: StreamEvent) -> dict[str, int]:
+def _usage(last: StreamEvent) -> dict[str, Any]:
     return {
         "prompt_tokens": last.prompt_tokens,
         "completion_tokens": last.generation_tokens,
         "total_tokens": last.prompt_tokens + last.generation_tokens,
+        "prompt_tokens_details": {"cached_tokens": last.cached_prompt_tokens},
     }
 
 

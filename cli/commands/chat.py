@@ -132,13 +132,26 @@ def chat(
         ),
     ] = None,
     api_key: ApiKey = None,
+    resume: Annotated[
+        str | None,
+        typer.Option(
+            "--resume",
+            help="Continue a saved chat with its KV cache: last, or an ID from "
+            "$QUILL_HOME/chats (the file name, or its start).",
+        ),
+    ] = None,
 ) -> None:
     """Chat with a model in the terminal: each turn prefills only what is new."""
+    from cli.commands.cache import ChatCacheReport, attach_chat_cache, resolve_resume
     from cli.store.models import quill_home
 
     if on_overflow not in OVERFLOW_POLICIES:
         raise UsageError(f"--on-overflow takes truncate or error, not {on_overflow!r}")
     chosen = model_name(name, model)
+    if resume is not None:
+        if transcript is not None:
+            raise UsageError("--resume names the transcript itself: drop --transcript")
+        transcript = resolve_resume(resume)
     options = load_options(ctx, threads, gpu_layers, kv_type, kv_k, kv_v)
     label, backend = open_chat_backend(chosen, options, offline, verbose, endpoint, api_key)
     if transcript is None:
@@ -150,11 +163,17 @@ def chat(
         stop=tuple(stop or ()),
         on_overflow=on_overflow,
     )
+    store = attach_chat_cache(backend, transcript)
+    report = ChatCacheReport(backend, store, resumed=resume is not None)
     session = ChatSession(backend, label, transcript, system, settings)
     if session.continued:
         render.info_line(f"continuing the {session.continued} messages in {transcript}")
     repl = Repl(session, options, offline, verbose, show_stats=not no_stats)
-    repl.run()
+    repl.after_turn = report.after_turn
+    try:
+        repl.run()
+    finally:
+        report.finish(session.backend)
 
 
 def open_chat_backend(
@@ -194,6 +213,7 @@ class Repl:
         self.interactive = sys.stdin.isatty()
         self.last_stats: str | None = None
         self.lines_read = 0
+        self.after_turn: Callable[[], None] | None = None  # the resumed KV cache's report
 
     # --- input ------------------------------------------------------------------------------
 
@@ -341,6 +361,8 @@ class Repl:
             self.last_stats += f" · context {session.context_used()}/{session.backend.n_ctx}"
         if self.show_stats:
             render.info_line(self.last_stats)
+        if self.after_turn is not None:
+            self.after_turn()
 
     # --- slash commands ---------------------------------------------------------------------
 

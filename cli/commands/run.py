@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from cli.commands.cache import DEFAULT_CACHE_MAX, CacheMax, NoCache, parse_size
 from cli.commands.options import (
     DEFAULT_SAMPLING,
     ApiKey,
@@ -52,6 +53,7 @@ class RunRequest:
     verbose: bool = False
     endpoint: str | None = None  # an OpenAI-compatible server instead of a local model
     api_key: str | None = None
+    prompt_cache_max_bytes: int | None = None  # None: no prompt cache across runs
 
 
 def run(
@@ -131,6 +133,8 @@ def run(
         ),
     ] = None,
     api_key: ApiKey = None,
+    no_cache: NoCache = False,
+    cache_max: CacheMax = DEFAULT_CACHE_MAX,
 ) -> None:
     """Generate a reply to PROMPT, streamed to stdout; timing goes to stderr."""
     request = RunRequest(
@@ -150,6 +154,7 @@ def run(
         verbose=verbose,
         endpoint=endpoint,
         api_key=api_key,
+        prompt_cache_max_bytes=None if no_cache else parse_size(cache_max),
     )
     options = None if endpoint else load_options(ctx, threads, gpu_layers, kv_type, kv_k, kv_v)
     raise typer.Exit(run_once(request, options))
@@ -182,11 +187,15 @@ def open_backend(request: RunRequest, options: LoadOptions | None) -> tuple[str,
 
 
 def run_once(request: RunRequest, options: LoadOptions | None = None) -> int:
+    from cli.commands.cache import attach_prompt_cache, finish_prompt_cache
     from cli.engine.metrics import MetricsRecorder
     from cli.ui import render
 
     name, backend = open_backend(request, options)
     try:
+        store = None
+        if request.prompt_cache_max_bytes is not None:
+            store = attach_prompt_cache(backend, request.prompt_cache_max_bytes)
         recorder = MetricsRecorder()  # the request starts here: TTFT includes templating
         messages = [("system", request.system)] if request.system else []
         messages.append(("user", request.prompt))
@@ -204,7 +213,11 @@ def run_once(request: RunRequest, options: LoadOptions | None = None) -> int:
                 messages, request.max_tokens, request.sampling, request.stop
             )
         try:
-            return _stream(backend, recorder, events, request, name)
+            code = _stream(backend, recorder, events, request, name)
+            show = request.show_stats and not request.json_output
+            # An interrupted run leaves at once: no state is written on the way out.
+            finish_prompt_cache(backend, store, show, keep=code == EXIT_OK)
+            return code
         except BrokenPipeError:
             # The reader went away (quill run ... | head): stop quietly, as cat and grep do.
             render.silence_stdout()

@@ -92,6 +92,15 @@ def serve(
             help="Allow browsers on ORIGIN (repeatable; * for any). Default: no CORS.",
         ),
     ] = None,
+    cache_ram: Annotated[
+        str,
+        typer.Option(
+            "--cache-ram",
+            help="RAM for slot caches parked when a new conversation takes their slot (e.g. "
+            "1GiB; 0: none): a later turn of a parked conversation loads it instead of "
+            "prefilling.",
+        ),
+    ] = "0",
     threads: Threads = None,
     gpu_layers: GpuLayers = None,
     kv_type: KvType = "f16",
@@ -103,10 +112,12 @@ def serve(
     """Serve a model over an OpenAI-compatible HTTP API, batching concurrent requests."""
     from cli.api.http import HttpLimits, allowed_hosts_for, listen, run_server
     from cli.api.server import ServerLimits, ServerState
+    from cli.commands.cache import parse_size
     from cli.engine.batching import BatchScheduler
     from cli.engine.engine import Engine
     from cli.ui import render
 
+    park_bytes = parse_size(cache_ram, "--cache-ram")
     options = load_options(ctx, threads, gpu_layers, kv_type, kv_k, kv_v, parallel=parallel)
     type_k, type_v = options.kv_type_k, options.kv_type_v
     check_parallel(parallel, ctx)
@@ -119,7 +130,7 @@ def serve(
             f"cannot listen on {host}:{port}: {error.strerror}; choose another --port"
         ) from None
     engine = Engine(path, options, verbose=verbose)
-    scheduler = BatchScheduler(engine, max_queued=max_queue)
+    scheduler = BatchScheduler(engine, max_queued=max_queue, park_bytes=park_bytes)
     limits = ServerLimits(
         max_body_bytes=max_body,
         max_tokens=max_tokens_limit or engine.n_ctx,
@@ -143,7 +154,7 @@ def serve(
     bound_port = sock.getsockname()[1]
     render.info_line(
         f"quill serve: {label} on http://{host}:{bound_port}/v1 · {parallel} slots of "
-        f"{engine.n_ctx} tokens · KV {type_k}/{type_v} · Ctrl-C to stop"
+        f"{engine.n_ctx} tokens · KV {type_k}/{type_v}{parked_note(park_bytes)} · Ctrl-C to stop"
     )
     if os.environ.get("QUILL_SERVE_READY_FILE"):  # tests and scripts learn the port from here
         with open(os.environ["QUILL_SERVE_READY_FILE"], "w") as ready:
@@ -155,6 +166,13 @@ def serve(
     finally:
         scheduler.close()
         engine.close()
+
+
+def parked_note(park_bytes: int) -> str:
+    """The parked caches' budget, for the startup line (nothing when there is none)."""
+    from cli.units import human_bytes
+
+    return f" · parked caches up to {human_bytes(park_bytes)}" if park_bytes else ""
 
 
 def check_parallel(parallel: int, ctx: int) -> None:

@@ -7,6 +7,15 @@ its event. A request that finishes or is cancelled leaves at once and frees its 
 joins at the next step. Each slot has its own KV cells (sequence id), its own sampler chain and
 its own text stream, so requests do not see each other, but share every matrix multiplication.
 
+A slot keeps its tokens and KV cells after its request ends (a prefix cache, as llama-server's
+cache_prompt): a new request goes to the idle slot whose cached tokens share the longest prefix
+with its prompt (with none shared, the least recently used), only the cells past that prefix are
+freed, and only the rest of the prompt is prefilled. A conversation re-sent by an OpenAI client
+with one more message costs the new message, not the whole history. With a RAM budget
+(park_bytes, llama-server's --cache-ram), a slot's cache that a new conversation would overwrite
+is first parked as a serialized state; a later request that shares more with a parked state than
+with any slot gets it loaded back into a slot.
+
 Consumers get the same StreamEvent objects Engine.stream_generate yields.
 """
 
@@ -15,13 +24,17 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from cli.engine.engine import DecodeError, Engine, SequenceStep, StreamEvent
 from cli.engine.sampling import SamplingParams
 from cli.errors import QueueFullError
+
+# A request that would drop fewer of a slot's cached tokens than this (a conversation's next turn
+# re-rendering the end of the last reply) is not worth parking the slot's cache for.
+PARK_MIN_TOKENS = 64
 
 
 class SchedulerStoppedError(Exception):
@@ -36,6 +49,8 @@ class BatchRequest:
     stop: Sequence[str] = ()
     events: queue.Queue[StreamEvent | BaseException] = field(default_factory=queue.Queue)
     cancelled: threading.Event = field(default_factory=threading.Event)
+    cache_prompt: bool = True  # False: prefill the whole prompt, reusing no slot's cache
+    cached_tokens: int = 0  # prompt tokens found in the slot's cache, set when admitted
 
     def stream(self) -> Iterator[StreamEvent]:
         """The events of this request, as they are made; the last has finish_reason set."""
@@ -63,7 +78,7 @@ class BatchScheduler:
     Slot i is the engine's sequence i. The engine keeps what each sequence has cached and owns
     the llama.cpp context; the scheduler only chooses what goes into each decode."""
 
-    def __init__(self, engine: Engine, max_queued: int = 16) -> None:
+    def __init__(self, engine: Engine, max_queued: int = 16, park_bytes: int = 0) -> None:
         if engine.parallel > engine.n_batch:
             # Every decoding sequence puts one token with logits into each batch.
             raise ValueError(
@@ -74,6 +89,16 @@ class BatchScheduler:
         self.failure: BaseException | None = None  # what killed the loop, if anything did
         self._waiting: deque[BatchRequest] = deque()
         self._slots: list[_Slot | None] = [None] * engine.parallel
+        # When each slot last took a request: misses and ties go to the least recently used,
+        # so the caches of the conversations seen last survive longest.
+        self._last_used: list[int] = [0] * engine.parallel
+        self._admitted = 0
+        self.reused_tokens = 0  # prompt tokens not prefilled thanks to a slot's cache, in all
+        # Caches moved out of slots, least recently used first: (tokens, state) by a serial.
+        self.park_bytes = park_bytes
+        self._parked: OrderedDict[int, tuple[list[int], bytes]] = OrderedDict()
+        self.parked_bytes = 0
+        self._parked_serial = 0
         self._wake = threading.Condition()
         self._stopping = False
         self.steps = 0
@@ -144,43 +169,96 @@ class BatchScheduler:
             for index, slot in enumerate(self._slots):
                 if slot is not None:
                     slot.request.events.put(ending)
-                    self._free(index)
+                    self._free(index, keep_cache=False)
+
+    def _choose_slot(self, prompt: list[int], idle: list[int]) -> int:
+        """The idle slot whose cache shares the longest prefix with prompt; with none shared,
+        or between equals, the least recently used. Where a parked cache shares more, it is
+        loaded into the least recently used slot (whose own cache is parked first)."""
+        shared = {index: self.engine.common_prefix(index, prompt) for index in idle}
+        best = max(idle, key=lambda index: (shared[index], -self._last_used[index]))
+        parked = max(
+            self._parked.items(), key=lambda item: _common(item[1][0], prompt), default=None
+        )
+        if parked is not None and _common(parked[1][0], prompt) > shared[best]:
+            serial, (tokens, state) = parked
+            target = min(idle, key=lambda index: self._last_used[index])
+            del self._parked[serial]
+            self.parked_bytes -= len(state)
+            self._park(target, keeping=0)
+            restored = self.engine.restore_sequence(target, state, tokens)
+            return target if restored else best
+        self._park(best, keeping=shared[best])  # another conversation: keep this one's cache
+        return best
+
+    def _park(self, index: int, keeping: int) -> None:
+        """Copy slot index's cache into the parked states before all but its first `keeping`
+        cells go, if that loses PARK_MIN_TOKENS or more and the budget holds it; the least
+        recently parked go first."""
+        tokens = self.engine.cached(index)
+        if not self.park_bytes or len(tokens) - keeping < PARK_MIN_TOKENS:
+            return
+        state = self.engine.sequence_state(index)
+        if len(state) > self.park_bytes:
+            return
+        self._parked_serial += 1
+        self._parked[self._parked_serial] = (tokens, state)
+        self.parked_bytes += len(state)
+        while self.parked_bytes > self.park_bytes:
+            _, (_, dropped) = self._parked.popitem(last=False)
+            self.parked_bytes -= len(dropped)
 
     def _admit(self) -> None:
-        for index, slot in enumerate(self._slots):
-            if slot is not None or not self._waiting:
-                continue
+        while self._waiting:
+            idle = [index for index, slot in enumerate(self._slots) if slot is None]
+            if not idle:
+                return
             request = self._waiting.popleft()
             if request.cancelled.is_set():
                 continue
-            self.engine.forget(index)
+            prompt = request.prompt_tokens
+            if request.cache_prompt:
+                index = self._choose_slot(prompt, idle)
+                cached = self.engine.reuse_prefix(index, prompt)
+            else:
+                index = min(idle, key=lambda i: self._last_used[i])
+                self.engine.forget(index)
+                cached = 0
+            self._admitted += 1
+            self._last_used[index] = self._admitted
+            request.cached_tokens = cached
+            self.reused_tokens += cached
             try:
                 step = SequenceStep(
                     self.engine,
-                    request.prompt_tokens,
+                    prompt,
                     request.max_tokens,
                     request.sampling,
                     request.stop,
-                    cached_prompt_tokens=0,
+                    cached_prompt_tokens=cached,
                     started=time.perf_counter(),
                     seq=index,
                 )
             except Exception as error:  # this request's failure, not the server's
                 request.events.put(error)
                 continue
-            self._slots[index] = _Slot(request, step, deque(request.prompt_tokens))
+            self._slots[index] = _Slot(request, step, deque(prompt[cached:]))
 
     def _drop_cancelled(self) -> None:
         for index, slot in enumerate(self._slots):
             if slot is not None and slot.request.cancelled.is_set():
                 self._free(index)
 
-    def _free(self, index: int) -> None:
+    def _free(self, index: int, keep_cache: bool = True) -> None:
+        """End slot index's request. Its cells stay for the next request that shares their
+        prefix (they hold exactly the tokens decoded so far, a cancelled prompt's part too);
+        after a failure they go."""
         slot = self._slots[index]
         if slot is None:
             return
         slot.step.close()
-        self.engine.forget(index)
+        if not keep_cache:
+            self.engine.forget(index)
         self._slots[index] = None
 
     def _step(self) -> None:
@@ -204,7 +282,7 @@ class BatchScheduler:
         except DecodeError as error:
             for index, slot in busy:
                 slot.request.events.put(error)
-                self._free(index)
+                self._free(index, keep_cache=False)
             return
         for slot, output in zip(owners, outputs, strict=True):
             if output >= 0:
@@ -219,7 +297,7 @@ class BatchScheduler:
                     self._sample(index, slot)
                 except Exception as error:  # this request's failure, not the server's
                     slot.request.events.put(error)
-                    self._free(index)
+                    self._free(index, keep_cache=False)
 
     def _sample(self, index: int, slot: _Slot) -> None:
         event = slot.step.sample(slot.output)
@@ -227,3 +305,12 @@ class BatchScheduler:
         slot.request.events.put(event)
         if event.finish_reason is not None:
             self._free(index)
+
+
+def _common(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n

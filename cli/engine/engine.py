@@ -13,6 +13,7 @@ import resource
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
+from typing import Protocol
 
 import llama_cpp as llama
 import numpy as np
@@ -32,6 +33,31 @@ _LLAMA_ALL_LAYERS = 0x7FFFFFFF
 
 
 DEFAULT_SAMPLING = SamplingParams()
+# llama.cpp's CPU backend computes a batch of fewer rows with other kernels (vector dot products)
+# than a larger one (tiled matrix products): the same token's logits differ, measured up to 0.44
+# on SmolLM2 Q4_1, between a batch of 32 and one of 64 or more, and are bit-identical between
+# any two batches of 64 or more. A state loaded from a prompt cache therefore decodes at least
+# this many prompt tokens again, and a prefill never ends on a shorter chunk, so that a cached
+# run gives the same logits as an uncached one.
+EXACT_BATCH = 64
+
+
+class PromptCache(Protocol):
+    """Where stream_generate finds sequence states that outlive the process (a directory of
+    files, or one file beside a chat transcript); cli.store.promptcache implements it."""
+
+    min_tokens: int  # prompts shorter than this are neither looked up nor kept
+    exact: bool  # after loading, decode EXACT_BATCH prompt tokens again (the uncached logits)
+
+    def find(self, tokens: Sequence[int]) -> tuple[list[int], bytes] | None:
+        """(the tokens a saved state holds, the state) sharing the longest prefix with tokens."""
+        ...
+
+    def keep(self, tokens: Sequence[int], state: bytes) -> object: ...
+
+    def refused(self, tokens: Sequence[int]) -> None:
+        """llama.cpp would not take the state saved for tokens."""
+        ...
 
 
 class Engine:
@@ -103,6 +129,11 @@ class Engine:
         self._cached: list[list[int]] = [[] for _ in range(self.parallel)]
         self._batch = None  # one llama_batch of n_batch tokens, made at the first decode
         self._outputs = 0  # tokens of the last decode that asked for logits
+        # Saved states that outlive the process, consulted before a long prompt is prefilled.
+        self.prompt_cache: PromptCache | None = None
+        self.restored_tokens = 0  # prompt tokens of the last request loaded from prompt_cache
+        self.restore_s = 0.0
+        self.prefilled_tokens = 0  # prompt tokens the last request decoded
 
     def _refuse_impossible_kv_types(self) -> None:
         """Quantized KV caches store blocks of 32 values per head: the head size must divide."""
@@ -292,11 +323,19 @@ class Engine:
             raise ValueError("the prompt has no tokens")
         llama.llama_perf_context_reset(self._ctx)
         started = time.perf_counter()
-        cached = self.reuse_prefix(0, prompt_tokens)
+        self._load_prompt_cache(prompt_tokens)
+        exact = self.restored_tokens and self.prompt_cache and self.prompt_cache.exact
+        cached = self.reuse_prefix(0, prompt_tokens, EXACT_BATCH if exact else 1)
+        self.restored_tokens = min(self.restored_tokens, cached)
+        self.prefilled_tokens = len(prompt_tokens) - cached
         pending = list(prompt_tokens[cached:])
         output = -1
         while pending:
-            chunk, pending = pending[: self.n_batch], pending[self.n_batch :]
+            size = self.n_batch
+            # Never end on a short chunk (where the batch can hold two long ones).
+            if size >= 2 * EXACT_BATCH and 0 < len(pending) - size < EXACT_BATCH:
+                size = len(pending) - EXACT_BATCH
+            chunk, pending = pending[:size], pending[size:]
             output = self.decode([(0, token, not pending and i == len(chunk) - 1)
                                   for i, token in enumerate(chunk)])[0]  # fmt: skip
         step = SequenceStep(self, prompt_tokens, max_tokens, sampling, stop, cached, started)
@@ -310,6 +349,40 @@ class Engine:
                 output = self.decode([(0, event.token, True)])[0]
         finally:
             step.close()
+
+    def _load_prompt_cache(self, tokens: Sequence[int]) -> None:
+        """Load sequence 0 from the prompt cache where a saved state covers more of a long
+        prompt than the cells already here."""
+        self.restored_tokens, self.restore_s = 0, 0.0
+        cache = self.prompt_cache
+        if cache is None or len(tokens) < cache.min_tokens:
+            return
+        if self.common_prefix(0, tokens) >= cache.min_tokens:
+            return  # this process holds it already (a chat's earlier turns)
+        started = time.perf_counter()
+        found = cache.find(tokens)
+        if found is None:
+            return
+        held, state = found
+        if not self.restore_sequence(0, state, held):
+            cache.refused(held)
+            return
+        self.restored_tokens = min(self.common_prefix(0, tokens), len(tokens) - 1)
+        self.restore_s = time.perf_counter() - started
+
+    def keep_prompt_cache(self, always: bool = False) -> None:
+        """Save sequence 0 to the prompt cache if the last request prefilled a long prompt (or,
+        always, if it holds one: a chat leaving)."""
+        cache = self.prompt_cache
+        if cache is None or len(self._cached[0]) < cache.min_tokens:
+            return
+        if always or self.prefilled_tokens >= cache.min_tokens:
+            cache.keep(self.cached(0), self.sequence_state(0))
+
+    @property
+    def llama_version(self) -> str:
+        """The llama.cpp build: a saved state is only valid for the build that wrote it."""
+        return f"llama-cpp-python {llama.__version__}"
 
     def sample(self, sampler: object, output: int) -> int:
         """The token a sampler chain picks from the logits of output (an index into the last
@@ -328,18 +401,61 @@ class Engine:
     def cached_count(self, seq: int = 0) -> int:
         return len(self._cached[seq])
 
-    def reuse_prefix(self, seq: int, tokens: Sequence[int]) -> int:
-        """Keep the KV cells of the longest common prefix of tokens with what seq holds, drop the
-        rest; the number kept. At least one token is left to decode, for logits to sample."""
+    def common_prefix(self, seq: int, tokens: Sequence[int]) -> int:
+        """How many leading tokens of tokens sequence seq already holds (nothing changes)."""
         common = 0
         for old, new in zip(self._cached[seq], tokens, strict=False):
             if old != new:
                 break
             common += 1
-        common = min(common, len(tokens) - 1)
-        llama.llama_memory_seq_rm(llama.llama_get_memory(self._ctx), seq, common, -1)
-        del self._cached[seq][common:]
         return common
+
+    def keep_prefix(self, seq: int, n: int) -> None:
+        """Keep the KV cells of sequence seq's first n positions and free the rest: the one
+        place cells past a point are removed (prefix reuse, prompt caches, speculative
+        decoding's rejected drafts)."""
+        if n < 0:
+            raise ValueError(f"cannot keep {n} positions")
+        # Removed even when the record holds no more than n: a Ctrl-C that lands just after a
+        # llama_decode returns leaves a cell the record never saw, and it must go too.
+        llama.llama_memory_seq_rm(llama.llama_get_memory(self._ctx), seq, n, -1)
+        del self._cached[seq][n:]
+
+    def reuse_prefix(self, seq: int, tokens: Sequence[int], decode_at_least: int = 1) -> int:
+        """Keep the KV cells of the longest common prefix of tokens with what seq holds, drop the
+        rest; the number kept. At least decode_at_least tokens (one, for logits to sample) are
+        left to decode."""
+        common = max(0, min(self.common_prefix(seq, tokens), len(tokens) - decode_at_least))
+        self.keep_prefix(seq, common)
+        return common
+
+    def sequence_state(self, seq: int = 0) -> bytes:
+        """Sequence seq's KV cells as llama.cpp serializes them (positions, K and V per layer):
+        what a prompt cache keeps, to restore with restore_sequence."""
+        size = llama.llama_state_seq_get_size(self._ctx, seq)
+        buffer = (ctypes.c_uint8 * size)()
+        written = llama.llama_state_seq_get_data(self._ctx, buffer, size, seq)
+        return ctypes.string_at(buffer, written)  # one copy (slicing would make a list of ints)
+
+    def restore_sequence(self, seq: int, state: bytes, tokens: Sequence[int]) -> bool:
+        """Replace sequence seq's cells with a saved state holding tokens; False (and seq empty)
+        when llama.cpp refuses the state or it does not hold exactly len(tokens) positions."""
+        self.forget(seq)
+        if not tokens or len(tokens) > self.n_ctx:
+            return False
+        buffer = (ctypes.c_uint8 * len(state)).from_buffer_copy(state)
+        if llama.llama_state_seq_set_data(self._ctx, buffer, len(state), seq) == 0:
+            self.forget(seq)
+            return False
+        memory = llama.llama_get_memory(self._ctx)
+        if (
+            llama.llama_memory_seq_pos_min(memory, seq) != 0
+            or llama.llama_memory_seq_pos_max(memory, seq) != len(tokens) - 1
+        ):
+            self.forget(seq)
+            return False
+        self._cached[seq] = list(tokens)
+        return True
 
     def forget(self, seq: int) -> None:
         """Free every KV cell of sequence seq."""

@@ -1,0 +1,186 @@
+"""A multi-turn conversation over the OpenAI API, streamed: time to first token turn by turn, for
+quill serve with its prefix cache, quill serve told not to reuse it ("cache_prompt": false, what
+every request cost before), and llama-server built from the same sdist, with its defaults.
+
+Usage (inside quill's venv; the machine otherwise idle):
+  python benchmarks/serve_multiturn.py --model PATH.gguf [--turns 8] [--words 220] [--threads 2]
+      [--llama-server benchmarks/.build/llama-cpp-python-0.3.36/build/bin/llama-server]
+
+Each turn sends the whole history plus a new user message of about --words words (~300 tokens
+with the template) and asks for --reply tokens, greedy, through the official openai client with
+stream=True; TTFT is from sending the request to the first content chunk, as the client sees
+it. Prints a Markdown table; --json FILE writes the numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import openai
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_LLAMA_SERVER = ROOT / "benchmarks/.build/llama-cpp-python-0.3.36/build/bin/llama-server"
+TOPICS = ["harbours", "lighthouses", "tides", "ferries", "storms", "fishing", "maps", "islands"]
+
+
+def message(turn: int, words: int) -> str:
+    """A user message of about `words` words, different each turn."""
+    topic = TOPICS[turn % len(TOPICS)]
+    filler = " ".join(
+        f"Note {i} on {topic}: the {topic} of the northern coast changed in year {1700 + i * 7}."
+        for i in range(words // 14 + 1)
+    )
+    return f"Here are my notes about {topic}. {filler} Summarize them in two sentences."
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_ready(url: str, process: subprocess.Popen, timeout: float = 300) -> None:
+    import urllib.request
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise SystemExit(
+                f"the server exited: {process.stderr.read() if process.stderr else ''}"
+            )
+        try:
+            with urllib.request.urlopen(f"{url}/v1/models", timeout=2):
+                return
+        except OSError:
+            time.sleep(0.5)
+    raise SystemExit(f"{url} did not come up in {timeout} s")
+
+
+def start_quill(model: str, threads: int, ctx: int, home: str) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    quill = str(Path(sys.executable).with_name("quill"))
+    process = subprocess.Popen(
+        [quill, "serve", "-m", model, "--port", str(port), "--parallel", "1",
+         "--ctx", str(ctx), "--threads", str(threads)],
+        env=dict(os.environ, QUILL_HOME=home), stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    return process, f"http://127.0.0.1:{port}"
+
+
+def start_llama_server(binary: str, model: str, threads: int, ctx: int) -> tuple:
+    port = free_port()
+    process = subprocess.Popen(
+        [binary, "-m", model, "--port", str(port), "-t", str(threads), "-c", str(ctx),
+         "-np", "1"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    return process, f"http://127.0.0.1:{port}"
+
+
+def conversation(
+    url: str, turns: int, words: int, reply: int, extra: dict, system: str
+) -> list[dict]:
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=600)
+    history = [{"role": "system", "content": system}]
+    rows = []
+    for turn in range(turns):
+        history.append({"role": "user", "content": message(turn, words)})
+        started = time.perf_counter()
+        ttft = None
+        pieces = []
+        usage = None
+        stream = client.chat.completions.create(
+            model="quill", messages=history, max_tokens=reply, temperature=0, stream=True,
+            stream_options={"include_usage": True}, extra_body=extra,
+        )  # fmt: skip
+        for chunk in stream:
+            if chunk.choices and chunk.choices[0].delta.content:
+                if ttft is None:
+                    ttft = time.perf_counter() - started
+                pieces.append(chunk.choices[0].delta.content)
+            if chunk.usage is not None:
+                usage = chunk.usage
+        details = getattr(usage, "prompt_tokens_details", None) if usage else None
+        rows.append({
+            "turn": turn + 1,
+            "ttft_ms": (ttft or 0.0) * 1000,
+            "prompt_tokens": usage.prompt_tokens if usage else None,
+            "cached_tokens": getattr(details, "cached_tokens", None) if details else None,
+        })  # fmt: skip
+        history.append({"role": "assistant", "content": "".join(pieces)})
+    return rows
+
+
+def measure(name: str, start, args, extra: dict) -> list[dict]:
+    process, url = start()
+    try:
+        wait_ready(url, process)
+        # Warm-up: another conversation (its system prompt differs from the first token on).
+        conversation(url, 2, args.words, args.reply, extra, "Warm up.")
+        return conversation(
+            url, args.turns, args.words, args.reply, extra, "You are a concise assistant."
+        )
+    finally:
+        process.terminate()
+        process.wait(timeout=60)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model", required=True, help="a .gguf path (both servers load it)")
+    parser.add_argument("--turns", type=int, default=8)
+    parser.add_argument("--words", type=int, default=220, help="words per user message")
+    parser.add_argument("--reply", type=int, default=64, help="max tokens per reply")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--ctx", type=int, default=8192)
+    parser.add_argument("--llama-server", default=str(DEFAULT_LLAMA_SERVER))
+    parser.add_argument("--skip-llama-server", action="store_true")
+    parser.add_argument("--json", dest="json_out")
+    args = parser.parse_args()
+    home = tempfile.mkdtemp(prefix="quill-bench-home-")
+    runs = {
+        "quill serve": measure(
+            "quill", lambda: start_quill(args.model, args.threads, args.ctx, home), args, {}
+        ),
+        "quill serve, no reuse": measure(
+            "quill-nocache",
+            lambda: start_quill(args.model, args.threads, args.ctx, home),
+            args,
+            {"cache_prompt": False},
+        ),
+    }
+    if not args.skip_llama_server and Path(args.llama_server).exists():
+        runs["llama-server"] = measure(
+            "llama-server",
+            lambda: start_llama_server(args.llama_server, args.model, args.threads, args.ctx),
+            args,
+            {},
+        )
+    names = list(runs)
+    print("| turn | prompt tokens | " + " | ".join(f"{n}: TTFT ms (cached)" for n in names) + " |")
+    print("|---" * (2 + len(names)) + "|")
+    for i in range(args.turns):
+        cells = []
+        for name in names:
+            row = runs[name][i]
+            cells.append(f"{row['ttft_ms']:.0f} ({row['cached_tokens']})")
+        print(f"| {i + 1} | {runs[names[0]][i]['prompt_tokens']} | " + " | ".join(cells) + " |")
+    for name in names:
+        rows = runs[name]
+        print(f"{name}: turn {args.turns} TTFT / turn 1 TTFT = "
+              f"{rows[-1]['ttft_ms'] / rows[0]['ttft_ms']:.2f}")  # fmt: skip
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps(runs, indent=1))
+
+
+if __name__ == "__main__":
+    main()

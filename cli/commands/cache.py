@@ -1,0 +1,242 @@
+"""Prompt caches across runs: the options run takes, the glue that gives a local engine its
+cache directory, and `quill cache` (list / clear)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from cli.errors import UsageError
+
+if TYPE_CHECKING:
+    from cli.engine.backend import Backend
+    from cli.engine.engine import Engine
+    from cli.store.promptcache import PromptCacheStore
+
+DEFAULT_CACHE_MAX = "2GiB"
+_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+NoCache = Annotated[
+    bool,
+    typer.Option(
+        "--no-cache",
+        help="Neither load nor keep a prompt cache (prompts of 512+ tokens are cached by "
+        "default under QUILL_HOME/cache/prompts).",
+    ),
+]
+CacheMax = Annotated[
+    str,
+    typer.Option(
+        "--cache-max",
+        help="Most disk the prompt caches may take (e.g. 500MiB, 2GiB); the least recently "
+        "used go first.",
+    ),
+]
+
+
+def parse_size(text: str, option: str = "--cache-max") -> int:
+    """'2GiB', '500M', '1.5g', '1048576' -> bytes (binary units); UsageError otherwise."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([bkmgt]?)(?:i?b)?\s*", text.lower())
+    if not match:
+        raise UsageError(f"{option} takes a size such as 500MiB or 2GiB, not {text!r}")
+    return int(float(match.group(1)) * _UNITS[match.group(2)])
+
+
+def cache_key(engine: Engine) -> dict:
+    """What makes a saved state valid for this engine: the model file's sha256, the context
+    size, the KV types and the llama.cpp build."""
+    from cli.store.models import quill_home
+    from cli.store.promptcache import cache_dir, model_sha256
+
+    return {
+        "model_sha256": model_sha256(engine.path, cache_dir(quill_home())),
+        "n_ctx": engine.n_ctx,
+        "kv_type_k": engine.kv_type_k,
+        "kv_type_v": engine.kv_type_v,
+        "llama": engine.llama_version,
+    }
+
+
+def attach_prompt_cache(backend: Backend, max_bytes: int) -> PromptCacheStore | None:
+    """Give a local engine the prompt cache directory; None for a server's model."""
+    from cli.engine.engine import Engine
+    from cli.store.models import quill_home
+    from cli.store.promptcache import PromptCacheStore, cache_dir
+
+    if not isinstance(backend, Engine):
+        return None
+    engine = backend
+    store = PromptCacheStore(cache_dir(quill_home()), lambda: cache_key(engine), max_bytes)
+    engine.prompt_cache = store
+    return store
+
+
+def finish_prompt_cache(
+    backend: Backend, store: PromptCacheStore | None, show: bool, keep: bool = True
+) -> None:
+    """Keep the state of a long prompt just prefilled; say what the cache saved this run; one
+    warning line for each file that was refused or could not be written."""
+    from cli.engine.engine import Engine
+    from cli.ui import render
+
+    if store is None or not isinstance(backend, Engine):
+        return
+    if keep:
+        backend.keep_prompt_cache()
+    if show and backend.restored_tokens:
+        render.info_line(
+            f"prompt cache: {backend.restored_tokens} tokens from cache in "
+            f"{backend.restore_s * 1000:.0f} ms"
+        )
+    for warning in dict.fromkeys(store.warnings):
+        render.warning_line(warning)
+
+
+def cache(
+    action: Annotated[
+        str, typer.Argument(help="list: the cached prompts; clear: remove them all.")
+    ] = "list",
+) -> None:
+    """The prompt caches quill keeps under QUILL_HOME/cache/prompts: list or clear them."""
+    import time
+
+    from cli.store.models import quill_home
+    from cli.store.promptcache import CacheEntry, cache_dir, clear, list_entries
+    from cli.ui import render
+    from cli.units import human_bytes
+
+    folder = cache_dir(quill_home())
+    if action == "clear":
+        count, total = clear(folder)
+        render.info_line(f"removed {count} prompt caches, {human_bytes(total)}, from {folder}")
+        return
+    if action != "list":
+        raise UsageError(f"quill cache takes list or clear, not {action!r}")
+    entries = list_entries(folder)
+    if not entries:
+        render.info_line(f"no prompt caches in {folder}")
+        return
+    lines = [f"{'file':<35} {'tokens':>7} {'size':>10}  {'ctx':>6}  {'KV':<10} last used"]
+    total = 0
+    for entry in entries:
+        if not isinstance(entry, CacheEntry):
+            path, why = entry
+            lines.append(f"{path.name:<35} unreadable: {why}")
+            continue
+        total += entry.size
+        key = entry.key
+        kv = f"{key.get('kv_type_k')}/{key.get('kv_type_v')}"
+        used = time.strftime("%Y-%m-%d %H:%M", time.localtime(entry.used))
+        lines.append(
+            f"{entry.path.name:<35} {len(entry.tokens):>7} {human_bytes(entry.size):>10}  "
+            f"{key.get('n_ctx', '?'):>6}  {kv:<10} {used}"
+        )
+    lines.append(f"{len(entries)} files, {human_bytes(total)} in {folder}")
+    render.write_stdout("\n".join(lines) + "\n")
+
+
+# --- chat: the KV state beside the transcript ------------------------------------------------
+
+CHAT_CACHE_MIN_TOKENS = 64  # shorter conversations prefill faster than a file loads
+
+
+def resolve_resume(value: str) -> Path:
+    """The transcript --resume names: last (the newest in QUILL_HOME/chats), an ID (a file
+    name there, or the start of one) or a path."""
+    from cli.store.models import quill_home
+
+    folder = quill_home() / "chats"
+    saved = (
+        sorted(folder.glob("*.json"), key=lambda p: p.stat().st_mtime) if folder.is_dir() else []
+    )
+    if value == "last":
+        if not saved:
+            raise UsageError(f"no saved chats in {folder} to resume")
+        return saved[-1]
+    path = Path(value).expanduser()
+    if path.suffix == ".json" and path.is_file():
+        return path
+    matches = [p for p in saved if p.stem == value] or [
+        p for p in saved if p.stem.startswith(value)
+    ]
+    if len(matches) == 1:
+        return matches[0]
+    if not matches:
+        raise UsageError(f"no saved chat {value!r} in {folder}: --resume last, or an ID from there")
+    names = ", ".join(p.stem for p in matches[:4])
+    raise UsageError(f"--resume {value!r} matches {len(matches)} chats ({names}); give more of it")
+
+
+def chat_cache_folder(transcript: Path) -> Path:
+    return transcript.with_name(transcript.stem + ".kvcache")
+
+
+def attach_chat_cache(backend: Backend, transcript: Path) -> PromptCacheStore | None:
+    """Give a local engine the KV state saved beside the transcript: one file, loaded by the
+    first turn of a resumed chat, rewritten when the chat ends."""
+    from cli.engine.engine import Engine
+    from cli.store.promptcache import PromptCacheStore
+
+    if not isinstance(backend, Engine):
+        return None
+    engine = backend
+    store = PromptCacheStore(
+        chat_cache_folder(transcript),
+        lambda: cache_key(engine),
+        min_tokens=CHAT_CACHE_MIN_TOKENS,
+        max_files=1,
+        exact=False,  # a resumed chat goes on as the process that kept its cells would have
+    )
+    engine.prompt_cache = store
+    return store
+
+
+class ChatCacheReport:
+    """Says once, after the first turn of a resumed chat, what the saved KV state gave."""
+
+    def __init__(self, backend: Backend, store: PromptCacheStore | None, resumed: bool) -> None:
+        from cli.store.promptcache import files
+
+        self.backend = backend
+        self.store = store
+        self.had_state = store is not None and bool(files(store.folder))
+        self.pending = resumed and store is not None
+        self.turns = 0
+
+    def after_turn(self) -> None:
+        from cli.ui import render
+
+        self.turns += 1
+        if not self.pending or self.store is None:
+            return
+        self.pending = False
+        for warning in dict.fromkeys(self.store.warnings):
+            render.warning_line(warning)
+        self.store.warnings.clear()
+        engine = self.backend
+        restored = getattr(engine, "restored_tokens", 0)
+        if restored:
+            render.info_line(
+                f"resumed: {restored} tokens of KV cache loaded in "
+                f"{getattr(engine, 'restore_s', 0.0) * 1000:.0f} ms"
+            )
+        elif self.had_state:
+            render.info_line(
+                "the saved KV cache does not fit this chat (another model, context size, KV "
+                "type or llama.cpp build, or an edited transcript): the conversation was "
+                "prefilled again"
+            )
+
+    def finish(self, backend: Backend) -> None:
+        """Save the conversation's KV state beside the transcript, if this process added to
+        it with the engine the state was attached to."""
+        from cli.ui import render
+
+        if self.store is None or backend is not self.backend or not self.turns:
+            return
+        backend.keep_prompt_cache(always=True)  # type: ignore[attr-defined]
+        for warning in dict.fromkeys(self.store.warnings):
+            render.warning_line(warning)

@@ -1,0 +1,317 @@
+"""Prompt caches on disk: the KV state of a sequence, kept so that a later process whose prompt
+starts with the same tokens loads it instead of prefilling them again.
+
+A cache file holds a header (what makes the state valid: the model file's sha256, the context
+size, the KV types, the llama.cpp build; the exact tokens it holds; the state's size and sha256)
+and the state llama.cpp serialized. A file is trusted only when all of that checks out: a
+foreign one (another model, context, KV type, llama.cpp) is never used, a damaged one is removed
+with one warning. Files are written to a part file and renamed, under a lock that also guards
+eviction, so two quill processes never read a half-written cache. The directory is bounded in
+bytes; the least recently used files go first.
+
+No llama.cpp here: the engine serializes and restores; this module keeps bytes and tokens.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import functools
+import hashlib
+import json
+import os
+import struct
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from quant.partfiles import partial_path, remove_stale_parts
+
+MAGIC = b"QUILLKV1"
+SUFFIX = ".kv"
+MIN_TOKENS = 512  # shorter prompts prefill in about a second on a laptop: not worth a file
+DEFAULT_MAX_BYTES = 2 << 30
+_LENGTH = struct.Struct("<I")
+
+
+class CacheFileError(Exception):
+    """A cache file that cannot be trusted: truncated, damaged, or not a quill cache."""
+
+
+@dataclass(frozen=True)
+class CacheEntry:
+    path: Path
+    key: dict
+    tokens: list[int]
+    state_bytes: int
+    state_sha256: str
+    size: int  # of the whole file
+    used: float  # last written or loaded (the file's mtime)
+
+
+def cache_dir(home: Path) -> Path:
+    return home / "cache" / "prompts"
+
+
+def entry_name(key: dict, tokens: Sequence[int]) -> str:
+    """The file name: a digest of the key and the tokens, so the same prefix is kept once and a
+    header edited after writing no longer matches its name."""
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode())
+    digest.update(struct.pack(f"<{len(tokens)}i", *tokens))
+    return digest.hexdigest()[:32] + SUFFIX
+
+
+def encode(key: dict, tokens: Sequence[int], state: bytes) -> bytes:
+    header = json.dumps(
+        {
+            "key": key,
+            "tokens": list(tokens),
+            "state_bytes": len(state),
+            "state_sha256": hashlib.sha256(state).hexdigest(),
+        },
+        sort_keys=True,
+    ).encode()
+    return MAGIC + _LENGTH.pack(len(header)) + header + state
+
+
+def read_header(path: Path) -> CacheEntry:
+    """The header of a cache file (the state is not read); CacheFileError if it is not one."""
+    try:
+        with path.open("rb") as file:
+            if file.read(len(MAGIC)) != MAGIC:
+                raise CacheFileError("not a quill prompt cache")
+            (length,) = _LENGTH.unpack(file.read(_LENGTH.size))
+            header = json.loads(file.read(length))
+            stat = os.fstat(file.fileno())
+        key, tokens = header["key"], header["tokens"]
+        state_bytes, state_sha256 = header["state_bytes"], header["state_sha256"]
+        if not isinstance(key, dict) or not all(isinstance(t, int) for t in tokens):
+            raise CacheFileError("a header without a key or tokens")
+    except (struct.error, ValueError, KeyError, TypeError) as error:
+        raise CacheFileError(f"a damaged header ({error})") from None
+    if len(MAGIC) + _LENGTH.size + length + state_bytes != stat.st_size:
+        raise CacheFileError(f"{stat.st_size} bytes, not the {state_bytes} of state it declares")
+    return CacheEntry(path, key, tokens, state_bytes, state_sha256, stat.st_size, stat.st_mtime)
+
+
+def read_state(entry: CacheEntry) -> bytes:
+    """The state of a cache file, checked against its header's size and sha256."""
+    with entry.path.open("rb") as file:
+        data = file.read()
+    state = data[len(data) - entry.state_bytes :] if entry.state_bytes else b""
+    if len(data) != entry.size or hashlib.sha256(state).hexdigest() != entry.state_sha256:
+        raise CacheFileError("its state does not match its checksum")
+    return state
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+class PromptCacheStore:
+    """One directory of cache files for one key (model, context, KV types, llama.cpp build).
+
+    find() and keep() never raise for a bad file or a full disk: they note one line in
+    warnings and the caller carries on without the cache."""
+
+    def __init__(
+        self,
+        folder: Path,
+        key: dict | Callable[[], dict],
+        max_bytes: int = DEFAULT_MAX_BYTES,
+        min_tokens: int = MIN_TOKENS,
+        max_files: int | None = None,
+        exact: bool = True,
+    ) -> None:
+        self.folder = folder
+        self._key = key
+        self.max_bytes = max_bytes
+        self.min_tokens = min_tokens
+        self.max_files = max_files
+        # True: a loaded state decodes its last prompt tokens again in one long batch, for the
+        # logits a run without the cache gets; False: as few as a process that had kept its
+        # cells would (a resumed chat continues exactly as if it had never stopped).
+        self.exact = exact
+        self.warnings: list[str] = []
+
+    @functools.cached_property
+    def key(self) -> dict:
+        """What makes a state valid; computed when first needed (hashing the model takes a
+        moment, and a short prompt never needs it)."""
+        return self._key() if callable(self._key) else self._key
+
+    def entries(self) -> Iterator[CacheEntry]:
+        """The readable cache files for this key; damaged ones are reported and removed."""
+        for path in files(self.folder):
+            try:
+                entry = read_header(path)
+            except FileNotFoundError:  # evicted by another process meanwhile
+                continue
+            except (CacheFileError, OSError) as error:
+                self._discard(path, str(error))
+                continue
+            if entry.key == self.key:
+                if path.name != entry_name(entry.key, entry.tokens):
+                    self._discard(path, "its header does not match its name")
+                    continue
+                yield entry
+
+    def find(self, tokens: Sequence[int]) -> tuple[list[int], bytes] | None:
+        """(the tokens a cache file holds, its state) for the file sharing the longest prefix
+        with tokens, if at least min_tokens; None if there is none."""
+        best, best_common = None, 0
+        for entry in self.entries():
+            common = common_prefix(entry.tokens, tokens)
+            if common > best_common:
+                best, best_common = entry, common
+        if best is None or best_common < self.min_tokens:
+            return None
+        try:
+            state = read_state(best)
+        except FileNotFoundError:
+            return None
+        except (CacheFileError, OSError) as error:
+            self._discard(best.path, str(error))
+            return None
+        with contextlib.suppress(OSError):
+            os.utime(best.path)  # used now: the last to be evicted
+        return best.tokens, state
+
+    def refused(self, tokens: Sequence[int]) -> None:
+        """llama.cpp refused a state that passed every check here: drop the file."""
+        self._discard(self.folder / entry_name(self.key, tokens), "llama.cpp refused its state")
+
+    def keep(self, tokens: Sequence[int], state: bytes) -> Path | None:
+        """Write a cache file (part file, then rename) and evict the least recently used files
+        beyond max_bytes; the path, or None where it was not kept (too big, or the disk said
+        no: noted in warnings)."""
+        data = encode(self.key, tokens, state)
+        if len(data) > self.max_bytes:
+            return None
+        target = self.folder / entry_name(self.key, tokens)
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            with self._lock():
+                remove_stale_parts(target)
+                part = partial_path(target)
+                try:
+                    with part.open("wb") as file:
+                        file.write(data)
+                        file.flush()
+                        os.fsync(file.fileno())
+                    part.replace(target)
+                finally:
+                    part.unlink(missing_ok=True)
+                self._evict(keep=target)
+        except OSError as error:
+            self.warnings.append(
+                f"prompt cache not kept: {error.strerror or error} ({self.folder}); "
+                "the run itself is unaffected"
+            )
+            return None
+        return target
+
+    def _evict(self, keep: Path) -> None:
+        entries = []
+        for path in files(self.folder):
+            try:
+                stat = path.stat()
+            except FileNotFoundError:
+                continue
+            entries.append((stat.st_mtime, stat.st_size, path))
+        total = sum(size for _, size, _ in entries)
+        count = len(entries)
+        for _, size, path in sorted(entries):
+            if total <= self.max_bytes and (self.max_files is None or count <= self.max_files):
+                break
+            if path != keep:
+                path.unlink(missing_ok=True)
+                total -= size
+                count -= 1
+
+    @contextmanager
+    def _lock(self) -> Iterator[None]:
+        with (self.folder / ".lock").open("a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
+    def _discard(self, path: Path, why: str) -> None:
+        self.warnings.append(f"prompt cache {path.name} ignored and removed: {why}")
+        with contextlib.suppress(OSError), self._lock():
+            path.unlink(missing_ok=True)
+
+
+def files(folder: Path) -> list[Path]:
+    try:
+        return sorted(p for p in folder.iterdir() if p.suffix == SUFFIX and p.is_file())
+    except OSError:
+        return []
+
+
+def list_entries(folder: Path) -> list[CacheEntry | tuple[Path, str]]:
+    """Every cache file, any key: its entry, or (path, why it is unreadable)."""
+    found: list[CacheEntry | tuple[Path, str]] = []
+    for path in files(folder):
+        try:
+            found.append(read_header(path))
+        except (CacheFileError, OSError) as error:
+            found.append((path, str(error)))
+    return found
+
+
+def clear(folder: Path) -> tuple[int, int]:
+    """Remove every cache file: (files, bytes) removed."""
+    count = total = 0
+    for path in files(folder):
+        try:
+            size = path.stat().st_size
+            path.unlink()
+        except FileNotFoundError:
+            continue
+        count += 1
+        total += size
+    return count, total
+
+
+def model_sha256(path: Path, folder: Path) -> str:
+    """The model file's sha256, hashed once and remembered beside the caches against the
+    file's size, mtime and inode: a replaced file is hashed again."""
+    stat = path.stat()
+    stamp = [stat.st_size, stat.st_mtime_ns, stat.st_ino]
+    memo_path = folder / "models.json"
+    where = str(path.resolve())
+    try:
+        memo = json.loads(memo_path.read_text(encoding="utf-8"))
+        if not isinstance(memo, dict):
+            memo = {}
+    except (OSError, ValueError):
+        memo = {}
+    known = memo.get(where)
+    if isinstance(known, dict) and known.get("stamp") == stamp and known.get("sha256"):
+        return str(known["sha256"])
+    digest = hashlib.sha256()
+    with path.open("rb") as file:
+        while chunk := file.read(1 << 20):
+            digest.update(chunk)
+    sha = digest.hexdigest()
+    memo[where] = {"stamp": stamp, "sha256": sha}
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        part = partial_path(memo_path)
+        try:
+            part.write_text(json.dumps(memo, indent=1), encoding="utf-8")
+            part.replace(memo_path)
+        finally:
+            part.unlink(missing_ok=True)
+    except OSError:
+        pass  # remembering is an optimization: the next run hashes again
+    return sha
