@@ -33,7 +33,29 @@ _PUBLIC = {
     "weight_type": "quant.quantize",
 }
 
-__all__ = sorted(_PUBLIC)
+__all__ = [
+    "KV_CACHE_TYPES",
+    "QUANTIZED_KV_TYPES",
+    "GGUFError",
+    "GGUFHeader",
+    "GGUFInfo",
+    "MemoryPlan",
+    "ModelShape",
+    "QuantizeError",
+    "QuantizeResult",
+    "check_kv_types",
+    "ggml_type",
+    "kv_bytes_per_element",
+    "kv_cache_bytes",
+    "largest_context",
+    "parse_size",
+    "plan",
+    "quant_type",
+    "quantize",
+    "read_gguf",
+    "read_header",
+    "weight_type",
+]
 
 if TYPE_CHECKING:
     from quant.gguf import GGUFError, GGUFHeader, GGUFInfo, quant_type, read_gguf, read_header
