@@ -52,10 +52,12 @@ def test_system_prompt_goes_through_the_template(runner, smollm2_path, reference
     assert out["text"] == reference.text(reference.greedy(tokens, 24))
 
 
-def test_prompt_from_stdin_alone_and_appended_after_the_argument(runner, smollm2_path):
-    from_arg = run_json(runner, *GREEDY, "-n", "12", "Summarize:\n\nCats sleep a lot.")
-    from_stdin = run_json(runner, *GREEDY, "-n", "12", input="Summarize:\n\nCats sleep a lot.\n")
-    both = run_json(runner, *GREEDY, "-n", "12", "Summarize:", input="Cats sleep a lot.\n")
+def test_prompt_from_stdin_alone_and_before_the_argument(runner, smollm2_path):
+    """Piped text comes first, the argument after a blank line (as llm joins them)."""
+    whole = "Cats sleep a lot.\n\nSummarize that."
+    from_arg = run_json(runner, *GREEDY, "-n", "12", whole)
+    from_stdin = run_json(runner, *GREEDY, "-n", "12", input=whole + "\n")
+    both = run_json(runner, *GREEDY, "-n", "12", "Summarize that.", input="Cats sleep a lot.\n")
     assert from_arg["text"] == from_stdin["text"] == both["text"]
     assert from_arg["prompt_tokens"] == from_stdin["prompt_tokens"] == both["prompt_tokens"]
 

@@ -184,12 +184,16 @@ def stdin_is_terminal() -> bool:
 
 
 def read_prompt(argument: str | None) -> str:
-    """The argument, then stdin (when it is not a terminal) appended after a blank line."""
-    parts = [argument] if argument else []
+    """Stdin (when it is not a terminal), then the argument after a blank line, as llm joins
+    them. The piped document first: two questions about one file then share its tokens as a
+    prefix, and the second run takes them from the prompt cache instead of prefilling again."""
+    parts = []
     if not sys.stdin.isatty():
         piped = sys.stdin.buffer.read().decode("utf-8", errors="replace")
         if piped.strip():
             parts.append(piped.rstrip("\n"))
+    if argument:
+        parts.append(argument)
     if not parts:
         raise UsageError('no prompt: give one as an argument (quill run "...") or on stdin')
     return "\n\n".join(parts)

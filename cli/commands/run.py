@@ -58,7 +58,7 @@ class RunRequest:
 
 def run(
     prompt: Annotated[
-        str | None, typer.Argument(help="The prompt. Text on stdin is appended after it.")
+        str | None, typer.Argument(help="The prompt. Text on stdin comes first, then this.")
     ] = None,
     model: ModelOption = None,
     system: Annotated[str | None, typer.Option("-s", "--system", help="System prompt.")] = None,

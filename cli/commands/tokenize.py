@@ -19,7 +19,7 @@ def shown_piece(piece: bytes) -> str:
 
 def tokenize(
     text: Annotated[
-        str | None, typer.Argument(help="The text. Text on stdin is appended after it.")
+        str | None, typer.Argument(help="The text. Text on stdin comes first, then this.")
     ] = None,
     model: ModelOption = None,
     json_output: Annotated[
