@@ -26,6 +26,13 @@ from cli.commands.options import (
     read_prompt,
     sampling_params,
 )
+from cli.commands.templating import (
+    ChatTemplateFile,
+    Think,
+    ThinkBudget,
+    apply_template_choice,
+    check_template_file,
+)
 from cli.engine.sampling import SamplingParams
 from cli.errors import EXIT_INTERRUPTED, EXIT_OK
 
@@ -52,6 +59,10 @@ class RunRequest:
     verbose: bool = False
     endpoint: str | None = None  # an OpenAI-compatible server instead of a local model
     api_key: str | None = None
+    chat_template: str | None = None  # a Jinja file instead of the model's own template
+    think: bool | None = None  # the template's enable_thinking switch
+    think_budget: int | None = None
+    hide_thinking: bool = False
 
 
 def run(
@@ -131,8 +142,17 @@ def run(
         ),
     ] = None,
     api_key: ApiKey = None,
+    chat_template: ChatTemplateFile = None,
+    think: Think = None,
+    think_budget: ThinkBudget = None,
+    hide_thinking: Annotated[
+        bool,
+        typer.Option(
+            "--hide-thinking", help="Do not print the reasoning (it goes to stderr otherwise)."
+        ),
+    ] = False,
 ) -> None:
-    """Generate a reply to PROMPT, streamed to stdout; timing goes to stderr."""
+    """Generate a reply to PROMPT, streamed to stdout; reasoning and timing go to stderr."""
     request = RunRequest(
         prompt=read_prompt(prompt),
         model=model,
@@ -150,7 +170,12 @@ def run(
         verbose=verbose,
         endpoint=endpoint,
         api_key=api_key,
+        chat_template=chat_template,
+        think=think,
+        think_budget=think_budget,
+        hide_thinking=hide_thinking,
     )
+    check_template_file(chat_template)
     options = None if endpoint else load_options(ctx, threads, gpu_layers, kv_type, kv_k, kv_v)
     raise typer.Exit(run_once(request, options))
 
@@ -178,7 +203,16 @@ def open_backend(request: RunRequest, options: LoadOptions | None) -> tuple[str,
         render.info_line(render.memory_line(plan(shape, n_ctx, *kv)))
     from cli.store.registry import load_registry
 
-    return request.model or load_registry().default, Engine(path, options, request.verbose)
+    engine = Engine(path, options, request.verbose)
+    apply_template_choice(
+        engine,
+        request.model,
+        request.chat_template,
+        request.think,
+        request.think_budget,
+        render.warning_line,
+    )
+    return request.model or load_registry().default, engine
 
 
 def run_once(request: RunRequest, options: LoadOptions | None = None) -> int:
@@ -223,11 +257,20 @@ def _stream(
     from cli.ui import render
 
     pieces: list[str] = []
+    thoughts: list[str] = []
+    thought_open = False  # reasoning was written to stderr without its closing newline
     finish_override = None
     try:
         for event in events:
             pieces.append(event.text)
+            thoughts.append(event.reasoning)
             if not request.json_output:
+                if not request.hide_thinking:
+                    render.write_reasoning(event.reasoning)
+                    thought_open = thought_open or bool(event.reasoning)
+                    if thought_open and (event.text or event.finish_reason):
+                        render.write_reasoning("\n")  # the reasoning ends its own line
+                        thought_open = False
                 render.write_stdout(event.text)
             recorder.observe(event)
     except KeyboardInterrupt:
@@ -235,7 +278,10 @@ def _stream(
     metrics = recorder.summary(backend, finish_override)
     text = "".join(pieces)
     if request.json_output:
-        render.write_stdout(render.run_json(model_name, backend.location, text, metrics) + "\n")
+        reasoning = "".join(thoughts)
+        render.write_stdout(
+            render.run_json(model_name, backend.location, text, metrics, reasoning) + "\n"
+        )
     else:
         if text and not text.endswith("\n"):  # a reply is a line, on a terminal or in a file
             render.write_stdout("\n")
