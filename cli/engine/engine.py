@@ -20,6 +20,7 @@ import numpy as np
 
 from cli.engine.events import StreamEvent
 from cli.engine.freecores import CoreLoad, measure_free_cores
+from cli.engine.grammarhook import with_grammar
 from cli.engine.llamalog import llama_log
 from cli.engine.loading import load_model
 from cli.engine.options import ALL_LAYERS, DEFAULT_CTX, LoadOptions
@@ -568,6 +569,7 @@ class SequenceStep:
         )
         banned = engine.eog_tokens if sampling.ignore_eos else ()
         self._sampler = sampler_chain(sampling, self.seed, prompt_tokens, banned, engine.n_vocab)
+        self._sampler = with_grammar(self._sampler, engine._vocab, sampling.grammar)
         self.text = TextStream(stop)
         self.generated = 0
         self.prefill_s: float | None = None  # None: until the first token, measured from started
