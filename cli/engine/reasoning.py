@@ -117,7 +117,10 @@ def split_events(
         if event.finish_reason is not None:
             more_reasoning, more_answer = splitter.finish()
             reasoning, answer = reasoning + more_reasoning, answer + more_answer
-        thinking = was_reasoning or splitter.in_reasoning or splitter.tag_seen
+        # Text held at the start may still open a block: counted as thinking (a reply that
+        # starts like a tag and is not one miscounts a token or two).
+        pending = splitter.state == "start" and bool(splitter.held)
+        thinking = was_reasoning or splitter.in_reasoning or splitter.tag_seen or pending
         yield dataclasses.replace(event, text=answer, reasoning=reasoning, thinking=thinking)
 
 
