@@ -12,13 +12,10 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING
 
+from cli.engine.backend import Backend
 from cli.engine.events import StreamEvent
 from cli.engine.sampling import SamplingParams
-
-if TYPE_CHECKING:
-    from cli.engine.engine import Engine
 
 # (opening, closing) tags, as the families write them: Qwen3, DeepSeek-R1, SmolLM3, QwQ,
 # Phi-4-mini-reasoning use <think>; Mistral's Magistral [THINK].
@@ -130,7 +127,7 @@ def split_reasoning(events: Iterator[StreamEvent], prompt: str) -> Iterator[Stre
 
 
 def think_within_budget(
-    engine: Engine,
+    engine: Backend,
     prompt: str,
     events: Iterator[StreamEvent],
     budget: int,
