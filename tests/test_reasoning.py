@@ -143,3 +143,13 @@ def test_chat_folds_reasoning_and_think_shows_it(runner, r1_path: Path) -> None:
     )
     reasoning = json.loads(run.stdout)["reasoning"]
     assert reasoning and reasoning + "\n" in result.stderr
+
+
+def test_template_options_with_endpoint_are_refused(runner) -> None:
+    from cli.app import app
+
+    result = runner.invoke(
+        app, ["run", "--endpoint", "http://127.0.0.1:9/v1", "hi", "--think-budget", "3"]
+    )
+    assert result.exit_code == 2
+    assert "apply to a local model" in result.stderr and len(result.stderr.splitlines()) == 1

@@ -34,7 +34,7 @@ from cli.commands.templating import (
     check_template_file,
 )
 from cli.engine.sampling import SamplingParams
-from cli.errors import EXIT_INTERRUPTED, EXIT_OK
+from cli.errors import EXIT_INTERRUPTED, EXIT_OK, UsageError
 
 if TYPE_CHECKING:
     from cli.engine.backend import Backend
@@ -175,6 +175,11 @@ def run(
         think_budget=think_budget,
         hide_thinking=hide_thinking,
     )
+    if endpoint and (chat_template or think is not None or think_budget is not None):
+        raise UsageError(
+            "--chat-template, --think and --think-budget apply to a local model; a server "
+            "renders its own template (quill serve takes --chat-template and --think)"
+        )
     check_template_file(chat_template)
     options = None if endpoint else load_options(ctx, threads, gpu_layers, kv_type, kv_k, kv_v)
     raise typer.Exit(run_once(request, options))

@@ -116,7 +116,7 @@ def split_events(
             reasoning, answer = reasoning + more_reasoning, answer + more_answer
         # Text held at the start may still open a block: counted as thinking (a reply that
         # starts like a tag and is not one miscounts a token or two).
-        pending = splitter.state == "start" and bool(splitter.held)
+        pending = splitter.state == "start" and bool(splitter.held.strip())
         thinking = was_reasoning or splitter.in_reasoning or splitter.tag_seen or pending
         yield dataclasses.replace(event, text=answer, reasoning=reasoning, thinking=thinking)
 
