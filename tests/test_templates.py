@@ -267,3 +267,28 @@ def test_inspect_names_the_family_and_what_it_supports(runner, template_models: 
     assert info["template_supports"] == {"tools": True, "thinking": True, "thinking_switch": True}
     shown = runner.invoke(app, ["inspect", str(template_models["google-gemma-2-2b-it"])])
     assert "family gemma, no tools, no thinking" in shown.stdout
+
+
+def test_the_tool_use_template_renders_when_tools_are_given(
+    tmp_path: Path, smollm2_path: Path
+) -> None:
+    """A file with named templates (as NousResearch's Hermes ships): tokenizer.chat_template for
+    plain chats, tokenizer.chat_template.tool_use when the request has tools."""
+    hermes = (TEMPLATES / "NousResearch-Hermes-3-Llama-3.1-8B-tool_use.jinja").read_text("utf-8")
+    plain = "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
+    path = write_tiny_llama(
+        tmp_path / "named.gguf",
+        smollm2_path,
+        n_layer=1,
+        chat_template=[
+            {"name": "default", "template": plain},
+            {"name": "tool_use", "template": hermes},
+        ],
+    )
+    bos, eos = special_tokens(path)
+    with Engine(path, LoadOptions(n_ctx=256, threads=1)) as engine:
+        assert engine.chat_template.supports_tools
+        assert engine.chat_prompt(CONVERSATION) == reference_render(plain, CONVERSATION, bos, eos)
+        with_tools = engine.chat_prompt(CONVERSATION, tools=TOOLS)
+    assert with_tools == reference_render(hermes, CONVERSATION, bos, eos, tools=TOOLS)
+    assert "get_weather" in with_tools

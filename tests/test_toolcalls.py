@@ -302,3 +302,15 @@ def test_serve_sends_reasoning_content_apart(
     finally:
         process.terminate()
         process.wait(timeout=30)
+
+
+def test_a_lone_surrogate_in_tools_is_a_400(hermes_server: str) -> None:
+    bad = json.loads(json.dumps(TOOLS))
+    bad[0]["function"]["description"] = "x\ud800"
+    response = httpx.post(
+        f"{hermes_server}/v1/chat/completions",
+        content=json.dumps({"messages": ASK, "tools": bad, "max_tokens": 2}),
+        headers={"Content-Type": "application/json"},
+        timeout=60,
+    )
+    assert response.status_code == 400 and "lone surrogate" in response.json()["error"]["message"]

@@ -296,6 +296,7 @@ def _chat_prompt(
         prompt, _ = engine.conversation_text(messages, tools, thinking)
     except ChatTemplateError as error:
         raise bad_request(str(error), "messages", "chat_template_error") from None
+    _text(prompt, "the prompt the template made (from messages and tools)", "tools")
     template = engine.chat_template
     fmt = call_format(template.family if template is not None else "unknown")
     grammar = forcing_grammar(tools, required, fmt) if tools and required else None
