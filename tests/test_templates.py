@@ -13,7 +13,8 @@ from gguf import GGUFReader
 
 from cli.engine.engine import Engine
 from cli.engine.options import LoadOptions
-from cli.engine.templates import ChatTemplateError, render_jinja
+from cli.engine.templates import render_jinja
+from cli.errors import ChatTemplateError
 
 from tinymodel import write_tiny_llama
 
@@ -292,3 +293,30 @@ def test_the_tool_use_template_renders_when_tools_are_given(
         with_tools = engine.chat_prompt(CONVERSATION, tools=TOOLS)
     assert with_tools == reference_render(hermes, CONVERSATION, bos, eos, tools=TOOLS)
     assert "get_weather" in with_tools
+
+
+def test_gpt_oss_channels_are_said_not_split(runner, template_models: dict) -> None:
+    from cli.app import app
+
+    path = template_models["openai-gpt-oss-120b"]
+    result = runner.invoke(app, ["run", "-m", str(path), "hi", "-n", "2", "--seed", "1"])
+    assert result.exit_code == 0, result.stderr
+    said = [line for line in result.stderr.splitlines() if "gpt-oss" in line]
+    assert len(said) == 1 and "not split" in said[0]
+
+
+def test_chat_takes_the_chat_template_too(runner, tmp_path: Path, tiny_path: Path) -> None:
+    """chat renders through the same path as run: the same --chat-template gives the same
+    prompt token count."""
+    import re
+
+    from cli.app import app
+
+    short = tmp_path / "short.jinja"
+    short.write_text("{% for m in messages %}[{{ m.role }}] {{ m.content }}{% endfor %}", "utf-8")
+    common = ["-m", str(tiny_path), "-n", "1", "--seed", "3", "--chat-template", str(short)]
+    chat = runner.invoke(app, ["chat", *common], input="hello there\n")
+    assert chat.exit_code == 0, chat.stderr
+    prefilled = int(re.search(r"prefill (\d+) new tokens", chat.stderr).group(1))
+    run = runner.invoke(app, ["run", *common, "--json", "hello there"])
+    assert json.loads(run.stdout)["prompt_tokens"] == prefilled

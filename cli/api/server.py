@@ -20,8 +20,8 @@ from cli.api.replies import ChatReply
 from cli.engine.batching import BatchRequest, BatchScheduler
 from cli.engine.events import StreamEvent
 from cli.engine.sampling import SamplingParams
-from cli.engine.templates import ChatTemplateError
 from cli.engine.toolcalls import ToolsError, call_format, check_tools, forcing_grammar
+from cli.errors import ChatTemplateError
 
 
 @dataclass(frozen=True)

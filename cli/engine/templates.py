@@ -24,7 +24,7 @@ from datetime import datetime
 from functools import lru_cache
 from typing import Any
 
-from cli.errors import UsageError
+from cli.errors import ChatTemplateError, UsageError
 
 # A message: (role, content) as run and chat hold them, or an OpenAI-style dict (tool calls,
 # tool results) as the server receives them.
@@ -33,11 +33,6 @@ Message = tuple[str, str] | Mapping[str, Any]
 # Bounds on one rendering: a template is code shipped inside a downloaded file.
 RENDER_SECONDS = 2.0
 RENDER_CHARS = 8 << 20
-
-
-class ChatTemplateError(UsageError):
-    """A chat template that cannot render this conversation (it raised, looped, or is broken),
-    and no fallback could."""
 
 
 # The families quill knows: llama.cpp's C helper accepts each name. What each supports is what
