@@ -215,8 +215,9 @@ class Repl:
         backend = session.backend
         if not backend.has_chat_template:
             render.warning_line(
-                f"{session.model_name} has no chat template llama.cpp can apply (a base model?); "
-                "the conversation is sent as 'user: ...' lines, which base models only continue"
+                f"{session.model_name} has no chat template and no family quill knows (a base "
+                "model?); the conversation is sent as 'user: ...' lines, which base models only "
+                "continue"
             )
         if self.interactive:
             _start_history()

@@ -236,8 +236,9 @@ def run_once(request: RunRequest, options: LoadOptions | None = None) -> int:
         else:
             if not backend.has_chat_template:
                 render.warning_line(
-                    "the model has no chat template llama.cpp can apply; sending the prompt as "
-                    "'user: ...' lines, which base models only continue (--raw sends it as it is)"
+                    "the model has no chat template and no family quill knows; sending the prompt "
+                    "as 'user: ...' lines, which base models only continue (--raw sends it as it "
+                    "is)"
                 )
             events = backend.stream_chat(
                 messages, request.max_tokens, request.sampling, request.stop
