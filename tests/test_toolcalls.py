@@ -314,3 +314,24 @@ def test_a_lone_surrogate_in_tools_is_a_400(hermes_server: str) -> None:
         timeout=60,
     )
     assert response.status_code == 400 and "lone surrogate" in response.json()["error"]["message"]
+
+
+def test_hermes_calls_stream_as_each_block_closes() -> None:
+    """A <tool_call> block goes out as its own tool_calls delta as soon as it closes, before the
+    reply ends; content before it goes first; an unfinished block at the end is not a call."""
+    text = (
+        'Let me look.<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n'
+        '</tool_call><tool_call>{"name": "get_time", "arguments": {"zone": "UTC"}}</tool_call>'
+        '<tool_call>{"name": "get_'
+    )
+    first_close = text.index("</tool_call>") + len("</tool_call>")
+    reply = ChatReply("prompt", TOOLS, "hermes")
+    before = reply.feed(text[:first_close], finished=False)
+    assert before[0] == {"content": "Let me look."}
+    assert before[1]["tool_calls"][0]["function"]["name"] == "get_weather"
+    after = reply.feed(text[first_close:], finished=True)
+    assert [d["tool_calls"][0]["index"] for d in after] == [1]
+    assert reply.finish_reason("length") == "tool_calls"
+    message = reply.message()
+    assert message["content"] == "Let me look."
+    assert [c["function"]["name"] for c in message["tool_calls"]] == ["get_weather", "get_time"]

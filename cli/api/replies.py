@@ -3,15 +3,25 @@ DeepSeek's API and llama-server send it), the answer in content, tool calls in t
 
 Fed the raw text of each event; gives the deltas a stream sends and the message a whole reply
 holds. While tools are offered, text that may be the start of a call is held back; each call is
-sent once whole, as one tool_calls delta (arguments complete), when the reply ends.
+sent whole, as one tool_calls delta (arguments complete): a Hermes/Qwen <tool_call> block as soon
+as it closes, the formats that are one JSON value when the reply ends.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from cli.engine.reasoning import ReasoningSplitter, prompt_opens_thinking
-from cli.engine.toolcalls import ToolCall, may_start_call, parse_tool_calls
+from cli.engine.toolcalls import (
+    HERMES_CLOSE,
+    HERMES_OPEN,
+    ToolCall,
+    may_start_call,
+    parse_tool_calls,
+)
+
+_BLOCK = re.compile(re.escape(HERMES_OPEN) + r".*?" + re.escape(HERMES_CLOSE), re.S)
 
 
 class ChatReply:
@@ -24,6 +34,7 @@ class ChatReply:
         self.sent = 0  # characters of answer already sent as content
         self.calls: list[ToolCall] = []
         self.content: str | None = None  # the final content, once finished
+        self.scanned = 0  # characters of answer already searched for complete calls
 
     def feed(self, text: str, finished: bool) -> list[dict[str, Any]]:
         """The deltas this piece of text releases (reasoning, content)."""
@@ -36,6 +47,17 @@ class ChatReply:
             self.reasoning += reasoning
             deltas.append({"reasoning_content": reasoning})
         self.answer += answer
+        if self.tools and self.call_format == "hermes":
+            deltas += self._completed_blocks()
+        if self.calls:  # calls went out as they closed: after them nothing is content
+            if finished:
+                _, more = parse_tool_calls(self.answer[self.scanned :], "hermes")
+                if more:
+                    first = len(self.calls)
+                    deltas.append({"tool_calls": [c.as_openai(first + i) for i, c in
+                                                  enumerate(more)]})  # fmt: skip
+                    self.calls.extend(more)
+            return deltas
         safe = may_start_call(self.answer) if self.tools else len(self.answer)
         if finished:
             safe = len(self.answer)
@@ -51,6 +73,28 @@ class ChatReply:
         if finished and self.calls:
             deltas.append({"tool_calls": [c.as_openai(i) for i, c in enumerate(self.calls)]})
         return deltas
+
+    def _completed_blocks(self) -> list[dict[str, Any]]:
+        """Each <tool_call> block whose closing tag has come, sent at once as a tool_calls
+        delta (Hermes/Qwen: a block closes before the reply ends, so the client need not wait
+        for the end); the content before the first one is sent first."""
+        deltas: list[dict[str, Any]] = []
+        while True:
+            match = _BLOCK.search(self.answer, self.scanned)
+            if match is None:
+                return deltas
+            _, calls = parse_tool_calls(match.group(0), "hermes")
+            if not calls:
+                return deltas  # not a call that parses: the end decides
+            if not self.calls:
+                self.content = self.answer[: match.start()].strip()
+                head = len(self.answer[: match.start()].rstrip())
+                if head > self.sent:
+                    deltas.append({"content": self.answer[self.sent : head]})
+            first = len(self.calls)
+            deltas.append({"tool_calls": [c.as_openai(first + i) for i, c in enumerate(calls)]})
+            self.calls.extend(calls)
+            self.scanned = self.sent = match.end()
 
     def finish_reason(self, reason: str | None) -> str | None:
         return "tool_calls" if self.calls else reason
