@@ -64,6 +64,11 @@ class TranscriptError(UsageError):
     """A chat transcript file that cannot be read or written."""
 
 
+class ChatTemplateError(UsageError):
+    """A chat template that cannot render this conversation (it raised, looped, or does not
+    parse), and no fallback could."""
+
+
 class ContextOverflowError(QuillError):
     exit_code = EXIT_CONTEXT_OVERFLOW
 

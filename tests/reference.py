@@ -47,12 +47,23 @@ class Reference:
         return buf.raw[:n]
 
     def chat(self, messages: list[tuple[str, str]]) -> str:
-        template = llama.llama_model_chat_template(self.model, None)
-        array = (llama.llama_chat_message * len(messages))()
-        for slot, (role, content) in zip(array, messages, strict=True):
-            slot.role, slot.content = role.encode(), content.encode()
-        buf = ctypes.create_string_buffer(1 << 16)
-        n = llama.llama_chat_apply_template(template, array, len(messages), True, buf, 1 << 16)
+        """The model's own template rendered by transformers' renderer (what the template's
+        authors test against), with the file's BOS and EOS text."""
+        from transformers.utils.chat_template_utils import render_jinja_template
+
+        template = llama.llama_model_chat_template(self.model, None).decode("utf-8")
+        rendered, _ = render_jinja_template(
+            [[{"role": role, "content": content} for role, content in messages]],
+            chat_template=template,
+            add_generation_prompt=True,
+            bos_token=self.special(llama.llama_vocab_bos(self.vocab)),
+            eos_token=self.special(llama.llama_vocab_eos(self.vocab)),
+        )
+        return rendered[0]
+
+    def special(self, token: int) -> str:
+        buf = ctypes.create_string_buffer(1024)
+        n = llama.llama_token_to_piece(self.vocab, token, buf, 1024, 0, True)
         return buf.raw[:n].decode()
 
     def greedy(self, prompt: list[int], max_tokens: int) -> list[int]:

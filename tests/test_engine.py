@@ -43,7 +43,9 @@ def test_greedy_tokens_match_the_independent_decoder(engine, reference):
 
 
 def test_unicode_streams_byte_exactly(engine, reference):
-    prompt = reference.chat([("user", "Repeat exactly: 你好,世界 🌍🚀")])
+    # Plain ChatML without SmolLM2's default system prompt, with which the model (greedy) does
+    # repeat the characters this test needs.
+    prompt = "<|im_start|>user\nRepeat exactly: 你好,世界 🌍🚀<|im_end|>\n<|im_start|>assistant\n"
     tokens = engine.tokenize(prompt)
     events = generate(engine, tokens, 40)
     full = reference.text(reference.greedy(tokens, 40))

@@ -47,7 +47,10 @@ def test_verbose_shows_llama_cpps_log(quill_home, smollm2_path):
 
 
 def test_output_is_utf8_whatever_the_locale(quill_home, smollm2_path):
-    args = ("--temperature", "0", "-n", "30", "Repeat exactly: 你好,世界 🌍🚀")
+    # Plain ChatML, sent raw: SmolLM2's own template adds a default system prompt, after which
+    # the model (greedy) no longer repeats the characters this test needs.
+    chatml = "<|im_start|>user\nRepeat exactly: 你好,世界 🌍🚀<|im_end|>\n<|im_start|>assistant\n"
+    args = ("--temperature", "0", "-n", "30", "--raw", chatml)
     result = quill(quill_home, *args, LANG="C", LC_ALL="C", PYTHONIOENCODING="ascii")
     as_json = quill(quill_home, *args, "--json")
     assert result.returncode == 0, result.stderr

@@ -78,12 +78,16 @@ def health(server: str) -> dict:
     return httpx.get(f"{server}/health", timeout=10).json()
 
 
+# A question SmolLM2 answers in a sentence that names the city (greedy).
+CAPITAL = "What is the capital of France? Answer in one sentence."
+
+
 def test_openai_client_non_streaming_and_streaming(client):
     models = client.models.list()
     assert [m.id for m in models.data] == ["smollm2-135m:q4_1"]
     whole = client.chat.completions.create(
         model="smollm2-135m",
-        messages=[{"role": "user", "content": "What is the capital of France?"}],
+        messages=[{"role": "user", "content": CAPITAL}],
         max_tokens=20,
         temperature=0,
     )
@@ -93,7 +97,7 @@ def test_openai_client_non_streaming_and_streaming(client):
     pieces, finishes = [], []
     for chunk in client.chat.completions.create(
         model="smollm2-135m",
-        messages=[{"role": "user", "content": "What is the capital of France?"}],
+        messages=[{"role": "user", "content": CAPITAL}],
         max_tokens=20,
         temperature=0,
         stream=True,
@@ -269,7 +273,7 @@ def test_chat_endpoint_keeps_a_conversation_with_the_server(server, quill_home, 
     result = subprocess.run(
         [QUILL, "chat", "--endpoint", f"{server}/v1", "--api-key", KEY, "--temperature", "0",
          "-n", "20", "--transcript", str(transcript)],
-        input="What is the capital of France?\nAnd of Italy?\n",
+        input="What is the capital of France? Answer in one sentence.\nAnd of Italy?\n",
         capture_output=True, text=True, env=quill_env(quill_home), timeout=120,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr

@@ -6,10 +6,25 @@ would for a real model while each forward pass costs next to nothing.
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from gguf import GGUFReader, GGUFValueType, GGUFWriter
+
+
+@functools.cache
+def _tokenizer_fields(path: Path) -> tuple[tuple[str, Any, GGUFValueType, Any], ...]:
+    """The tokenizer.* fields of a GGUF, read once per process (parsing 49k token strings is
+    slow, and tests write many tiny models from one tokenizer)."""
+    reader = GGUFReader(path)
+    fields = []
+    for name, field in reader.fields.items():
+        if name.startswith("tokenizer."):
+            sub_type = field.types[1] if field.types[0] == GGUFValueType.ARRAY else None
+            fields.append((name, field.contents(), field.types[0], sub_type))
+    return tuple(fields)
 
 
 def write_tiny_llama(
@@ -23,8 +38,9 @@ def write_tiny_llama(
     n_ff: int = 128,
     context_length: int = 4096,
     seed: int = 0,
+    chat_template: str | None = None,
 ) -> Path:
-    reader = GGUFReader(tokenizer_from)
+    """chat_template: one to write instead of the tokenizer file's ("" writes none)."""
     writer = GGUFWriter(str(path), "llama")
     writer.add_name("tiny-random-llama")
     writer.add_context_length(context_length)
@@ -37,14 +53,15 @@ def write_tiny_llama(
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_file_type(1)  # mostly F16
     n_vocab = 0
-    for name, field in reader.fields.items():
-        if not name.startswith("tokenizer."):
+    for name, value, value_type, sub_type in _tokenizer_fields(tokenizer_from):
+        if name == "tokenizer.chat_template" and chat_template is not None:
             continue
-        value = field.contents()
-        sub_type = field.types[1] if field.types[0] == GGUFValueType.ARRAY else None
-        writer.add_key_value(name, value, field.types[0], sub_type)
+        writer.add_key_value(name, value, value_type, sub_type)
         if name == "tokenizer.ggml.tokens":
             n_vocab = len(value)
+
+    if chat_template:
+        writer.add_chat_template(chat_template)
 
     rng = np.random.default_rng(seed)
     head_dim = n_embd // n_head

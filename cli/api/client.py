@@ -5,6 +5,7 @@ what this client saw, queueing and network included; token counts come from the 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 import urllib.error
@@ -163,15 +164,21 @@ def _events(response: Any, started: float, sampling: SamplingParams) -> Iterator
             chunk = json.loads(data)
             usage = chunk.get("usage") or usage
             for choice in chunk.get("choices") or []:
-                text = (choice.get("delta") or {}).get("content") or choice.get("text") or ""
+                delta = choice.get("delta") or {}
+                text = delta.get("content") or choice.get("text") or ""
+                # DeepSeek's API, llama-server and quill serve send reasoning apart.
+                reasoning = delta.get("reasoning_content") or ""
                 finish = choice.get("finish_reason") or finish
-                if not text:
+                if not text and not reasoning:
                     continue
                 now = time.perf_counter()
                 generated += 1
                 if first_at is None:
                     first_at = now
-                yield _event(text, generated, first_at - started, now - first_at)
+                event = _event(text, generated, first_at - started, now - first_at)
+                if reasoning:
+                    event = dataclasses.replace(event, reasoning=reasoning, thinking=True)
+                yield event
     now = time.perf_counter()
     ttft = (first_at or now) - started  # as the client saw it: queueing and the network included
     yield _event(

@@ -49,6 +49,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from cli.api.replies import ChatReply
 from cli.api.server import (
     ApiError,
     ChunkMaker,
@@ -485,16 +486,17 @@ class QuillApp:
                     f"{time.perf_counter() - received:.2f} s"
                 )
 
+        reply = getattr(batch_request, "reply", None)  # chat: reasoning and tool calls
         if body.get("stream"):
             maker = ChunkMaker(ident, chat, self.state.model_name)
             return StreamingResponse(
-                self._stream(events, maker, received, outcome),
+                self._stream(events, maker, received, outcome, reply),
                 # Set as a header, not a media type: starlette would append a charset.
                 headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"},
                 background=BackgroundTask(finished),
             )
         try:
-            return await self._complete(request, events, ident, chat, received, outcome)
+            return await self._complete(request, events, ident, chat, received, outcome, reply)
         finally:
             finished()
 
@@ -555,6 +557,7 @@ class QuillApp:
         chat: bool,
         received: float,
         outcome: list[str],
+        reply: ChatReply | None = None,
     ) -> Response:
         async def watch_disconnect() -> None:
             while (await request.receive())["type"] != "http.disconnect":
@@ -583,11 +586,18 @@ class QuillApp:
         queued_s = time.perf_counter() - received - last.prefill_s - last.decode_s
         outcome[0] = "200"
         return JsonResponse(
-            completion_body(ident, chat, self.state.model_name, "".join(pieces), last, queued_s)
+            completion_body(
+                ident, chat, self.state.model_name, "".join(pieces), last, queued_s, reply
+            )
         )
 
     async def _stream(
-        self, events: LoopEvents, maker: ChunkMaker, received: float, outcome: list[str]
+        self,
+        events: LoopEvents,
+        maker: ChunkMaker,
+        received: float,
+        outcome: list[str],
+        reply: ChatReply | None = None,
     ):
         if maker.chat:
             yield sse(maker.chunk("", None, first=True))
@@ -601,10 +611,15 @@ class QuillApp:
                 return
             if first_at is None:
                 first_at = time.perf_counter()
-            if item.text:
+            finished = item.finish_reason is not None
+            if reply is not None:
+                for delta in reply.feed(item.text, finished):
+                    yield sse(maker.chunk(delta, None))
+            elif item.text:
                 yield sse(maker.chunk(item.text, None))
-            if item.finish_reason is not None:
-                yield sse(maker.final(item, (first_at - received) - item.prefill_s))
+            if finished:
+                finish = reply.finish_reason(item.finish_reason) if reply else None
+                yield sse(maker.final(item, (first_at - received) - item.prefill_s, finish))
                 break
         outcome[0] = "200"
         yield ChunkMaker.DONE

@@ -7,6 +7,7 @@ No HTTP here: cli/api/http.py carries these over uvicorn and starlette.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import time
@@ -15,9 +16,12 @@ from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any
 
+from cli.api.replies import ChatReply
 from cli.engine.batching import BatchRequest, BatchScheduler
 from cli.engine.events import StreamEvent
 from cli.engine.sampling import SamplingParams
+from cli.engine.toolcalls import ToolsError, call_format, check_tools, forcing_grammar
+from cli.errors import ChatTemplateError
 
 
 @dataclass(frozen=True)
@@ -172,25 +176,13 @@ def parse_request(body: dict, state: ServerState, chat: bool) -> tuple[list[int]
             "model_not_found",
             "model",
         )
+    reply, grammar = None, None
     if chat:
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             raise bad_request("'messages' must be a non-empty array", "messages")
-        pairs = []
-        for index, message in enumerate(messages):
-            if not isinstance(message, dict) or message.get("role") not in (
-                "system",
-                "user",
-                "assistant",
-                "developer",
-            ):
-                raise bad_request(
-                    f"messages[{index}] needs a role of system, user or assistant", "messages"
-                )
-            content = _content(message.get("content"), index)
-            role = "system" if message["role"] == "developer" else message["role"]
-            pairs.append((role, content))
-        prompt, _ = engine.conversation_text(pairs)
+        pairs = [_message(message, index) for index, message in enumerate(messages)]
+        reply, prompt, grammar = _chat_prompt(body, engine, pairs)
     else:
         prompt = body.get("prompt")
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
@@ -216,6 +208,7 @@ def parse_request(body: dict, state: ServerState, chat: bool) -> tuple[list[int]
         presence_penalty=_number(body, "presence_penalty", float, -2, 2, 0.0),
         seed=_number(body, "seed", int, 0, 2**63, None),
         ignore_eos=bool(body.get("ignore_eos", False)),  # llama-server's extension
+        grammar=grammar,
     )
     stop = _stop_strings(body, limits)
     tokens = engine.tokenize(prompt)
@@ -230,8 +223,90 @@ def parse_request(body: dict, state: ServerState, chat: bool) -> tuple[list[int]
     cache_prompt = body.get("cache_prompt", True)  # llama-server's extension, on by default
     if not isinstance(cache_prompt, bool):
         raise bad_request("'cache_prompt' must be true or false", "cache_prompt")
-    request = BatchRequest(tokens, max_tokens, sampling, stop, cache_prompt=cache_prompt)
-    return tokens, request
+    if chat:
+        request: BatchRequest = ChatBatchRequest(
+            tokens, max_tokens, sampling, stop, cache_prompt=cache_prompt, reply=reply
+        )
+        return tokens, request
+    return tokens, BatchRequest(tokens, max_tokens, sampling, stop, cache_prompt=cache_prompt)
+
+
+@dataclass
+class ChatBatchRequest(BatchRequest):
+    """A chat request: what shapes its reply (reasoning, tool calls) rides with it."""
+
+    reply: ChatReply | None = None
+
+
+def _message(message: Any, index: int) -> dict[str, Any]:
+    """One message of the request, checked, as the chat template reads it: system, user,
+    assistant (with tool_calls, content then may be null) and tool results."""
+    roles = ("system", "user", "assistant", "developer", "tool")
+    if not isinstance(message, dict) or message.get("role") not in roles:
+        raise bad_request(
+            f"messages[{index}] needs a role of system, user, assistant or tool", "messages"
+        )
+    role = "system" if message["role"] == "developer" else message["role"]
+    calls = message.get("tool_calls") if role == "assistant" else None
+    content = message.get("content")
+    if content is None and (calls or role == "assistant"):
+        content = ""
+    item: dict[str, Any] = {"role": role, "content": _content(content, index)}
+    if calls is not None:
+        if not isinstance(calls, list):
+            raise bad_request(f"messages[{index}].tool_calls must be an array", "messages")
+        item["tool_calls"] = [_template_call(call, index) for call in calls]
+    if role == "tool":
+        for key in ("tool_call_id", "name"):
+            if isinstance(message.get(key), str):
+                item[key] = message[key]
+    reasoning = message.get("reasoning_content")
+    if role == "assistant" and isinstance(reasoning, str):
+        item["reasoning_content"] = reasoning
+    return item
+
+
+def _template_call(call: Any, index: int) -> dict[str, Any]:
+    """An OpenAI tool call as templates read it: arguments as an object (Llama 3.x and Qwen
+    templates serialise it themselves with tojson), kept as text where it is not JSON."""
+    function = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+        raise bad_request(f"messages[{index}].tool_calls: each needs a function name", "messages")
+    arguments = function.get("arguments", "{}")
+    if isinstance(arguments, str):
+        with contextlib.suppress(ValueError):
+            arguments = json.loads(arguments)
+    return {
+        "id": call.get("id", ""),
+        "type": "function",
+        "function": {"name": function["name"], "arguments": arguments},
+    }
+
+
+def _chat_prompt(
+    body: dict, engine: Any, messages: list[dict[str, Any]]
+) -> tuple[ChatReply, str, str | None]:
+    """The prompt through the model's template (tools and the thinking switch included), the
+    reply shaper for it, and the grammar that forces a call when tool_choice asks for one."""
+    try:
+        tools, required = check_tools(body.get("tools"), body.get("tool_choice"))
+    except ToolsError as error:
+        raise bad_request(str(error), error.param) from None
+    kwargs = body.get("chat_template_kwargs") or {}
+    if not isinstance(kwargs, dict):
+        raise bad_request("'chat_template_kwargs' must be an object", "chat_template_kwargs")
+    thinking = kwargs.get("enable_thinking")
+    if thinking is not None and not isinstance(thinking, bool):
+        raise bad_request("enable_thinking must be true or false", "chat_template_kwargs")
+    try:
+        prompt, _ = engine.conversation_text(messages, tools, thinking)
+    except ChatTemplateError as error:
+        raise bad_request(str(error), "messages", "chat_template_error") from None
+    _text(prompt, "the prompt the template made (from messages and tools)", "tools")
+    template = engine.chat_template
+    fmt = call_format(template.family if template is not None else "unknown")
+    grammar = forcing_grammar(tools, required, fmt) if tools and required else None
+    return ChatReply(prompt, tools, fmt), prompt, grammar
 
 
 def timings(last: StreamEvent, queued_s: float) -> dict[str, float]:
@@ -260,11 +335,21 @@ def _usage(last: StreamEvent) -> dict[str, Any]:
 
 
 def completion_body(
-    ident: str, chat: bool, model_name: str, text: str, last: StreamEvent, queued_s: float
+    ident: str,
+    chat: bool,
+    model_name: str,
+    text: str,
+    last: StreamEvent,
+    queued_s: float,
+    reply: ChatReply | None = None,
 ) -> dict[str, Any]:
     """The whole reply of a request that did not ask to stream."""
     choice: dict[str, Any] = {"index": 0, "finish_reason": last.finish_reason}
-    if chat:
+    if chat and reply is not None:
+        reply.feed(text, finished=True)
+        choice["message"] = reply.message()
+        choice["finish_reason"] = reply.finish_reason(last.finish_reason)
+    elif chat:
         choice["message"] = {"role": "assistant", "content": text}
     else:
         choice["text"] = text
@@ -294,20 +379,24 @@ class ChunkMaker:
             "model": model_name,
         }
 
-    def chunk(self, delta: str | None, finish: str | None = None, first: bool = False) -> dict:
+    def chunk(
+        self, delta: str | dict | None, finish: str | None = None, first: bool = False
+    ) -> dict:
         if self.chat:
             content: dict[str, Any] = {}
             if first:
                 content["role"] = "assistant"
-            if delta is not None:
+            if isinstance(delta, dict):  # reasoning_content, content or tool_calls
+                content.update(delta)
+            elif delta is not None:
                 content["content"] = delta
             choice = {"index": 0, "delta": content, "finish_reason": finish}
         else:
             choice = {"index": 0, "text": delta or "", "finish_reason": finish}
         return {**self.base, "choices": [choice]}
 
-    def final(self, last: StreamEvent, queued_s: float) -> dict:
-        payload = self.chunk(None if self.chat else "", last.finish_reason)
+    def final(self, last: StreamEvent, queued_s: float, finish: str | None = None) -> dict:
+        payload = self.chunk(None if self.chat else "", finish or last.finish_reason)
         payload["usage"] = _usage(last)
         payload["timings"] = timings(last, max(queued_s, 0.0))
         return payload

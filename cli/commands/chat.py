@@ -38,6 +38,12 @@ from cli.commands.options import (
     obtain_model,
     sampling_params,
 )
+from cli.commands.templating import (
+    ChatTemplateFile,
+    Think,
+    apply_template_choice,
+    check_template_file,
+)
 from cli.engine.backend import Backend
 from cli.engine.chatsession import (
     OVERFLOW_POLICIES,
@@ -66,6 +72,7 @@ HELP = """\
 /save FILE         write the transcript (JSON) to FILE
 /load FILE         continue a saved conversation
 /retry             answer the last message again
+/think             the reasoning of the last reply, in full (replies show it folded)
 /model NAME        switch to another model, keeping the conversation
 /bye               leave (also Ctrl-D, or Ctrl-C at an empty prompt)
 \"\"\" ... \"\"\"        a message of several lines
@@ -140,6 +147,8 @@ def chat(
             "$QUILL_HOME/chats (the file name, or its start).",
         ),
     ] = None,
+    chat_template: ChatTemplateFile = None,
+    think: Think = None,
 ) -> None:
     """Chat with a model in the terminal: each turn prefills only what is new."""
     from cli.commands.cache import ChatCacheReport, attach_chat_cache, resolve_resume
@@ -153,7 +162,10 @@ def chat(
             raise UsageError("--resume names the transcript itself: drop --transcript")
         transcript = resolve_resume(resume)
     options = load_options(ctx, threads, gpu_layers, kv_type, kv_k, kv_v)
+    check_template_file(chat_template)
     label, backend = open_chat_backend(chosen, options, offline, verbose, endpoint, api_key)
+    if not endpoint:
+        apply_template_choice(backend, chosen, chat_template, think, None, render.warning_line)
     if transcript is None:
         stamp = time.strftime("%Y%m%d-%H%M%S")
         transcript = quill_home() / "chats" / f"{stamp}-{label.replace('/', '_')}.json"
@@ -212,6 +224,7 @@ class Repl:
         self.show_stats = show_stats
         self.interactive = sys.stdin.isatty()
         self.last_stats: str | None = None
+        self.last_reasoning = ""  # what /think shows
         self.lines_read = 0
         self.after_turn: Callable[[], None] | None = None  # the resumed KV cache's report
 
@@ -222,8 +235,9 @@ class Repl:
         backend = session.backend
         if not backend.has_chat_template:
             render.warning_line(
-                f"{session.model_name} has no chat template llama.cpp can apply (a base model?); "
-                "the conversation is sent as 'user: ...' lines, which base models only continue"
+                f"{session.model_name} has no chat template and no family quill knows (a base "
+                "model?); the conversation is sent as 'user: ...' lines, which base models only "
+                "continue"
             )
         if self.interactive:
             _start_history()
@@ -320,6 +334,9 @@ class Repl:
         last: StreamEvent | None = None
         events = turn()
         text_end = "\n"
+        thoughts: list[str] = []
+        thinking_tokens = 0
+        folded = False  # the one line that stands for the reasoning has been written
         try:
             for item in events:
                 if isinstance(item, TurnStart):
@@ -334,6 +351,11 @@ class Repl:
                 if first_at is None:
                     first_at = time.perf_counter()
                 last = item
+                thoughts.append(item.reasoning)
+                thinking_tokens += item.thinking
+                if not folded and thinking_tokens and (item.text or item.finish_reason):
+                    render.info_line(f"(thought for {thinking_tokens} tokens; /think shows it)")
+                    folded = True
                 render.write_stdout(item.text)
                 text_end = "\n" if not item.text else ("" if item.text.endswith("\n") else "\n")
         except KeyboardInterrupt:
@@ -346,6 +368,7 @@ class Repl:
             render.silence_stdout()
             raise Quit from None
         render.write_stdout(text_end)
+        self.last_reasoning = "".join(thoughts)
         if last is None or start is None:
             return
         ttft = (first_at - started) if first_at else 0.0
@@ -402,6 +425,9 @@ class Repl:
             render.info_line(f"loaded {len(session.messages)} messages from {argument}")
         elif command == "/retry":
             self._stream(session.retry)
+        elif command == "/think":
+            shown = self.last_reasoning or "(no reasoning in the last reply)"
+            render.write_reasoning(shown + "\n")
         elif command == "/model":
             self._switch_model(argument)
         else:
@@ -447,6 +473,7 @@ class Repl:
 
         label, path = obtain_model(name, self.offline)
         engine = Engine(path, self.options, verbose=self.verbose)
+        apply_template_choice(engine, name, note=render.warning_line)
         old = self.session.backend
         self.session.backend = engine
         self.session.model_name = label

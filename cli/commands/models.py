@@ -146,11 +146,42 @@ def inspect(
     n_ctx = ctx or min(4096, shape.trained_ctx or 4096)
     memory = plan(shape, n_ctx, type_k, type_v)
     largest = largest_context(shape, budget, type_k, type_v) if budget is not None else None
+    template = _template_facts(path, name)
     if json_output:
-        data = {**info.as_dict(), "memory": memory.as_dict()}
+        data = {**info.as_dict(), **template, "memory": memory.as_dict()}
         if budget is not None:
             data["memory_budget"] = {"bytes": budget, "largest_context": largest}
         render.write_stdout(json.dumps(data, indent=1) + "\n")
     else:
-        render.gguf_report(info)
+        render.gguf_report(info, template["template_summary"])
         render.memory_report(memory, budget, largest)
+
+
+def _template_facts(path, name: str) -> dict:
+    """The chat template's family and what it supports, from the header (no llama.cpp): the
+    file's own template, else the family models.yaml records for the name."""
+    from cli.commands.templating import registry_family
+    from cli.engine.templates import ChatTemplate, family_template, template_family
+    from quant.gguf import read_header
+
+    source = read_header(path, tensors=False).get("tokenizer.chat_template")
+    template: ChatTemplate | None = None
+    if isinstance(source, str) and source:
+        template = ChatTemplate(source, template_family(source), "the model file")
+    else:
+        family = registry_family(name)
+        template = family_template(family, "models.yaml") if family else None
+    if template is None:
+        return {"template_family": None, "template_supports": None, "template_summary": "none"}
+    summary = template.describe()
+    if template.source is None:
+        summary = f"none in the file; {summary} (from {template.origin})"
+    return {
+        "template_family": template.family,
+        "template_supports": {
+            "tools": template.supports_tools,
+            "thinking": template.supports_thinking,
+            "thinking_switch": template.thinking_switch,
+        },
+        "template_summary": summary,
+    }

@@ -27,8 +27,15 @@ from cli.commands.options import (
     read_prompt,
     sampling_params,
 )
+from cli.commands.templating import (
+    ChatTemplateFile,
+    Think,
+    ThinkBudget,
+    apply_template_choice,
+    check_template_file,
+)
 from cli.engine.sampling import SamplingParams
-from cli.errors import EXIT_INTERRUPTED, EXIT_OK
+from cli.errors import EXIT_INTERRUPTED, EXIT_OK, UsageError
 
 if TYPE_CHECKING:
     from cli.engine.backend import Backend
@@ -54,6 +61,10 @@ class RunRequest:
     endpoint: str | None = None  # an OpenAI-compatible server instead of a local model
     api_key: str | None = None
     prompt_cache_max_bytes: int | None = None  # None: no prompt cache across runs
+    chat_template: str | None = None  # a Jinja file instead of the model's own template
+    think: bool | None = None  # the template's enable_thinking switch
+    think_budget: int | None = None
+    hide_thinking: bool = False
 
 
 def run(
@@ -135,8 +146,17 @@ def run(
     api_key: ApiKey = None,
     no_cache: NoCache = False,
     cache_max: CacheMax = DEFAULT_CACHE_MAX,
+    chat_template: ChatTemplateFile = None,
+    think: Think = None,
+    think_budget: ThinkBudget = None,
+    hide_thinking: Annotated[
+        bool,
+        typer.Option(
+            "--hide-thinking", help="Do not print the reasoning (it goes to stderr otherwise)."
+        ),
+    ] = False,
 ) -> None:
-    """Generate a reply to PROMPT, streamed to stdout; timing goes to stderr."""
+    """Generate a reply to PROMPT, streamed to stdout; reasoning and timing go to stderr."""
     request = RunRequest(
         prompt=read_prompt(prompt),
         model=model,
@@ -155,7 +175,17 @@ def run(
         endpoint=endpoint,
         api_key=api_key,
         prompt_cache_max_bytes=None if no_cache else parse_size(cache_max),
+        chat_template=chat_template,
+        think=think,
+        think_budget=think_budget,
+        hide_thinking=hide_thinking,
     )
+    if endpoint and (chat_template or think is not None or think_budget is not None):
+        raise UsageError(
+            "--chat-template, --think and --think-budget apply to a local model; a server "
+            "renders its own template (quill serve takes --chat-template and --think)"
+        )
+    check_template_file(chat_template)
     options = None if endpoint else load_options(ctx, threads, gpu_layers, kv_type, kv_k, kv_v)
     raise typer.Exit(run_once(request, options))
 
@@ -183,7 +213,16 @@ def open_backend(request: RunRequest, options: LoadOptions | None) -> tuple[str,
         render.info_line(render.memory_line(plan(shape, n_ctx, *kv)))
     from cli.store.registry import load_registry
 
-    return request.model or load_registry().default, Engine(path, options, request.verbose)
+    engine = Engine(path, options, request.verbose)
+    apply_template_choice(
+        engine,
+        request.model,
+        request.chat_template,
+        request.think,
+        request.think_budget,
+        render.warning_line,
+    )
+    return request.model or load_registry().default, engine
 
 
 def run_once(request: RunRequest, options: LoadOptions | None = None) -> int:
@@ -206,8 +245,9 @@ def run_once(request: RunRequest, options: LoadOptions | None = None) -> int:
         else:
             if not backend.has_chat_template:
                 render.warning_line(
-                    "the model has no chat template llama.cpp can apply; sending the prompt as "
-                    "'user: ...' lines, which base models only continue (--raw sends it as it is)"
+                    "the model has no chat template and no family quill knows; sending the prompt "
+                    "as 'user: ...' lines, which base models only continue (--raw sends it as it "
+                    "is)"
                 )
             events = backend.stream_chat(
                 messages, request.max_tokens, request.sampling, request.stop
@@ -236,11 +276,20 @@ def _stream(
     from cli.ui import render
 
     pieces: list[str] = []
+    thoughts: list[str] = []
+    thought_open = False  # reasoning was written to stderr without its closing newline
     finish_override = None
     try:
         for event in events:
             pieces.append(event.text)
+            thoughts.append(event.reasoning)
             if not request.json_output:
+                if not request.hide_thinking:
+                    render.write_reasoning(event.reasoning)
+                    thought_open = thought_open or bool(event.reasoning)
+                    if thought_open and (event.text or event.finish_reason):
+                        render.write_reasoning("\n")  # the reasoning ends its own line
+                        thought_open = False
                 render.write_stdout(event.text)
             recorder.observe(event)
     except KeyboardInterrupt:
@@ -248,7 +297,10 @@ def _stream(
     metrics = recorder.summary(backend, finish_override)
     text = "".join(pieces)
     if request.json_output:
-        render.write_stdout(render.run_json(model_name, backend.location, text, metrics) + "\n")
+        reasoning = "".join(thoughts)
+        render.write_stdout(
+            render.run_json(model_name, backend.location, text, metrics, reasoning) + "\n"
+        )
     else:
         if text and not text.endswith("\n"):  # a reply is a line, on a terminal or in a file
             render.write_stdout("\n")

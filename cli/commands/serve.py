@@ -23,6 +23,12 @@ from cli.commands.options import (
     model_name,
     obtain_model,
 )
+from cli.commands.templating import (
+    ChatTemplateFile,
+    Think,
+    apply_template_choice,
+    check_template_file,
+)
 from cli.errors import UsageError
 
 SERVE_EPILOG = (
@@ -108,6 +114,8 @@ def serve(
     kv_v: KvV = None,
     offline: Offline = False,
     verbose: Verbose = False,
+    chat_template: ChatTemplateFile = None,
+    think: Think = None,
 ) -> None:
     """Serve a model over an OpenAI-compatible HTTP API, batching concurrent requests."""
     from cli.api.http import HttpLimits, allowed_hosts_for, listen, run_server
@@ -122,6 +130,7 @@ def serve(
     type_k, type_v = options.kv_type_k, options.kv_type_v
     check_parallel(parallel, ctx)
     max_connections = open_file_room(max_connections)
+    check_template_file(chat_template)
     label, path = obtain_model(model_name(name, model), offline)
     try:
         sock = listen(host, port)
@@ -130,6 +139,9 @@ def serve(
             f"cannot listen on {host}:{port}: {error.strerror}; choose another --port"
         ) from None
     engine = Engine(path, options, verbose=verbose)
+    apply_template_choice(
+        engine, model_name(name, model), chat_template, think, None, render.warning_line
+    )
     scheduler = BatchScheduler(engine, max_queued=max_queue, park_bytes=park_bytes)
     limits = ServerLimits(
         max_body_bytes=max_body,

@@ -11,19 +11,28 @@ import functools
 import random
 import resource
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import llama_cpp as llama
 import numpy as np
 
 from cli.engine.events import StreamEvent
 from cli.engine.freecores import CoreLoad, measure_free_cores
+from cli.engine.grammarhook import with_grammar
 from cli.engine.llamalog import llama_log
 from cli.engine.loading import load_model
 from cli.engine.options import ALL_LAYERS, DEFAULT_CTX, LoadOptions
+from cli.engine.reasoning import split_reasoning, think_within_budget
 from cli.engine.sampling import SamplingParams
+from cli.engine.templates import (
+    ChatTemplate,
+    Message,
+    file_template,
+    render_conversation,
+    role_content,
+)
 from cli.engine.textstream import TextStream
 from cli.errors import ContextOverflowError, ModelLoadError, UsageError
 from quant.gguf import GGUFError, check_gguf_magic, head_dims
@@ -134,6 +143,11 @@ class Engine:
         self.restored_tokens = 0  # prompt tokens of the last request loaded from prompt_cache
         self.restore_s = 0.0
         self.prefilled_tokens = 0  # prompt tokens the last request decoded
+        # Chat templates and reasoning (issue 16): commands set these after loading.
+        self.enable_thinking: bool | None = None  # the template's switch; None: its default
+        self.think_budget: int | None = None  # reasoning tokens before the block is closed
+        self.notes: list[str] = []
+        self.on_note: Callable[[str], None] | None = None
 
     def _refuse_impossible_kv_types(self) -> None:
         """Quantized KV caches store blocks of 32 values per head: the head size must divide."""
@@ -207,29 +221,51 @@ class Engine:
 
     # --- text <-> tokens --------------------------------------------------------------------
 
-    def chat_prompt(self, messages: Sequence[tuple[str, str]]) -> str | None:
-        """The conversation rendered with the model's chat template; None if it has none
-        that llama.cpp can apply."""
-        template = llama.llama_model_chat_template(self._model, None)
-        if not template:
+    @functools.cached_property
+    def chat_template(self) -> ChatTemplate | None:
+        """The template conversations go through: the file's own, else the family inferred from
+        its architecture and special tokens (commands may set another: models.yaml, a file)."""
+        return file_template(self.meta, self.architecture, self.is_special_token)
+
+    def is_special_token(self, text: str) -> bool:
+        """Whether text is one control or user-defined token of the vocabulary."""
+        data = text.encode()
+        tokens = (llama.llama_token * 4)()
+        n = llama.llama_tokenize(self._vocab, data, len(data), tokens, 4, False, True)
+        return n == 1 and self.piece(tokens[0], special=True) == data
+
+    def note(self, line: str) -> None:
+        """A line for the user (a template fallback), told once: commands set on_note."""
+        if line not in self.notes:
+            self.notes.append(line)
+            if self.on_note is not None:
+                self.on_note(line)
+
+    def chat_prompt(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        enable_thinking: bool | None = None,
+    ) -> str | None:
+        """The conversation rendered with the chat template (cli/engine/templates.py); None if
+        the model has none and no family could be inferred."""
+        template = self.chat_template
+        if template is None:
             return None
-        array = (llama.llama_chat_message * len(messages))()
-        # llama.cpp reads each message as a C string, which ends at a NUL: a stand-in carries
-        # it through the template, or everything after it would silently vanish.
-        nul = _nul_stand_in(content for _, content in messages)
-        keep = [(role.encode(), content.replace("\0", nul).encode()) for role, content in messages]
-        for slot, (role, content) in zip(array, keep, strict=True):
-            slot.role, slot.content = role, content
-        size = 4 * sum(len(c) for _, c in keep) + 1024
-        for _ in range(2):
-            buf = ctypes.create_string_buffer(size)
-            n = llama.llama_chat_apply_template(template, array, len(keep), True, buf, size)
-            if n < 0:
-                return None
-            if n <= size:
-                return buf.raw[:n].decode("utf-8").replace(nul, "\0")
-            size = n
-        return None
+        rendered = render_conversation(
+            template,
+            messages,
+            bos_token=self._special_text(llama.llama_vocab_bos(self._vocab)),
+            eos_token=self._special_text(llama.llama_vocab_eos(self._vocab)),
+            tools=tools,
+            enable_thinking=self.enable_thinking if enable_thinking is None else enable_thinking,
+        )
+        if rendered.note:
+            self.note(rendered.note)
+        return rendered.text
+
+    def _special_text(self, token: int) -> str:
+        return self.piece(token, special=True).decode("utf-8", "replace") if token >= 0 else ""
 
     def tokenize(self, text: str) -> list[int]:
         data = text.encode("utf-8")
@@ -264,20 +300,26 @@ class Engine:
                 self._pieces[token] = data
             return data
 
-    def conversation_text(self, messages: Sequence[tuple[str, str]]) -> tuple[str, bool]:
+    def conversation_text(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        enable_thinking: bool | None = None,
+    ) -> tuple[str, bool]:
         """The conversation as the model reads it, and whether its chat template made it. A
-        model without a template llama.cpp can apply gets one 'role: text' line per message
-        and 'assistant: ' (base models only continue text), in run, chat and serve alike."""
-        templated = self.chat_prompt(messages)
+        model without a template (nor an inferable family) gets one 'role: text' line per
+        message and 'assistant: ' (base models only continue text), in run, chat and serve."""
+        templated = self.chat_prompt(messages, tools, enable_thinking)
         if templated is not None:
             return templated, True
-        return "".join(f"{role}: {text}\n" for role, text in messages) + "assistant: ", False
+        lines = role_content(messages)
+        return "".join(f"{role}: {text}\n" for role, text in lines) + "assistant: ", False
 
-    @functools.cached_property
+    @property
     def has_chat_template(self) -> bool:
-        return self.chat_prompt([("user", "?")]) is not None
+        return self.chat_template is not None
 
-    def count_tokens(self, messages: Sequence[tuple[str, str]]) -> int:
+    def count_tokens(self, messages: Sequence[Message]) -> int:
         return len(self.tokenize(self.conversation_text(messages)[0]))
 
     @property
@@ -294,8 +336,14 @@ class Engine:
         stop: Sequence[str] = (),
     ) -> Iterator[StreamEvent]:
         """The reply to a conversation (the Backend protocol): templated, checked against the
-        context window, then stream_generate, whose prefix cache reuses earlier turns."""
-        return self.stream_text(self.conversation_text(messages)[0], max_tokens, sampling, stop)
+        context window, then stream_generate, whose prefix cache reuses earlier turns; the
+        events carry reasoning apart from the answer (cli/engine/reasoning.py)."""
+        prompt = self.conversation_text(messages)[0]
+        events = self.stream_text(prompt, max_tokens, sampling, stop)
+        if self.think_budget is not None:
+            budget = self.think_budget
+            return think_within_budget(self, prompt, events, budget, max_tokens, sampling, stop)
+        return split_reasoning(events, prompt)
 
     def stream_text(
         self,
@@ -636,6 +684,7 @@ class SequenceStep:
         )
         banned = engine.eog_tokens if sampling.ignore_eos else ()
         self._sampler = sampler_chain(sampling, self.seed, prompt_tokens, banned, engine.n_vocab)
+        self._sampler = with_grammar(self._sampler, engine._vocab, sampling.grammar)
         self.text = TextStream(stop)
         self.generated = 0
         self.prefill_s: float | None = None  # None: until the first token, measured from started
@@ -694,12 +743,6 @@ def penalties_sampler(sampling: SamplingParams, n_vocab: int):
     if len(llama.llama_sampler_init_penalties.argtypes) == 5:
         return llama.llama_sampler_init_penalties(n_vocab, *args)
     return llama.llama_sampler_init_penalties(*args)
-
-
-def _nul_stand_in(texts: Iterable[str]) -> str:
-    """A private-use character that none of the texts holds."""
-    seen = set("".join(texts))
-    return next(chr(c) for c in range(0xE000, 0xF900) if chr(c) not in seen)
 
 
 class DecodeError(RuntimeError):

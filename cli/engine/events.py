@@ -20,6 +20,15 @@ class StreamEvent:
     stop_string: str | None
     seed: int
     peak_rss_bytes: int
+    # Reasoning kept apart from the answer (cli/engine/reasoning.py): the reasoning text this step
+    # released (text then holds only answer text), and whether its token was a thinking token.
+    reasoning: str = ""
+    thinking: bool = False
+
+    @property
+    def kind(self) -> str:
+        """ "reasoning" for a thinking token, "answer" otherwise."""
+        return "reasoning" if self.thinking else "answer"
 
     @property
     def prefill_tokens_per_s(self) -> float:

@@ -37,6 +37,11 @@ class RunMetrics:
     gpu_layers: int
     seed: int | None
     peak_rss_bytes: int | None
+    # Reasoning (issue 16): tokens inside a think block, tokens of the answer, and the time from
+    # the request to the first answer text (TTFT counts the first token, thinking or not).
+    thinking_tokens: int = 0
+    answer_tokens: int = 0
+    time_to_first_answer_s: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -50,11 +55,16 @@ class MetricsRecorder:
         self._token_times: list[float] = []
         self._token_texts: list[str] = []
         self.last: StreamEvent | None = None
+        self.thinking_tokens = 0
+        self.first_answer_at: float | None = None
 
     def observe(self, event: StreamEvent) -> None:
         if event.token is not None:
             self._token_times.append(time.perf_counter())
             self._token_texts.append(event.text)
+            self.thinking_tokens += event.thinking
+        if event.text and self.first_answer_at is None:
+            self.first_answer_at = time.perf_counter()
         self.last = event
 
     def arrivals(self) -> list[tuple[float, str]]:
@@ -99,6 +109,11 @@ class MetricsRecorder:
             gpu_layers=engine.gpu_layers,
             seed=last.seed if last else None,
             peak_rss_bytes=last.peak_rss_bytes if last else None,
+            thinking_tokens=self.thinking_tokens,
+            answer_tokens=(last.generation_tokens if last else 0) - self.thinking_tokens,
+            time_to_first_answer_s=(
+                self.first_answer_at - self.started if self.first_answer_at is not None else None
+            ),
         )
 
 

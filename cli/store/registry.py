@@ -58,6 +58,8 @@ class ModelEntry:
     context: int | None
     default_tag: str
     tags: dict[str, TagSpec]
+    # The chat template family (cli/engine/templates.py FAMILIES) for files that carry none.
+    template: str | None = None
 
 
 @dataclass(frozen=True)
@@ -153,6 +155,7 @@ def _parse_entry(alias: str, body: Any, where: str) -> ModelEntry:
         context=_typed(fields, "context", int, where, required=False),
         default_tag=default_tag,
         tags=tags,
+        template=_typed(fields, "template", str, where, required=False),
     )
 
 

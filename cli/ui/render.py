@@ -71,6 +71,7 @@ def stats_parts(metrics: RunMetrics) -> list[tuple[str, str]]:
         ("TTFT", _ms(m.ttft_s)),
         ("prefill", prefill),
         ("decode", f"{m.generation_tokens} tok, {m.decode_tokens_per_s:.1f} tok/s"),
+        *_thinking_parts(m),
         ("ITL", itl),
         ("total", f"{m.total_s:.2f} s"),
         ("finish", finish),
@@ -83,7 +84,28 @@ def stats_parts(metrics: RunMetrics) -> list[tuple[str, str]]:
     return [(label, value) for label, value in parts if label in REMOTE_PARTS]
 
 
-REMOTE_PARTS = ("TTFT", "prefill", "decode", "ITL", "total", "finish")
+REMOTE_PARTS = ("TTFT", "prefill", "decode", "thinking", "first answer", "ITL", "total", "finish")
+
+
+def _thinking_parts(m: RunMetrics) -> list[tuple[str, str]]:
+    """Thinking and answer tokens apart, and the time to the first answer text, for a reply
+    that reasoned (nothing otherwise)."""
+    if not m.thinking_tokens:
+        return []
+    return [
+        ("thinking", f"{m.thinking_tokens} tok, answer {m.answer_tokens} tok"),
+        ("first answer", _ms(m.time_to_first_answer_s)),
+    ]
+
+
+def write_reasoning(text: str) -> None:
+    """Reasoning on stderr as it comes: dim on a terminal, plain text in a file or pipe."""
+    if not text:
+        return
+    if sys.stderr.isatty() and not os.environ.get("NO_COLOR"):
+        text = f"\x1b[2m{text}\x1b[0m"
+    sys.stderr.write(text)
+    sys.stderr.flush()
 
 
 def print_stats(metrics: RunMetrics) -> None:
@@ -122,8 +144,12 @@ def print_timeline(arrivals: list[tuple[float, str]], width: int = 40) -> None:
         console.print(f"  {start:8.1f} – {start + step:8.1f}  {bar} {count}")
 
 
-def run_json(model: str, path: str, text: str, metrics: RunMetrics) -> str:
+def run_json(
+    model: str, path: str, text: str, metrics: RunMetrics, reasoning: str | None = None
+) -> str:
     result: dict[str, Any] = {"model": model, "path": path, "text": text}
+    if reasoning is not None:
+        result["reasoning"] = reasoning
     result.update(metrics.as_dict())
     return json.dumps(result, ensure_ascii=False)
 
@@ -184,7 +210,7 @@ def models_table(models: list[Any], quants: dict[str, str]) -> None:
     write_stdout(columns(["NAME", "QUANT", "SIZE", "SOURCE", "PATH"], rows))
 
 
-def gguf_report(info: Any) -> None:
+def gguf_report(info: Any, template: str | None = None) -> None:
     def number(value: Any) -> str:
         return f"{value:,}" if isinstance(value, int) else str(value if value is not None else "-")
 
@@ -201,7 +227,7 @@ def gguf_report(info: Any) -> None:
         ("trained context", number(info.context_length)),
         ("sliding window", number(info.sliding_window)),
         ("vocabulary", f"{number(info.vocab_size)} tokens ({info.tokenizer or '-'})"),
-        ("chat template", "yes" if info.chat_template else "no"),
+        ("chat template", template or ("yes" if info.chat_template else "no")),
         ("file size", f"{human_bytes(info.file_size)} ({info.file_size:,} bytes)"),
         ("path", info.path),
     ]

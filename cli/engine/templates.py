@@ -1,0 +1,443 @@
+"""Chat templates: a conversation rendered into the text a model was trained to read.
+
+The model's own Jinja template (`tokenizer.chat_template`, or a named one such as
+`tokenizer.chat_template.tool_use` when tools are given) is rendered the way transformers'
+`apply_chat_template` renders it: a sandboxed, immutable Jinja environment with trim_blocks and
+lstrip_blocks, loop controls, `raise_exception`, `strftime_now`, a `tojson` that does not escape
+HTML, and the variables templates read (messages, add_generation_prompt, bos_token, eos_token,
+tools, enable_thinking, ...). A template is code from the model file: its rendering is bounded in
+time and size. llama.cpp's C helper is used only where Jinja fails, or where a file carries no
+template and a family name is all there is.
+
+No llama_cpp at import time: `quill inspect` reads families without loading llama.cpp.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from functools import lru_cache
+from typing import Any
+
+from cli.errors import ChatTemplateError, UsageError
+
+# A message: (role, content) as run and chat hold them, or an OpenAI-style dict (tool calls,
+# tool results) as the server receives them.
+Message = tuple[str, str] | Mapping[str, Any]
+
+# Bounds on one rendering: a template is code shipped inside a downloaded file.
+RENDER_SECONDS = 2.0
+RENDER_CHARS = 8 << 20
+
+
+# The families quill knows: llama.cpp's C helper accepts each name. What each supports is what
+# its published templates do.
+FAMILIES: dict[str, str] = {
+    "chatml": "ChatML (<|im_start|>): Qwen, SmolLM, Hermes",
+    "llama3": "Llama 3.x (<|start_header_id|>)",
+    "gemma": "Gemma (<start_of_turn>)",
+    "mistral-v7": "Mistral ([INST], [SYSTEM_PROMPT])",
+    "mistral-v3-tekken": "Mistral Nemo ([INST])",
+    "llama2": "Llama 2 / Mistral v1 ([INST])",
+    "mistral-v3": "Mistral v3 ([INST], [TOOL_CALLS])",
+    "phi3": "Phi-3 / Phi-4-mini (<|user|> ... <|end|>)",
+    "phi4": "Phi-4 (<|im_start|> ... <|im_sep|>)",
+    "deepseek3": "DeepSeek V3 / R1 (<｜User｜>)",
+    "gpt-oss": "gpt-oss harmony (<|channel|>)",
+}
+
+
+@dataclass(frozen=True)
+class ChatTemplate:
+    """The template a model's conversations go through, and where it came from."""
+
+    source: str | None  # Jinja text; None where only a family name is known (llama.cpp renders)
+    family: str  # one of FAMILIES, or "unknown"
+    origin: str  # "the model file", "--chat-template FILE", "models.yaml", "inferred"
+    named: Mapping[str, str] = field(default_factory=dict)  # e.g. {"tool_use": "..."}
+
+    @property
+    def supports_tools(self) -> bool:
+        texts = [self.source or "", *self.named.values()]
+        return any("tools" in text for text in texts)
+
+    @property
+    def thinking_switch(self) -> bool:
+        """Whether the template reads enable_thinking (Qwen3, SmolLM3: --think/--no-think)."""
+        return "enable_thinking" in (self.source or "")
+
+    @property
+    def supports_thinking(self) -> bool:
+        text = self.source or ""
+        return self.thinking_switch or "<think>" in text or "reasoning_content" in text
+
+    def describe(self) -> str:
+        what = [f"family {self.family}"]
+        what.append("tools" if self.supports_tools else "no tools")
+        if self.family == "gpt-oss":
+            what.append("reasoning in channels (not split by quill)")
+        elif self.thinking_switch:
+            what.append("thinking (switchable)")
+        elif self.supports_thinking:
+            what.append("thinking")
+        else:
+            what.append("no thinking")
+        return ", ".join(what)
+
+
+def template_family(source: str) -> str:
+    """The family a Jinja template belongs to, by the markers it writes (as llama.cpp's
+    llm_chat_detect_template does)."""
+    if "<|channel|>" in source:
+        return "gpt-oss"
+    if "<|im_sep|>" in source:
+        return "phi4"
+    if "<|im_start|>" in source:
+        return "chatml"
+    if "<|start_header_id|>" in source:
+        return "llama3"
+    if "<start_of_turn>" in source:
+        return "gemma"
+    if "<｜Assistant｜>" in source or "<｜User｜>" in source:
+        return "deepseek3"
+    if "<|assistant|>" in source and "<|end|>" in source:
+        return "phi3"
+    if "[SYSTEM_PROMPT]" in source:
+        return "mistral-v7"
+    if "[TOOL_CALLS]" in source or "[AVAILABLE_TOOLS]" in source:
+        return "mistral-v3"
+    if "[INST]" in source:
+        return "llama2"
+    return "unknown"
+
+
+# Special tokens that identify a family in a vocabulary, most specific first.
+_FAMILY_TOKENS: tuple[tuple[str, str], ...] = (
+    ("<|channel|>", "gpt-oss"),
+    ("<|im_sep|>", "phi4"),
+    ("<|start_header_id|>", "llama3"),
+    ("<start_of_turn>", "gemma"),
+    ("<｜Assistant｜>", "deepseek3"),
+    ("<|assistant|>", "phi3"),
+    ("[SYSTEM_PROMPT]", "mistral-v7"),
+    ("[INST]", "llama2"),
+    ("<|im_start|>", "chatml"),
+)
+_FAMILY_ARCHITECTURES = {"gemma": "gemma", "gemma2": "gemma", "gemma3": "gemma", "phi3": "phi3"}
+
+
+def infer_family(architecture: str, is_special_token: Callable[[str], bool]) -> str | None:
+    """The family of a model file without a template: its architecture, else the special
+    tokens its vocabulary holds; None if neither says."""
+    for marker, family in _FAMILY_TOKENS:
+        if is_special_token(marker):
+            return family
+    return _FAMILY_ARCHITECTURES.get(architecture)
+
+
+# --- rendering -------------------------------------------------------------------------------
+
+
+class _Budget:
+    """A deadline and an output cap for one rendering, checked from a trace function: a loop in
+    a template runs Python bytecode, so every line it executes passes through here."""
+
+    def __init__(self, seconds: float, chars: int) -> None:
+        self.deadline = time.monotonic() + seconds
+        self.seconds = seconds
+        self.chars = chars
+        self.ticks = 0
+
+    def trace(self, frame: Any, event: str, arg: Any) -> Callable | None:
+        if event == "call":
+            # Lines are traced only in the template's own code (Jinja compiles it to Python
+            # named "<template>"), where its loops run; library frames cost one call each.
+            return self.trace if frame.f_code.co_filename == "<template>" else None
+        self.ticks += 1
+        if self.ticks & 1023 == 0 and time.monotonic() > self.deadline:
+            raise _TooLong(f"rendering took more than {self.seconds:g} s (does it loop?)")
+        return self.trace
+
+
+class _TooLong(Exception):
+    pass
+
+
+@lru_cache(maxsize=1)
+def _environment():
+    import jinja2
+    import jinja2.ext
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    class GenerationTag(jinja2.ext.Extension):
+        """transformers' {% generation %} marks assistant text for training masks; a renderer
+        outputs its body unchanged."""
+
+        tags = {"generation"}  # noqa: RUF012 (jinja reads it as a class attribute)
+
+        def parse(self, parser):
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+            return jinja2.nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(
+                lineno
+            )
+
+        def _body(self, caller):
+            return caller()
+
+    class BoundedEnvironment(ImmutableSandboxedEnvironment):
+        # `'x' * 10**10` or `9**9**9` would run inside one C call, where no trace reaches.
+        intercepted_binops = frozenset(("*", "**"))
+
+        def call_binop(self, context, operator, left, right):
+            if operator == "**" and isinstance(right, int) and abs(right) > 4096:
+                raise _TooLong(f"the template computes a power of {right}")
+            if operator == "*":
+                for seq, times in ((left, right), (right, left)):
+                    sized = isinstance(seq, (str, list, tuple)) and isinstance(times, int)
+                    if sized and len(seq) * times > RENDER_CHARS:
+                        raise _TooLong("the template builds a value past the size limit")
+            return super().call_binop(context, operator, left, right)
+
+    def raise_exception(message: str) -> None:
+        raise jinja2.exceptions.TemplateError(message)
+
+    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        # transformers' tojson: no HTML escaping (Jinja's own escapes <, > and &), and the
+        # arguments templates pass.
+        return json.dumps(
+            x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+        )
+
+    def strftime_now(format: str) -> str:
+        return datetime.now().strftime(format)
+
+    env = BoundedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[GenerationTag, jinja2.ext.loopcontrols]
+    )
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = strftime_now
+    return env
+
+
+@lru_cache(maxsize=16)
+def _compile(source: str):
+    return _environment().from_string(source)
+
+
+def _plain(messages: Sequence[Message]) -> list[dict[str, Any]]:
+    """Messages as the dicts templates index; reasoning under the names templates read."""
+    plain = []
+    for message in messages:
+        if isinstance(message, tuple):
+            role, content = message
+            plain.append({"role": role, "content": content})
+            continue
+        item = json.loads(json.dumps(message))  # a private copy: templates may not mutate it
+        reasoning = item.get("reasoning_content") or item.get("thinking")
+        if reasoning is not None:
+            item = {"thinking": reasoning, **item, "reasoning_content": reasoning}
+        plain.append(item)
+    return plain
+
+
+def render_jinja(
+    source: str,
+    messages: Sequence[Message],
+    *,
+    add_generation_prompt: bool = True,
+    bos_token: str = "",
+    eos_token: str = "",
+    tools: Sequence[Mapping[str, Any]] | None = None,
+    extra: Mapping[str, Any] | None = None,
+    seconds: float = RENDER_SECONDS,
+    chars: int = RENDER_CHARS,
+) -> str:
+    """The template's text for a conversation, as transformers' apply_chat_template(tokenize=
+    False) gives it. Raises ChatTemplateError naming why a template cannot render."""
+    import jinja2
+
+    try:
+        template = _compile(source)
+    except jinja2.TemplateError as error:
+        raise ChatTemplateError(f"the chat template does not parse: {error}") from None
+    variables = {
+        "messages": _plain(messages),
+        "tools": json.loads(json.dumps(list(tools))) if tools is not None else None,
+        "documents": None,
+        "add_generation_prompt": add_generation_prompt,
+        "bos_token": bos_token,
+        "eos_token": eos_token,
+        **(extra or {}),
+    }
+    budget = _Budget(seconds, chars)
+    pieces: list[str] = []
+    size = 0
+    previous = sys.gettrace()
+    sys.settrace(budget.trace)
+    try:
+        for piece in template.generate(**variables):
+            size += len(piece)
+            if size > chars:
+                raise _TooLong(f"the rendered prompt passed {chars} characters")
+            pieces.append(piece)
+    except _TooLong as error:
+        raise ChatTemplateError(f"the chat template was stopped: {error}") from None
+    except RecursionError:
+        raise ChatTemplateError("the chat template was stopped: it recursed too deep") from None
+    except jinja2.TemplateError as error:
+        raise ChatTemplateError(f"the chat template raised: {error}") from None
+    except (TypeError, ValueError, KeyError, AttributeError, IndexError) as error:
+        raise ChatTemplateError(
+            f"the chat template failed: {type(error).__name__}: {error}"
+        ) from None
+    finally:
+        sys.settrace(previous)
+    return "".join(pieces)
+
+
+def render_with_llama(template: str, messages: Sequence[tuple[str, str]]) -> str | None:
+    """llama.cpp's C helper (llama_chat_apply_template): a template it recognises by its markers,
+    or a family name. None where it knows neither. Only role and content pass through."""
+    import llama_cpp as llama
+
+    array = (llama.llama_chat_message * len(messages))()
+    # llama.cpp reads each message as a C string, which ends at a NUL: a stand-in carries it
+    # through the template, or everything after it would silently vanish.
+    nul = _nul_stand_in(content for _, content in messages)
+    keep = [(role.encode(), content.replace("\0", nul).encode()) for role, content in messages]
+    for slot, (role, content) in zip(array, keep, strict=True):
+        slot.role, slot.content = role, content
+    size = 4 * sum(len(c) for _, c in keep) + 1024
+    for _ in range(2):
+        buf = ctypes.create_string_buffer(size)
+        n = llama.llama_chat_apply_template(template.encode(), array, len(keep), True, buf, size)
+        if n < 0:
+            return None
+        if n <= size:
+            return buf.raw[:n].decode("utf-8").replace(nul, "\0")
+        size = n
+    return None
+
+
+def role_content(messages: Sequence[Message]) -> list[tuple[str, str]]:
+    """(role, text) pairs for the C helper, which knows no tool calls: a tool result becomes a
+    user turn (as llama-server does for templates without a tool role)."""
+    pairs = []
+    for message in messages:
+        if isinstance(message, tuple):
+            pairs.append(message)
+            continue
+        role = str(message.get("role", "user"))
+        content = message.get("content") or ""
+        if not isinstance(content, str):
+            content = json.dumps(content, ensure_ascii=False)
+        if message.get("tool_calls"):
+            content += json.dumps(message["tool_calls"], ensure_ascii=False)
+        pairs.append(("user" if role == "tool" else role, content))
+    return pairs
+
+
+def _nul_stand_in(texts: Any) -> str:
+    """A private-use character that none of the texts holds."""
+    seen = set("".join(texts))
+    return next(chr(c) for c in range(0xE000, 0xF900) if chr(c) not in seen)
+
+
+@dataclass
+class Rendered:
+    text: str
+    note: str | None = None  # one line to tell the user (a fallback was taken), or None
+
+
+def render_conversation(
+    template: ChatTemplate,
+    messages: Sequence[Message],
+    *,
+    bos_token: str,
+    eos_token: str,
+    tools: Sequence[Mapping[str, Any]] | None = None,
+    enable_thinking: bool | None = None,
+) -> Rendered:
+    """The one path every command's prompt takes: the Jinja template (the tool_use one when
+    tools are given and the file has it), else llama.cpp's C helper with one line saying why."""
+    if tools is not None and not isinstance(tools, (list, tuple)):
+        raise ChatTemplateError("tools must be a list of tool objects")
+    extra: dict[str, Any] = {}
+    if enable_thinking is not None:
+        extra["enable_thinking"] = enable_thinking
+    source = template.source
+    if tools and "tool_use" in template.named:
+        source = template.named["tool_use"]
+    if source is None:
+        text = render_with_llama(template.family, role_content(messages))
+        if text is None:
+            raise ChatTemplateError(f"llama.cpp cannot render the {template.family} family")
+        return Rendered(text)
+    try:
+        return Rendered(
+            render_jinja(
+                source,
+                messages,
+                bos_token=bos_token,
+                eos_token=eos_token,
+                tools=tools or None,
+                extra=extra,
+            )
+        )
+    except ChatTemplateError as error:
+        fallback = render_with_llama(source, role_content(messages))
+        if fallback is None:
+            raise
+        return Rendered(fallback, f"{error}; rendered with llama.cpp's built-in template instead")
+
+
+def file_template(
+    meta: Callable[[str], str | None],
+    architecture: str,
+    is_special_token: Callable[[str], bool],
+) -> ChatTemplate | None:
+    """The template a model file carries (with its named ones), else the family its
+    architecture and special tokens point to; None if neither."""
+    source = meta("tokenizer.chat_template")
+    named = {}
+    for name in ("tool_use", "rag"):
+        text = meta(f"tokenizer.chat_template.{name}")
+        if text:
+            named[name] = text
+    if source:
+        return ChatTemplate(source, template_family(source), "the model file", named)
+    family = infer_family(architecture, is_special_token)
+    if family is None:
+        return None
+    return ChatTemplate(None, family, "inferred")
+
+
+def template_from_file(path: str) -> ChatTemplate:
+    """--chat-template FILE: a Jinja template read from disk (as llama-server's
+    --chat-template-file), checked to parse before any model loads."""
+    import jinja2
+
+    try:
+        with open(path, encoding="utf-8") as handle:
+            source = handle.read()
+    except (OSError, UnicodeDecodeError) as error:
+        raise UsageError(f"cannot read the chat template {path}: {error}") from None
+    try:
+        _compile(source)
+    except jinja2.TemplateError as error:
+        raise UsageError(f"the chat template {path} does not parse: {error}") from None
+    return ChatTemplate(source, template_family(source), f"--chat-template {path}")
+
+
+def family_template(family: str, origin: str) -> ChatTemplate:
+    if family not in FAMILIES:
+        known = ", ".join(FAMILIES)
+        raise UsageError(f"unknown chat template family '{family}' (known: {known})")
+    return ChatTemplate(None, family, origin)

@@ -1,0 +1,230 @@
+"""Tool calls in a model's reply: the formats the families write, parsed into OpenAI tool_calls,
+and a GBNF grammar that forces a call (tool_choice "required" or a named function).
+
+Formats:
+- Hermes / Qwen (ChatML family): <tool_call>{"name": ..., "arguments": {...}}</tool_call>, one
+  block per call;
+- Llama 3.x: the reply is one JSON object {"name": ..., "parameters": {...}} (after the
+  <|python_tag|> control token, which never reaches the text);
+- Mistral: [TOOL_CALLS][{"name": ..., "arguments": {...}}, ...], or [TOOL_CALLS]name[ARGS]{...}
+  (v7 and later); where [TOOL_CALLS] is a control token only the JSON array reaches the text;
+- generic fallback: a reply that is a JSON object with name and arguments (or parameters), or an
+  array of them.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"
+MISTRAL_MARK = "[TOOL_CALLS]"
+MISTRAL_ARGS = "[ARGS]"
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
+    id: str
+
+    def as_openai(self, index: int | None = None) -> dict[str, Any]:
+        call: dict[str, Any] = {
+            "id": self.id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": self.arguments},
+        }
+        if index is not None:
+            call = {"index": index, **call}
+        return call
+
+
+def call_format(family: str) -> str:
+    """The tool call format a template family writes."""
+    if family == "llama3":
+        return "llama3"
+    if family.startswith("mistral"):
+        return "mistral"
+    if family == "chatml":
+        return "hermes"
+    return "json"
+
+
+def _call(name: Any, arguments: Any) -> ToolCall | None:
+    if not isinstance(name, str) or not name:
+        return None
+    if isinstance(arguments, str):
+        text = arguments
+    else:
+        text = json.dumps(arguments if arguments is not None else {}, ensure_ascii=False)
+    return ToolCall(name, text, f"call_{uuid.uuid4().hex[:24]}")
+
+
+def _json_calls(value: Any) -> list[ToolCall] | None:
+    items = value if isinstance(value, list) else [value]
+    calls = []
+    for item in items:
+        if not isinstance(item, dict):
+            return None
+        arguments = item.get("arguments", item.get("parameters"))
+        call = _call(item.get("name"), arguments)
+        if call is None:
+            return None
+        calls.append(call)
+    return calls or None
+
+
+def _loads(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
+
+
+def parse_tool_calls(text: str, fmt: str) -> tuple[str, list[ToolCall]]:
+    """(content left outside the calls, the calls) of a finished reply; no calls where the text
+    holds none that parse (an unfinished call stays content)."""
+    if fmt == "hermes" or HERMES_OPEN in text:
+        calls: list[ToolCall] = []
+        blocks = re.findall(
+            re.escape(HERMES_OPEN) + r"\s*(.*?)\s*" + re.escape(HERMES_CLOSE), text, re.S
+        )
+        for block in blocks:
+            parsed = _json_calls(_loads(block))
+            if parsed is None:
+                return text, []
+            calls.extend(parsed)
+        if calls:
+            return text[: text.index(HERMES_OPEN)].strip(), calls
+    if MISTRAL_MARK in text:
+        before, _, after = text.partition(MISTRAL_MARK)
+        if MISTRAL_ARGS in after:  # name[ARGS]{...} (v7 and later), repeated
+            calls = []
+            for part in after.split(MISTRAL_MARK):
+                name, _, arguments = part.partition(MISTRAL_ARGS)
+                value = _loads(arguments)
+                call = _call(name.strip(), value) if isinstance(value, dict) else None
+                if call is None:
+                    return text, []
+                calls.append(call)
+            return before.strip(), calls
+        parsed = _json_calls(_loads(after))
+        if parsed:
+            return before.strip(), parsed
+        return text, []
+    parsed = _json_calls(_loads(text.strip())) if text.strip()[:1] in ("{", "[") else None
+    if parsed:
+        return "", parsed
+    return text, []
+
+
+def may_start_call(text: str) -> int:
+    """How much of text is surely content: the index where a tool call starts or may start (a
+    marker, a partial marker at the end, a reply that opens with JSON); len(text) if none."""
+    if text.lstrip()[:1] in ("{", "["):
+        return 0
+    cut = len(text)
+    for mark in (HERMES_OPEN, MISTRAL_MARK):
+        at = text.find(mark)
+        if at >= 0:
+            cut = min(cut, at)
+            continue
+        for size in range(min(len(mark) - 1, len(text)), 0, -1):
+            if text.endswith(mark[:size]):
+                cut = min(cut, len(text) - size)
+                break
+    return cut
+
+
+# --- requests --------------------------------------------------------------------------------
+
+
+class ToolsError(ValueError):
+    """A tools or tool_choice value the server refuses (400), with the reason."""
+
+    def __init__(self, message: str, param: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+def check_tools(tools: Any, tool_choice: Any) -> tuple[list[dict] | None, str | None]:
+    """The request's tools (None when absent or tool_choice is "none") and the function a call
+    must name: "*" for any (required), a name, or None (the model decides)."""
+    if tools is None:
+        if tool_choice not in (None, "none", "auto"):
+            raise ToolsError("'tool_choice' needs 'tools'", "tool_choice")
+        return None, None
+    if not isinstance(tools, list):
+        raise ToolsError("'tools' must be an array of tool objects", "tools")
+    names = []
+    for index, tool in enumerate(tools):
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if (
+            not isinstance(tool, dict)
+            or tool.get("type", "function") != "function"
+            or not isinstance(function, dict)
+            or not isinstance(function.get("name"), str)
+        ):
+            raise ToolsError(
+                f'tools[{index}] must be an object with type "function" and a function '
+                "object that has a name",
+                "tools",
+            )
+        parameters = function.get("parameters", {})
+        if not isinstance(parameters, dict):
+            raise ToolsError(f"tools[{index}].function.parameters must be an object", "tools")
+        names.append(function["name"])
+    if tool_choice in (None, "auto"):
+        return tools or None, None
+    if tool_choice == "none":
+        return None, None
+    if tool_choice == "required":
+        return tools, "*"
+    if isinstance(tool_choice, dict):
+        name = (tool_choice.get("function") or {}).get("name")
+        if name in names:
+            return tools, name
+        raise ToolsError(
+            f"tool_choice names '{name}', which is not one of the tools", "tool_choice"
+        )
+    raise ToolsError(
+        '\'tool_choice\' must be "none", "auto", "required" or '
+        '{"type": "function", "function": {"name": ...}}',
+        "tool_choice",
+    )
+
+
+def forcing_grammar(tools: Sequence[Mapping[str, Any]], required: str, fmt: str) -> str:
+    """GBNF for one call in the family's format to a tool (any, or the one named), its arguments
+    following the tool's JSON schema, through llama.cpp's JSON-schema converter."""
+    from llama_cpp.llama_grammar import json_schema_to_gbnf
+
+    key = "parameters" if fmt == "llama3" else "arguments"
+    choices = []
+    for tool in tools:
+        function = tool["function"]
+        if required not in ("*", function["name"]):
+            continue
+        choices.append(
+            {
+                "type": "object",
+                "properties": {
+                    "name": {"const": function["name"]},
+                    key: function.get("parameters") or {"type": "object"},
+                },
+                "required": ["name", key],
+            }
+        )
+    schema = choices[0] if len(choices) == 1 else {"anyOf": choices}
+    call = json_schema_to_gbnf(json.dumps(schema)).replace("root ::=", "tc-call ::=", 1)
+    if fmt == "hermes":
+        outer = f'root ::= "{HERMES_OPEN}\\n" tc-call "\\n{HERMES_CLOSE}"'
+    elif fmt == "mistral":
+        outer = f'root ::= "{MISTRAL_MARK}[" tc-call "]"'
+    else:
+        outer = "root ::= tc-call"
+    return outer + "\n" + call
