@@ -19,6 +19,7 @@ import numpy as np
 
 from cli.engine.events import StreamEvent
 from cli.engine.freecores import CoreLoad, measure_free_cores
+from cli.engine.grammar import GrammarGate
 from cli.engine.llamalog import llama_log
 from cli.engine.loading import load_model
 from cli.engine.options import ALL_LAYERS, DEFAULT_CTX, LoadOptions
@@ -520,6 +521,13 @@ class SequenceStep:
         )
         banned = engine.eog_tokens if sampling.ignore_eos else ()
         self._sampler = sampler_chain(sampling, self.seed, prompt_tokens, banned, engine.n_vocab)
+        self._grammar = None  # each sequence its own grammar state
+        if sampling.grammar:
+            try:
+                self._grammar = GrammarGate(engine._vocab, sampling.grammar, engine.n_vocab)
+            except Exception:
+                self.close()
+                raise
         self.text = TextStream(stop)
         self.generated = 0
         self.prefill_s: float | None = None  # None: until the first token, measured from started
@@ -530,7 +538,11 @@ class SequenceStep:
         whether the sequence is finished (end of generation or a stop string: "stop"; the
         token limit or a full context: "length")."""
         engine = self.engine
-        token = engine.sample(self._sampler, output)
+        grammar = self._grammar
+        if grammar is not None:
+            token = grammar.sample(self._sampler, engine._ctx, output)
+        else:
+            token = engine.sample(self._sampler, output)
         now = time.perf_counter()
         self.generated += 1
         if self.generated == 1:
@@ -558,9 +570,14 @@ class SequenceStep:
             stop_string=text.matched_stop,
             seed=self.seed,
             peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+            grammar_s=grammar.seconds if grammar is not None else 0.0,
+            grammar_resampled=grammar.resampled if grammar is not None else 0,
         )
 
     def close(self) -> None:
+        if getattr(self, "_grammar", None) is not None:
+            self._grammar.close()
+            self._grammar = None
         if self._sampler is not None:
             llama.llama_sampler_free(self._sampler)
             self._sampler = None

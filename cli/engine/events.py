@@ -20,6 +20,8 @@ class StreamEvent:
     stop_string: str | None
     seed: int
     peak_rss_bytes: int
+    grammar_s: float = 0.0  # time this sequence spent in its grammar (cli/engine/grammar.py)
+    grammar_resampled: int = 0  # tokens the grammar rejected, sampled again under its mask
 
     @property
     def prefill_tokens_per_s(self) -> float:

@@ -37,6 +37,8 @@ class RunMetrics:
     gpu_layers: int
     seed: int | None
     peak_rss_bytes: int | None
+    grammar_s: float = 0.0  # in the grammar sampler (structured output); 0 without one
+    grammar_resampled: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -99,6 +101,8 @@ class MetricsRecorder:
             gpu_layers=engine.gpu_layers,
             seed=last.seed if last else None,
             peak_rss_bytes=last.peak_rss_bytes if last else None,
+            grammar_s=last.grammar_s if last else 0.0,
+            grammar_resampled=last.grammar_resampled if last else 0,
         )
 
 
