@@ -26,6 +26,17 @@ from cli.commands.options import (
     read_prompt,
     sampling_params,
 )
+from cli.commands.structured_options import (
+    FormatOption,
+    GrammarOption,
+    SchemaMultiOption,
+    SchemaOption,
+    StrictOption,
+    build_constraint,
+    check_output,
+    constrained_sampling,
+    system_with_schema,
+)
 from cli.engine.sampling import SamplingParams
 from cli.errors import EXIT_INTERRUPTED, EXIT_OK
 
@@ -34,6 +45,7 @@ if TYPE_CHECKING:
     from cli.engine.events import StreamEvent
     from cli.engine.metrics import MetricsRecorder
     from cli.engine.options import LoadOptions
+    from cli.engine.structured import Constraint
 
 
 @dataclass(frozen=True)
@@ -52,6 +64,7 @@ class RunRequest:
     verbose: bool = False
     endpoint: str | None = None  # an OpenAI-compatible server instead of a local model
     api_key: str | None = None
+    constraint: Constraint | None = None  # --schema, --format json or --grammar
 
 
 def run(
@@ -131,16 +144,23 @@ def run(
         ),
     ] = None,
     api_key: ApiKey = None,
+    schema: SchemaOption = None,
+    schema_multi: SchemaMultiOption = False,
+    json_format: FormatOption = None,
+    grammar: GrammarOption = None,
+    strict: StrictOption = False,
 ) -> None:
     """Generate a reply to PROMPT, streamed to stdout; timing goes to stderr."""
+    constraint = build_constraint(schema, schema_multi, json_format, grammar, strict)
     request = RunRequest(
         prompt=read_prompt(prompt),
         model=model,
         system=system,
         raw=raw,
         max_tokens=max_tokens,
-        sampling=sampling_params(
-            temperature, top_k, top_p, min_p, repeat_penalty, seed, ignore_eos
+        sampling=constrained_sampling(
+            sampling_params(temperature, top_k, top_p, min_p, repeat_penalty, seed, ignore_eos),
+            constraint,
         ),
         stop=tuple(stop or ()),
         offline=offline,
@@ -150,6 +170,7 @@ def run(
         verbose=verbose,
         endpoint=endpoint,
         api_key=api_key,
+        constraint=constraint,
     )
     options = None if endpoint else load_options(ctx, threads, gpu_layers, kv_type, kv_k, kv_v)
     raise typer.Exit(run_once(request, options))
@@ -188,7 +209,12 @@ def run_once(request: RunRequest, options: LoadOptions | None = None) -> int:
     name, backend = open_backend(request, options)
     try:
         recorder = MetricsRecorder()  # the request starts here: TTFT includes templating
-        messages = [("system", request.system)] if request.system else []
+        system = (
+            request.system
+            if request.raw
+            else system_with_schema(request.system, request.constraint)
+        )
+        messages = [("system", system)] if system else []
         messages.append(("user", request.prompt))
         if request.raw:
             events = backend.stream_text(
@@ -245,4 +271,9 @@ def _stream(
             render.print_stats(metrics)
     if request.verbose and backend.perf_note():
         render.info_line(backend.perf_note())
-    return EXIT_INTERRUPTED if finish_override else EXIT_OK
+    if request.verbose and request.constraint is not None:
+        render.info_line(render.grammar_line(metrics))
+    if finish_override:
+        return EXIT_INTERRUPTED
+    check_output(request.constraint, text, metrics.finish_reason)
+    return EXIT_OK
