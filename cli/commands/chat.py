@@ -38,6 +38,16 @@ from cli.commands.options import (
     obtain_model,
     sampling_params,
 )
+from cli.commands.structured_options import (
+    FormatOption,
+    GrammarOption,
+    SchemaMultiOption,
+    SchemaOption,
+    StrictOption,
+    build_constraint,
+    constrained_sampling,
+    system_with_schema,
+)
 from cli.engine.backend import Backend
 from cli.engine.chatsession import (
     OVERFLOW_POLICIES,
@@ -132,9 +142,17 @@ def chat(
         ),
     ] = None,
     api_key: ApiKey = None,
+    schema: SchemaOption = None,
+    schema_multi: SchemaMultiOption = False,
+    json_format: FormatOption = None,
+    grammar: GrammarOption = None,
+    strict: StrictOption = False,
 ) -> None:
     """Chat with a model in the terminal: each turn prefills only what is new."""
     from cli.store.models import quill_home
+
+    constraint = build_constraint(schema, schema_multi, json_format, grammar, strict)
+    system = system_with_schema(system, constraint)
 
     if on_overflow not in OVERFLOW_POLICIES:
         raise UsageError(f"--on-overflow takes truncate or error, not {on_overflow!r}")
@@ -145,7 +163,9 @@ def chat(
         stamp = time.strftime("%Y%m%d-%H%M%S")
         transcript = quill_home() / "chats" / f"{stamp}-{label.replace('/', '_')}.json"
     settings = ChatSettings(
-        sampling=sampling_params(temperature, top_k, top_p, min_p, repeat_penalty, seed),
+        sampling=constrained_sampling(
+            sampling_params(temperature, top_k, top_p, min_p, repeat_penalty, seed), constraint
+        ),
         max_tokens=max_tokens,
         stop=tuple(stop or ()),
         on_overflow=on_overflow,
@@ -154,6 +174,7 @@ def chat(
     if session.continued:
         render.info_line(f"continuing the {session.continued} messages in {transcript}")
     repl = Repl(session, options, offline, verbose, show_stats=not no_stats)
+    repl.constraint = constraint
     repl.run()
 
 
@@ -194,6 +215,7 @@ class Repl:
         self.interactive = sys.stdin.isatty()
         self.last_stats: str | None = None
         self.lines_read = 0
+        self.constraint = None  # --schema and co.: each reply is checked against it
 
     # --- input ------------------------------------------------------------------------------
 
@@ -298,6 +320,7 @@ class Repl:
         first_at: float | None = None
         start: TurnStart | None = None
         last: StreamEvent | None = None
+        pieces: list[str] = []
         events = turn()
         text_end = "\n"
         try:
@@ -314,6 +337,7 @@ class Repl:
                 if first_at is None:
                     first_at = time.perf_counter()
                 last = item
+                pieces.append(item.text)
                 render.write_stdout(item.text)
                 text_end = "\n" if not item.text else ("" if item.text.endswith("\n") else "\n")
         except KeyboardInterrupt:
@@ -341,6 +365,9 @@ class Repl:
             self.last_stats += f" · context {session.context_used()}/{session.backend.n_ctx}"
         if self.show_stats:
             render.info_line(self.last_stats)
+        problem = self.constraint.problem("".join(pieces), finish) if self.constraint else None
+        if problem is not None:  # the chat goes on; the user is told, as run's exit 7 tells
+            render.warning_line(f"this reply does not match the schema: {problem}")
 
     # --- slash commands ---------------------------------------------------------------------
 
