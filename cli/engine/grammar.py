@@ -38,6 +38,11 @@ def grammar_sampler(vocab: object, grammar: str) -> object:
     return sampler
 
 
+def check_grammar(vocab: object, grammar: str) -> None:
+    """GrammarError unless llama.cpp parses grammar (a server checks before queueing)."""
+    llama.llama_sampler_free(grammar_sampler(vocab, grammar))
+
+
 class GrammarGate:
     """A grammar sampler beside a sequence's sampler chain; sample() picks the next token."""
 
