@@ -12,7 +12,7 @@ from pathlib import Path
 import openai
 import pydantic
 import pytest
-from test_serve import KEY, start_server
+from test_serve import KEY, health, start_server
 
 from cli.app import app
 from cli.engine import structured
@@ -321,7 +321,7 @@ def test_uncompilable_schemas_are_400_with_the_reason(client, extra):
     assert caught.value.body["message"]
 
 
-def test_four_concurrent_requests_with_four_schemas(client):
+def test_four_concurrent_requests_with_four_schemas(client, structured_server):
     schemas = [
         {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9}},
          "required": ["n"]},
@@ -351,6 +351,8 @@ def test_four_concurrent_requests_with_four_schemas(client):
     for thread in threads:
         thread.join(timeout=300)
     assert sorted(results) == [0, 1, 2, 3]
+    # All four sequences shared decode steps, each under its own grammar.
+    assert health(structured_server)["max_sequences_in_a_step"] == 4
     for index, text in results.items():
         assert structured.schema_violation(schemas[index], json.loads(text)) is None, text
 
