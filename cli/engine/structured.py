@@ -340,8 +340,41 @@ def _converter_class():
             self.unenforced = unenforced
 
         def resolve_refs(self, schema: dict, url: str):
+            """Local refs only; every node walked (upstream skips the siblings of a $ref,
+            so a root {"$ref": ..., "$defs": ...} with refs inside its definitions fails)."""
             _refuse_remote_refs(schema)
-            return super().resolve_refs(schema, url)
+
+            def walk(node: Any) -> None:
+                if isinstance(node, list):
+                    for item in node:
+                        walk(item)
+                    return
+                if not isinstance(node, dict):
+                    return
+                ref = node.get("$ref")
+                if isinstance(ref, str) and ref.startswith("#"):
+                    full = url + ref
+                    if full not in self._refs:
+                        self._refs[full] = _pointer(schema, ref)
+                    node["$ref"] = full
+                for value in node.values():
+                    walk(value)
+
+            walk(schema)
+            return schema
+
+        def _resolve_ref(self, ref: str) -> str:
+            # Upstream names the rule after the ref's last part as it is: '#' (the whole
+            # document, a recursive schema) gives a name GBNF cannot parse.
+            tail = ref.split("#", 1)[-1].split("/")[-1]
+            name = re.sub(r"[^a-zA-Z0-9-]+", "-", tail).strip("-") or "document"
+            if name in upstream.RESERVED_NAMES:
+                name = f"ref-{name}"
+            if name not in self._rules and ref not in self._refs_being_resolved:
+                self._refs_being_resolved.add(ref)
+                name = self.visit(self._refs[ref], name)
+                self._refs_being_resolved.remove(ref)
+            return name
 
         def _add_primitive(self, name: str, rule):  # type: ignore[override]
             rule = fixed_rules.get(id(rule), rule)
@@ -373,7 +406,15 @@ def _converter_class():
                 and kind in ("integer", "number")
                 and any(k in schema for k in _RANGE_KEYS)
             ):
-                return self._add_rule(rule_name, _range_rule(schema, kind == "integer"))
+                try:
+                    return self._add_rule(rule_name, _range_rule(schema, kind == "integer"))
+                except _NoIntegerInside:
+                    if kind == "integer":
+                        raise SchemaError(f"no integer lies within {schema}") from None
+                    # 0.5 to 0.7: no integer part fits; the range is checked after instead.
+                    self.unenforced.append(f"the range of {schema}")
+                    rest = {k: v for k, v in schema.items() if k not in _RANGE_KEYS}
+                    return self.visit(rest, name)
             if not combined and kind in (None, "string") and "pattern" in schema:
                 pattern = _regex_for_gbnf(schema["pattern"])
                 if pattern is not None:
@@ -387,6 +428,24 @@ def _converter_class():
             return super().visit(schema, name)
 
     return Converter
+
+
+class _NoIntegerInside(Exception):
+    """The bounds hold no integer (a number range may still hold fractions)."""
+
+
+def _pointer(schema: dict[str, Any], ref: str) -> Any:
+    """What a local $ref ('#', '#/$defs/x') points at in schema, or SchemaError."""
+    target: Any = schema
+    for part in ref[1:].split("/")[1:]:
+        key = part.replace("~1", "/").replace("~0", "~")
+        if isinstance(target, list) and key.isdigit() and int(key) < len(target):
+            target = target[int(key)]
+        elif isinstance(target, dict) and key in target:
+            target = target[key]
+        else:
+            raise SchemaError(f"$ref {ref!r} points at nothing in the schema")
+    return target
 
 
 def _refuse_remote_refs(schema: Any) -> None:
@@ -452,7 +511,7 @@ def _range_rule(schema: dict[str, Any], integer: bool) -> str:
     more."""
     low, high = _integer_bounds(schema, integer)
     if low is not None and high is not None and low > high:
-        raise SchemaError(f"no {'integer' if integer else 'number'} lies within {schema}")
+        raise _NoIntegerInside
     whole = _int_range_gbnf(low, high)
     if integer:
         return f"({whole}) space"
