@@ -30,6 +30,8 @@ SKIP = {
     "cut.gguf": "needs the truncated file the page makes with head -c",
     "notes.gguf": "needs the text file the page makes",
     "tiny.gguf": "needs the tiny test model (tests/test_engine.py covers it)",
+    "@person.json": "needs the schema file the page shows (tests/test_structured.py covers @file)",
+    "yesno.gbnf": "needs the grammar file the page shows (tests/test_structured.py covers it)",
 }
 PAGES = sorted({doc for doc, *_ in COMMANDS})
 
