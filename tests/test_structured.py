@@ -397,3 +397,12 @@ def test_ranges_with_no_integer_inside():
     for schema in ({"type": "integer", "minimum": 5, "maximum": 3}, {"$ref": "#/$defs/none"}):
         with pytest.raises(structured.SchemaError):
             structured.schema_constraint(schema)
+
+
+def test_run_endpoint_sends_the_grammar(runner, structured_server):
+    result = runner.invoke(app, ["run", "--endpoint", f"{structured_server}/v1", "--api-key", KEY,
+                                 "--schema", "n int, ok bool", "--seed", "3", "-n", "60",
+                                 "--no-stats", "Two fields."])  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    reply = json.loads(result.stdout)
+    assert set(reply) == {"n", "ok"} and isinstance(reply["ok"], bool)
