@@ -406,3 +406,17 @@ def test_run_endpoint_sends_the_grammar(runner, structured_server):
     assert result.exit_code == 0, result.stderr
     reply = json.loads(result.stdout)
     assert set(reply) == {"n", "ok"} and isinstance(reply["ok"], bool)
+
+
+def test_hostile_schemas_are_refused_with_a_reason():
+    nested: dict = {}
+    node = nested
+    for _ in range(300):
+        node["type"], node["properties"] = "object", {"a": {}}
+        node = node["properties"]["a"]
+    wide = {"type": "object", "properties": {f"f{i}": {"type": "integer"} for i in range(900)}}
+    for schema, reason in ((nested, "nests deeper"), (wide, "optional properties")):
+        with pytest.raises(structured.SchemaError, match=reason):
+            structured.schema_constraint(schema)
+    wide["required"] = list(wide["properties"])  # required ones make a linear grammar
+    assert structured.schema_constraint(wide).grammar

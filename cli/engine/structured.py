@@ -69,6 +69,11 @@ _ENFORCED = {
 }
 ENFORCED_FORMATS = {"date", "time", "date-time", "uuid"}
 _RANGE_KEYS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
+# JSON nesting a schema may have (objects and lists, each a level).
+MAX_DEPTH = 128
+# Optional properties of one object: the converter writes every order they may come in as a
+# chain of rules, which takes seconds past a few hundred (900: 7 s), on a server's request path.
+MAX_OPTIONAL_PROPERTIES = 200
 # Most digits the grammar lets an unbounded integer have (llama.cpp's own limit is 16).
 _MAX_DIGITS = 15
 
@@ -141,6 +146,8 @@ def read_schema(spec: str, multi: bool = False) -> dict[str, Any]:
     if text.startswith("{"):
         try:
             schema = json.loads(text)
+        except RecursionError:
+            raise SchemaError(f"the schema nests deeper than {MAX_DEPTH} levels") from None
         except ValueError as error:
             raise SchemaError(f"the schema is not valid JSON: {error}") from None
     else:
@@ -201,6 +208,8 @@ def check_schema(schema: dict[str, Any]) -> None:
     """Refuse a schema that is not a valid JSON Schema, with jsonschema's reason."""
     import jsonschema
 
+    _refuse_deep(schema)
+
     validator_class = jsonschema.validators.validator_for(schema, jsonschema.Draft202012Validator)
     try:
         validator_class.check_schema(schema)
@@ -213,6 +222,7 @@ def check_schema(schema: dict[str, Any]) -> None:
 
 def schema_constraint(schema: dict[str, Any]) -> Constraint:
     """The grammar for a JSON Schema, and the keywords it cannot enforce."""
+    _refuse_deep(schema)
     unenforced: list[str] = []
     grammar = schema_to_gbnf(schema, unenforced)
     unenforced.extend(unenforced_keywords(schema))
@@ -446,6 +456,30 @@ def _pointer(schema: dict[str, Any], ref: str) -> Any:
         else:
             raise SchemaError(f"$ref {ref!r} points at nothing in the schema")
     return target
+
+
+def _refuse_deep(schema: Any) -> None:
+    """Every step here (jsonschema, the converter, llama.cpp's grammar parser) recurses: a
+    schema nested deeper than any real one is refused before it reaches them."""
+    stack = [(schema, 0)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            raise SchemaError(f"the schema nests deeper than {MAX_DEPTH} levels")
+        if isinstance(node, dict):
+            properties = node.get("properties")
+            if isinstance(properties, dict) and len(properties) > MAX_OPTIONAL_PROPERTIES:
+                required = node.get("required") if isinstance(node.get("required"), list) else []
+                optional = len(set(properties) - set(required))
+                if optional > MAX_OPTIONAL_PROPERTIES:
+                    raise SchemaError(
+                        f"an object with {optional} optional properties makes a grammar that "
+                        f"grows with their square: at most {MAX_OPTIONAL_PROPERTIES} (mark "
+                        "some required)"
+                    )
+            stack.extend((value, depth + 1) for value in node.values())
+        elif isinstance(node, list):
+            stack.extend((value, depth + 1) for value in node)
 
 
 def _refuse_remote_refs(schema: Any) -> None:
