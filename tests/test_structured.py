@@ -420,3 +420,36 @@ def test_hostile_schemas_are_refused_with_a_reason():
             structured.schema_constraint(schema)
     wide["required"] = list(wide["properties"])  # required ones make a linear grammar
     assert structured.schema_constraint(wide).grammar
+
+
+@pytest.mark.parametrize("which", ["tiny", "smollm2"])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_the_shortlist_samples_what_the_full_mask_samples(which, temperature, request,
+                                                          monkeypatch):  # fmt: skip
+    """The grammar masks a shortlist of the highest logits before the whole vocabulary; with
+    the same seed the reply must be token for token what masking the whole vocabulary gives."""
+    from cli.engine.engine import Engine, LoadOptions
+    from cli.engine.grammar import GrammarGate
+    from cli.engine.sampling import SamplingParams
+
+    path = request.getfixturevalue("tiny_path" if which == "tiny" else "smollm2_path")
+    constraint = structured.schema_constraint(RECORD)
+    messages = [("system", constraint.describe_for_prompt()), ("user", "One record.")]
+
+    def replies() -> tuple[list[list[int]], int]:
+        tokens, resampled = [], 0
+        with Engine(path, LoadOptions(n_ctx=1024)) as engine:
+            for seed in range(3):
+                # min_p and top_p off: the tail outside the shortlist keeps a share, so a
+                # shortlist that stood in where it must not would change the draws.
+                sampling = SamplingParams(seed=seed, temperature=temperature, min_p=0.0,
+                                          top_p=1.0, grammar=constraint.grammar)  # fmt: skip
+                events = list(engine.stream_chat(messages, 300, sampling))
+                tokens.append([e.token for e in events])
+                resampled += events[-1].grammar_resampled
+        return tokens, resampled
+
+    shortlisted, resampled = replies()
+    assert resampled > 0  # the path under test ran
+    monkeypatch.setattr(GrammarGate, "SHORTLIST", 0)
+    assert replies()[0] == shortlisted

@@ -524,7 +524,9 @@ class SequenceStep:
         self._grammar = None  # each sequence its own grammar state
         if sampling.grammar:
             try:
-                self._grammar = GrammarGate(engine._vocab, sampling.grammar, engine.n_vocab)
+                self._grammar = GrammarGate(
+                    engine._vocab, sampling.grammar, engine.n_vocab, _kept_after_mask(sampling)
+                )
             except Exception:
                 self.close()
                 raise
@@ -581,6 +583,16 @@ class SequenceStep:
         if self._sampler is not None:
             llama.llama_sampler_free(self._sampler)
             self._sampler = None
+
+
+def _kept_after_mask(sampling: SamplingParams) -> int | None:
+    """How many top tokens the chain keeps (1 when greedy); None where it may keep any number
+    or penalties reorder the logits (the grammar then masks the whole vocabulary)."""
+    if sampling.penalizes or sampling.ignore_eos:
+        return None
+    if sampling.temperature <= 0:
+        return 1
+    return sampling.top_k if sampling.top_k > 0 else None
 
 
 def penalties_sampler(sampling: SamplingParams, n_vocab: int):

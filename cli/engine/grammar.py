@@ -5,6 +5,14 @@ stacks, each token (llama.cpp issues 4218, 7554: slow on big vocabularies). Most
 picks are ones the grammar allows anyway, so: sample with the plain chain, test only the chosen
 token against the grammar, and only when the grammar rejects it mask the full candidates with the
 grammar first and sample again (common/sampling.cpp, common_sampler_sample).
+
+That masking pass is the expensive part, and quill shortens it where the result cannot change:
+when the chain keeps only the top k tokens (or is greedy, k = 1) and no penalty reorders the
+logits, the k most likely tokens the grammar allows are among the most likely tokens overall.
+So the grammar first masks a shortlist of the SHORTLIST highest logits; if at least k of them
+pass, the chain samples from that shortlist, which after its top-k cut holds exactly the tokens
+the full mask would have left, in the same order (the same seed picks the same token). Only
+when fewer pass is the whole vocabulary masked.
 """
 
 from __future__ import annotations
@@ -46,9 +54,14 @@ def check_grammar(vocab: object, grammar: str) -> None:
 class GrammarGate:
     """A grammar sampler beside a sequence's sampler chain; sample() picks the next token."""
 
-    def __init__(self, vocab: object, grammar: str, n_vocab: int) -> None:
+    SHORTLIST = 512  # logits masked before the whole vocabulary (0: always the whole)
+
+    def __init__(self, vocab: object, grammar: str, n_vocab: int, top_k: int | None = None) -> None:
+        """top_k: the tokens the chain keeps after the mask (1 when greedy), None when the
+        chain may keep more or reorders logits (penalties): then no shortlist."""
         self._sampler = grammar_sampler(vocab, grammar)
         self._n_vocab = n_vocab
+        self._top_k = top_k
         self._ids = np.arange(n_vocab, dtype=np.int32)
         # Candidates for the whole vocabulary, filled from the logits in numpy and handed to the
         # samplers in place: no Python loop over the vocabulary.
@@ -92,14 +105,38 @@ class GrammarGate:
         llama.llama_sampler_apply(self._sampler, ctypes.byref(self._one_array))
         if one.logit == float("-inf"):
             self.resampled += 1
-            self._fill(ctx, output)
-            llama.llama_sampler_apply(self._sampler, ctypes.byref(self._array))
-            llama.llama_sampler_apply(chain, ctypes.byref(self._array))
-            token = self._chosen()
+            token = self._shortlisted(chain, ctx, output)
+            if token is None:
+                self._fill(ctx, output)
+                llama.llama_sampler_apply(self._sampler, ctypes.byref(self._array))
+                llama.llama_sampler_apply(chain, ctypes.byref(self._array))
+                token = self._chosen()
         llama.llama_sampler_accept(self._sampler, token)
         self.seconds += time.perf_counter() - started
         llama.llama_sampler_accept(chain, token)
         return token
+
+    def _shortlisted(self, chain: object, ctx: object, output: int) -> int | None:
+        """The token sampled from the grammar-masked shortlist, or None when it cannot stand in
+        for the whole vocabulary (fewer than top_k tokens of it pass)."""
+        size = min(self.SHORTLIST, self._n_vocab)
+        if self._top_k is None or size <= self._top_k:
+            return None
+        logits = np.ctypeslib.as_array(llama.llama_get_logits_ith(ctx, output), (self._n_vocab,))
+        top = np.argpartition(logits, self._n_vocab - size)[self._n_vocab - size :]
+        candidates = self._candidates[:size]
+        candidates["id"] = top
+        candidates["logit"] = logits[top]
+        candidates["p"] = 0.0
+        array = self._array
+        array.data = candidates.ctypes.data_as(llama.llama_token_data_p)
+        array.size, array.selected, array.sorted = size, -1, False
+        llama.llama_sampler_apply(self._sampler, ctypes.byref(array))
+        allowed = int(np.count_nonzero(candidates["logit"][: array.size] != -np.inf))
+        if allowed < self._top_k:
+            return None
+        llama.llama_sampler_apply(chain, ctypes.byref(array))
+        return self._chosen()
 
     def close(self) -> None:
         if self._sampler is not None:
