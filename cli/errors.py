@@ -13,6 +13,7 @@ EXIT_MODEL_NOT_FOUND = 3
 EXIT_CONTEXT_OVERFLOW = 4
 EXIT_MODEL_LOAD = 5
 EXIT_ENDPOINT = 6
+EXIT_INVALID_OUTPUT = 7
 EXIT_INTERRUPTED = 130
 
 # What each exit code means, in the words --help uses.
@@ -24,6 +25,7 @@ EXIT_CODES: dict[int, str] = {
     EXIT_CONTEXT_OVERFLOW: "context overflow",
     EXIT_MODEL_LOAD: "model failed to load",
     EXIT_ENDPOINT: "server refused or unreachable",
+    EXIT_INVALID_OUTPUT: "output does not match the schema",
     EXIT_INTERRUPTED: "interrupted",
 }
 
@@ -108,6 +110,13 @@ class EndpointError(QuillError):
 
 class QueueFullError(EndpointError):
     """More requests are waiting than the server accepts; the client should retry later."""
+
+
+class InvalidOutputError(QuillError):
+    """The reply was printed but breaks its --schema or grammar (cut by --max-tokens, or a
+    keyword the grammar could not enforce): pipelines must not take it as data."""
+
+    exit_code = EXIT_INVALID_OUTPUT
 
 
 class Interrupted(QuillError):

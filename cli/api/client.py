@@ -131,6 +131,8 @@ def stream_chat(
         body["seed"] = sampling.seed
     if sampling.ignore_eos:
         body["ignore_eos"] = True
+    if sampling.grammar:  # llama-server's field, which quill serve takes too
+        body["grammar"] = sampling.grammar
     headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
     if api_key:
         headers["Authorization"] = f"Bearer {api_key}"

@@ -8,6 +8,7 @@ No HTTP here: cli/api/http.py carries these over uvicorn and starlette.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 import time
@@ -211,6 +212,7 @@ def parse_request(body: dict, state: ServerState, chat: bool) -> tuple[list[int]
         grammar=grammar,
     )
     stop = _stop_strings(body, limits)
+    sampling = _with_constraint(body, sampling, engine)
     tokens = engine.tokenize(prompt)
     if len(tokens) + 1 > engine.n_ctx:
         raise bad_request(
@@ -307,6 +309,23 @@ def _chat_prompt(
     fmt = call_format(template.family if template is not None else "unknown")
     grammar = forcing_grammar(tools, required, fmt) if tools and required else None
     return ChatReply(prompt, tools, fmt), prompt, grammar
+
+
+def _with_constraint(body: dict, sampling: SamplingParams, engine) -> SamplingParams:
+    """response_format, json_schema or grammar: the grammar the sequence samples under."""
+    from cli.api.structured_request import constraint_from_body
+    from cli.engine.grammar import GrammarError, check_grammar
+
+    constraint = constraint_from_body(body, bad_request)
+    if constraint is None:
+        return sampling
+    if sampling.ignore_eos:
+        raise bad_request("ignore_eos cannot go with a grammar: the reply ends where it does")
+    try:
+        check_grammar(engine._vocab, constraint.grammar)
+    except GrammarError as error:
+        raise bad_request(str(error), "grammar") from None
+    return dataclasses.replace(sampling, grammar=constraint.grammar)
 
 
 def timings(last: StreamEvent, queued_s: float) -> dict[str, float]:

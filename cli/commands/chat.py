@@ -38,6 +38,16 @@ from cli.commands.options import (
     obtain_model,
     sampling_params,
 )
+from cli.commands.structured_options import (
+    FormatOption,
+    GrammarOption,
+    SchemaMultiOption,
+    SchemaOption,
+    StrictOption,
+    build_constraint,
+    constrained_sampling,
+    system_with_schema,
+)
 from cli.commands.templating import (
     ChatTemplateFile,
     Think,
@@ -149,10 +159,18 @@ def chat(
     ] = None,
     chat_template: ChatTemplateFile = None,
     think: Think = None,
+    schema: SchemaOption = None,
+    schema_multi: SchemaMultiOption = False,
+    json_format: FormatOption = None,
+    grammar: GrammarOption = None,
+    strict: StrictOption = False,
 ) -> None:
     """Chat with a model in the terminal: each turn prefills only what is new."""
     from cli.commands.cache import ChatCacheReport, attach_chat_cache, resolve_resume
     from cli.store.models import quill_home
+
+    constraint = build_constraint(schema, schema_multi, json_format, grammar, strict)
+    system = system_with_schema(system, constraint)
 
     if on_overflow not in OVERFLOW_POLICIES:
         raise UsageError(f"--on-overflow takes truncate or error, not {on_overflow!r}")
@@ -170,7 +188,9 @@ def chat(
         stamp = time.strftime("%Y%m%d-%H%M%S")
         transcript = quill_home() / "chats" / f"{stamp}-{label.replace('/', '_')}.json"
     settings = ChatSettings(
-        sampling=sampling_params(temperature, top_k, top_p, min_p, repeat_penalty, seed),
+        sampling=constrained_sampling(
+            sampling_params(temperature, top_k, top_p, min_p, repeat_penalty, seed), constraint
+        ),
         max_tokens=max_tokens,
         stop=tuple(stop or ()),
         on_overflow=on_overflow,
@@ -182,6 +202,7 @@ def chat(
         render.info_line(f"continuing the {session.continued} messages in {transcript}")
     repl = Repl(session, options, offline, verbose, show_stats=not no_stats)
     repl.after_turn = report.after_turn
+    repl.constraint = constraint
     try:
         repl.run()
     finally:
@@ -227,6 +248,7 @@ class Repl:
         self.last_reasoning = ""  # what /think shows
         self.lines_read = 0
         self.after_turn: Callable[[], None] | None = None  # the resumed KV cache's report
+        self.constraint = None  # --schema and co.: each reply is checked against it
 
     # --- input ------------------------------------------------------------------------------
 
@@ -332,6 +354,7 @@ class Repl:
         first_at: float | None = None
         start: TurnStart | None = None
         last: StreamEvent | None = None
+        pieces: list[str] = []
         events = turn()
         text_end = "\n"
         thoughts: list[str] = []
@@ -356,6 +379,7 @@ class Repl:
                 if not folded and thinking_tokens and (item.text or item.finish_reason):
                     render.info_line(f"(thought for {thinking_tokens} tokens; /think shows it)")
                     folded = True
+                pieces.append(item.text)
                 render.write_stdout(item.text)
                 text_end = "\n" if not item.text else ("" if item.text.endswith("\n") else "\n")
         except KeyboardInterrupt:
@@ -386,6 +410,9 @@ class Repl:
             render.info_line(self.last_stats)
         if self.after_turn is not None:
             self.after_turn()
+        problem = self.constraint.problem("".join(pieces), finish) if self.constraint else None
+        if problem is not None:  # the chat goes on; the user is told, as run's exit 7 tells
+            render.warning_line(f"this reply does not match the schema: {problem}")
 
     # --- slash commands ---------------------------------------------------------------------
 

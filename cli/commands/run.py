@@ -27,6 +27,17 @@ from cli.commands.options import (
     read_prompt,
     sampling_params,
 )
+from cli.commands.structured_options import (
+    FormatOption,
+    GrammarOption,
+    SchemaMultiOption,
+    SchemaOption,
+    StrictOption,
+    build_constraint,
+    check_output,
+    constrained_sampling,
+    system_with_schema,
+)
 from cli.commands.templating import (
     ChatTemplateFile,
     Think,
@@ -42,6 +53,7 @@ if TYPE_CHECKING:
     from cli.engine.events import StreamEvent
     from cli.engine.metrics import MetricsRecorder
     from cli.engine.options import LoadOptions
+    from cli.engine.structured import Constraint
 
 
 @dataclass(frozen=True)
@@ -65,6 +77,7 @@ class RunRequest:
     think: bool | None = None  # the template's enable_thinking switch
     think_budget: int | None = None
     hide_thinking: bool = False
+    constraint: Constraint | None = None  # --schema, --format json or --grammar
 
 
 def run(
@@ -155,16 +168,23 @@ def run(
             "--hide-thinking", help="Do not print the reasoning (it goes to stderr otherwise)."
         ),
     ] = False,
+    schema: SchemaOption = None,
+    schema_multi: SchemaMultiOption = False,
+    json_format: FormatOption = None,
+    grammar: GrammarOption = None,
+    strict: StrictOption = False,
 ) -> None:
     """Generate a reply to PROMPT, streamed to stdout; reasoning and timing go to stderr."""
+    constraint = build_constraint(schema, schema_multi, json_format, grammar, strict)
     request = RunRequest(
         prompt=read_prompt(prompt),
         model=model,
         system=system,
         raw=raw,
         max_tokens=max_tokens,
-        sampling=sampling_params(
-            temperature, top_k, top_p, min_p, repeat_penalty, seed, ignore_eos
+        sampling=constrained_sampling(
+            sampling_params(temperature, top_k, top_p, min_p, repeat_penalty, seed, ignore_eos),
+            constraint,
         ),
         stop=tuple(stop or ()),
         offline=offline,
@@ -179,6 +199,7 @@ def run(
         think=think,
         think_budget=think_budget,
         hide_thinking=hide_thinking,
+        constraint=constraint,
     )
     if endpoint and (chat_template or think is not None or think_budget is not None):
         raise UsageError(
@@ -236,7 +257,12 @@ def run_once(request: RunRequest, options: LoadOptions | None = None) -> int:
         if request.prompt_cache_max_bytes is not None:
             store = attach_prompt_cache(backend, request.prompt_cache_max_bytes)
         recorder = MetricsRecorder()  # the request starts here: TTFT includes templating
-        messages = [("system", request.system)] if request.system else []
+        system = (
+            request.system
+            if request.raw
+            else system_with_schema(request.system, request.constraint)
+        )
+        messages = [("system", system)] if system else []
         messages.append(("user", request.prompt))
         if request.raw:
             events = backend.stream_text(
@@ -310,4 +336,9 @@ def _stream(
             render.print_stats(metrics)
     if request.verbose and backend.perf_note():
         render.info_line(backend.perf_note())
-    return EXIT_INTERRUPTED if finish_override else EXIT_OK
+    if request.verbose and request.constraint is not None:
+        render.info_line(render.grammar_line(metrics))
+    if finish_override:
+        return EXIT_INTERRUPTED
+    check_output(request.constraint, text, metrics.finish_reason)
+    return EXIT_OK

@@ -20,7 +20,7 @@ import numpy as np
 
 from cli.engine.events import StreamEvent
 from cli.engine.freecores import CoreLoad, measure_free_cores
-from cli.engine.grammarhook import with_grammar
+from cli.engine.grammar import GrammarGate
 from cli.engine.llamalog import llama_log
 from cli.engine.loading import load_model
 from cli.engine.options import ALL_LAYERS, DEFAULT_CTX, LoadOptions
@@ -684,7 +684,15 @@ class SequenceStep:
         )
         banned = engine.eog_tokens if sampling.ignore_eos else ()
         self._sampler = sampler_chain(sampling, self.seed, prompt_tokens, banned, engine.n_vocab)
-        self._sampler = with_grammar(self._sampler, engine._vocab, sampling.grammar)
+        self._grammar = None  # each sequence its own grammar state
+        if sampling.grammar:
+            try:
+                self._grammar = GrammarGate(
+                    engine._vocab, sampling.grammar, engine.n_vocab, _kept_after_mask(sampling)
+                )
+            except Exception:
+                self.close()
+                raise
         self.text = TextStream(stop)
         self.generated = 0
         self.prefill_s: float | None = None  # None: until the first token, measured from started
@@ -695,7 +703,11 @@ class SequenceStep:
         whether the sequence is finished (end of generation or a stop string: "stop"; the
         token limit or a full context: "length")."""
         engine = self.engine
-        token = engine.sample(self._sampler, output)
+        grammar = self._grammar
+        if grammar is not None:
+            token = grammar.sample(self._sampler, engine._ctx, output)
+        else:
+            token = engine.sample(self._sampler, output)
         now = time.perf_counter()
         self.generated += 1
         if self.generated == 1:
@@ -723,12 +735,27 @@ class SequenceStep:
             stop_string=text.matched_stop,
             seed=self.seed,
             peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+            grammar_s=grammar.seconds if grammar is not None else 0.0,
+            grammar_resampled=grammar.resampled if grammar is not None else 0,
         )
 
     def close(self) -> None:
+        if getattr(self, "_grammar", None) is not None:
+            self._grammar.close()
+            self._grammar = None
         if self._sampler is not None:
             llama.llama_sampler_free(self._sampler)
             self._sampler = None
+
+
+def _kept_after_mask(sampling: SamplingParams) -> int | None:
+    """How many top tokens the chain keeps (1 when greedy); None where it may keep any number
+    or penalties reorder the logits (the grammar then masks the whole vocabulary)."""
+    if sampling.penalizes or sampling.ignore_eos:
+        return None
+    if sampling.temperature <= 0:
+        return 1
+    return sampling.top_k if sampling.top_k > 0 else None
 
 
 def penalties_sampler(sampling: SamplingParams, n_vocab: int):

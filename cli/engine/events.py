@@ -30,6 +30,9 @@ class StreamEvent:
         """ "reasoning" for a thinking token, "answer" otherwise."""
         return "reasoning" if self.thinking else "answer"
 
+    grammar_s: float = 0.0  # time this sequence spent in its grammar (cli/engine/grammar.py)
+    grammar_resampled: int = 0  # tokens the grammar rejected, sampled again under its mask
+
     @property
     def prefill_tokens_per_s(self) -> float:
         new = self.prompt_tokens - self.cached_prompt_tokens

@@ -42,6 +42,8 @@ class RunMetrics:
     thinking_tokens: int = 0
     answer_tokens: int = 0
     time_to_first_answer_s: float | None = None
+    grammar_s: float = 0.0  # in the grammar sampler (structured output); 0 without one
+    grammar_resampled: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -114,6 +116,8 @@ class MetricsRecorder:
             time_to_first_answer_s=(
                 self.first_answer_at - self.started if self.first_answer_at is not None else None
             ),
+            grammar_s=last.grammar_s if last else 0.0,
+            grammar_resampled=last.grammar_resampled if last else 0,
         )
 
 

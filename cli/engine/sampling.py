@@ -20,7 +20,7 @@ class SamplingParams:
     presence_penalty: float = 0.0
     seed: int | None = None  # None: a random seed, reported so the run can be repeated
     ignore_eos: bool = False  # never sample an end-of-generation token (benchmarks)
-    grammar: str | None = None  # GBNF the reply must follow (a forced tool call)
+    grammar: str | None = None  # GBNF (root rule "root") the output must follow
 
     @property
     def penalizes(self) -> bool:

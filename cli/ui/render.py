@@ -144,6 +144,16 @@ def print_timeline(arrivals: list[tuple[float, str]], width: int = 40) -> None:
         console.print(f"  {start:8.1f} – {start + step:8.1f}  {bar} {count}")
 
 
+def grammar_line(metrics: RunMetrics) -> str:
+    """Where structured output's time went: the grammar's share of decoding (--verbose)."""
+    share = metrics.grammar_s / metrics.total_s * 100 if metrics.total_s > 0 else 0.0
+    return (
+        f"grammar {metrics.grammar_s * 1000:.1f} ms ({share:.0f}% of the request) · "
+        f"{metrics.grammar_resampled} of {metrics.generation_tokens} tokens resampled under "
+        "the grammar's mask"
+    )
+
+
 def run_json(
     model: str, path: str, text: str, metrics: RunMetrics, reasoning: str | None = None
 ) -> str:

@@ -1,0 +1,144 @@
+"""One sequence's grammar in the token step, the way llama.cpp's common sampler applies it.
+
+Masking the whole vocabulary with a grammar costs a walk of every candidate through the grammar's
+stacks, each token (llama.cpp issues 4218, 7554: slow on big vocabularies). Most tokens a model
+picks are ones the grammar allows anyway, so: sample with the plain chain, test only the chosen
+token against the grammar, and only when the grammar rejects it mask the full candidates with the
+grammar first and sample again (common/sampling.cpp, common_sampler_sample).
+
+That masking pass is the expensive part, and quill shortens it where the result cannot change:
+when the chain keeps only the top k tokens (or is greedy, k = 1) and no penalty reorders the
+logits, the k most likely tokens the grammar allows are among the most likely tokens overall.
+So the grammar first masks a shortlist of the SHORTLIST highest logits; if at least k of them
+pass, the chain samples from that shortlist, which after its top-k cut holds exactly the tokens
+the full mask would have left, in the same order (the same seed picks the same token). Only
+when fewer pass is the whole vocabulary masked.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import time
+
+import llama_cpp as llama
+import numpy as np
+
+from cli.engine.llamalog import llama_log
+from cli.errors import UsageError
+
+_TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])
+assert _TOKEN_DATA.itemsize == ctypes.sizeof(llama.llama_token_data)
+
+
+class GrammarError(UsageError):
+    """llama.cpp cannot parse a grammar (its log says where)."""
+
+
+def grammar_sampler(vocab: object, grammar: str) -> object:
+    """llama.cpp's grammar sampler for GBNF text with a root rule, or GrammarError."""
+    log = llama_log()
+    log.drain()
+    sampler = llama.llama_sampler_init_grammar(vocab, grammar.encode("utf-8"), b"root")
+    if not sampler:
+        problems = [line for line in log.drain() if line.strip()]
+        reason = "; ".join(problems[-2:]) or "llama.cpp gave no reason"
+        raise GrammarError(f"llama.cpp cannot parse the grammar: {reason}")
+    return sampler
+
+
+def check_grammar(vocab: object, grammar: str) -> None:
+    """GrammarError unless llama.cpp parses grammar (a server checks before queueing)."""
+    llama.llama_sampler_free(grammar_sampler(vocab, grammar))
+
+
+class GrammarGate:
+    """A grammar sampler beside a sequence's sampler chain; sample() picks the next token."""
+
+    SHORTLIST = 512  # logits masked before the whole vocabulary (0: always the whole)
+
+    def __init__(self, vocab: object, grammar: str, n_vocab: int, top_k: int | None = None) -> None:
+        """top_k: the tokens the chain keeps after the mask (1 when greedy), None when the
+        chain may keep more or reorders logits (penalties): then no shortlist."""
+        self._sampler = grammar_sampler(vocab, grammar)
+        self._n_vocab = n_vocab
+        self._top_k = top_k
+        self._ids = np.arange(n_vocab, dtype=np.int32)
+        # Candidates for the whole vocabulary, filled from the logits in numpy and handed to the
+        # samplers in place: no Python loop over the vocabulary.
+        self._candidates = np.zeros(n_vocab, dtype=_TOKEN_DATA)
+        self._array = llama.llama_token_data_array(
+            data=self._candidates.ctypes.data_as(llama.llama_token_data_p),
+            size=n_vocab,
+            selected=-1,
+            sorted=False,
+        )
+        self._one = (llama.llama_token_data * 1)()
+        self._one_array = llama.llama_token_data_array(
+            data=ctypes.cast(self._one, llama.llama_token_data_p), size=1, selected=-1, sorted=False
+        )
+        self.seconds = 0.0  # spent in the grammar: the single-token test, accepts, resampling
+        self.resampled = 0  # tokens the plain chain chose and the grammar rejected
+
+    def _fill(self, ctx: object, output: int) -> None:
+        logits = np.ctypeslib.as_array(llama.llama_get_logits_ith(ctx, output), (self._n_vocab,))
+        candidates = self._candidates
+        candidates["id"] = self._ids
+        candidates["logit"] = logits
+        candidates["p"] = 0.0
+        array = self._array
+        array.data = candidates.ctypes.data_as(llama.llama_token_data_p)
+        array.size, array.selected, array.sorted = self._n_vocab, -1, False
+
+    def _chosen(self) -> int:
+        array = self._array
+        return int(array.data[array.selected].id)
+
+    def sample(self, chain: object, ctx: object, output: int) -> int:
+        """The token chain picks from output's logits within the grammar; both accept it."""
+        self._fill(ctx, output)
+        llama.llama_sampler_apply(chain, ctypes.byref(self._array))
+        token = self._chosen()
+        started = time.perf_counter()
+        one = self._one[0]
+        one.id, one.logit, one.p = token, 1.0, 0.0
+        self._one_array.size, self._one_array.selected = 1, -1
+        llama.llama_sampler_apply(self._sampler, ctypes.byref(self._one_array))
+        if one.logit == float("-inf"):
+            self.resampled += 1
+            token = self._shortlisted(chain, ctx, output)
+            if token is None:
+                self._fill(ctx, output)
+                llama.llama_sampler_apply(self._sampler, ctypes.byref(self._array))
+                llama.llama_sampler_apply(chain, ctypes.byref(self._array))
+                token = self._chosen()
+        llama.llama_sampler_accept(self._sampler, token)
+        self.seconds += time.perf_counter() - started
+        llama.llama_sampler_accept(chain, token)
+        return token
+
+    def _shortlisted(self, chain: object, ctx: object, output: int) -> int | None:
+        """The token sampled from the grammar-masked shortlist, or None when it cannot stand in
+        for the whole vocabulary (fewer than top_k tokens of it pass)."""
+        size = min(self.SHORTLIST, self._n_vocab)
+        if self._top_k is None or size <= self._top_k:
+            return None
+        logits = np.ctypeslib.as_array(llama.llama_get_logits_ith(ctx, output), (self._n_vocab,))
+        top = np.argpartition(logits, self._n_vocab - size)[self._n_vocab - size :]
+        candidates = self._candidates[:size]
+        candidates["id"] = top
+        candidates["logit"] = logits[top]
+        candidates["p"] = 0.0
+        array = self._array
+        array.data = candidates.ctypes.data_as(llama.llama_token_data_p)
+        array.size, array.selected, array.sorted = size, -1, False
+        llama.llama_sampler_apply(self._sampler, ctypes.byref(array))
+        allowed = int(np.count_nonzero(candidates["logit"][: array.size] != -np.inf))
+        if allowed < self._top_k:
+            return None
+        llama.llama_sampler_apply(chain, ctypes.byref(array))
+        return self._chosen()
+
+    def close(self) -> None:
+        if self._sampler is not None:
+            llama.llama_sampler_free(self._sampler)
+            self._sampler = None
