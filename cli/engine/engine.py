@@ -13,6 +13,7 @@ import resource
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import llama_cpp as llama
 import numpy as np
@@ -27,6 +28,9 @@ from cli.engine.textstream import TextStream
 from cli.errors import ContextOverflowError, ModelLoadError, UsageError
 from quant.gguf import GGUFError, check_gguf_magic, head_dims
 from quant.kv import QUANTIZED_KV_TYPES, ggml_type, kv_cache_bytes
+
+if TYPE_CHECKING:
+    from cli.engine.speculative import Speculator
 
 _LLAMA_ALL_LAYERS = 0x7FFFFFFF
 
@@ -103,6 +107,7 @@ class Engine:
         self._cached: list[list[int]] = [[] for _ in range(self.parallel)]
         self._batch = None  # one llama_batch of n_batch tokens, made at the first decode
         self._outputs = 0  # tokens of the last decode that asked for logits
+        self.speculator: Speculator | None = None  # set by cli/engine/speculative.py's attach
 
     def _refuse_impossible_kv_types(self) -> None:
         """Quantized KV caches store blocks of 32 values per head: the head size must divide."""
@@ -169,6 +174,17 @@ class Engine:
     @property
     def n_vocab(self) -> int:
         return llama.llama_vocab_n_tokens(self._vocab)
+
+    @property
+    def vocab_handle(self) -> object:
+        """llama.cpp's vocabulary of the model (for comparing a draft model's)."""
+        return self._vocab
+
+    @property
+    def is_recurrent(self) -> bool:
+        """Whether the model keeps a recurrent state, whose cells cannot be partly removed."""
+        model = self._model
+        return bool(llama.llama_model_is_recurrent(model) or llama.llama_model_is_hybrid(model))
 
     @functools.cached_property
     def eog_tokens(self) -> tuple[int, ...]:
@@ -302,6 +318,9 @@ class Engine:
         step = SequenceStep(self, prompt_tokens, max_tokens, sampling, stop, cached, started)
         step.prefill_s = time.perf_counter() - started
         try:
+            if self.speculator is not None:
+                yield from self.speculator.decode(self, step, output, sampling)
+                return
             while True:
                 event = step.sample(output)
                 yield event
@@ -340,6 +359,13 @@ class Engine:
         llama.llama_memory_seq_rm(llama.llama_get_memory(self._ctx), seq, common, -1)
         del self._cached[seq][common:]
         return common
+
+    def keep_prefix(self, seq: int, n_tokens: int) -> None:
+        """Keep the KV cells of the first n_tokens of seq and free the rest (speculative
+        decoding's rejected guesses)."""
+        if n_tokens < len(self._cached[seq]):
+            llama.llama_memory_seq_rm(llama.llama_get_memory(self._ctx), seq, n_tokens, -1)
+            del self._cached[seq][n_tokens:]
 
     def forget(self, seq: int) -> None:
         """Free every KV cell of sequence seq."""
@@ -435,6 +461,9 @@ class Engine:
         }
 
     def close(self) -> None:
+        if getattr(self, "speculator", None) is not None:
+            self.speculator.close()
+            self.speculator = None
         if getattr(self, "_batch", None) is not None:
             llama.llama_batch_free(self._batch)
             self._batch = None
