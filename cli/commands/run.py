@@ -26,6 +26,13 @@ from cli.commands.options import (
     read_prompt,
     sampling_params,
 )
+from cli.commands.speculation import (
+    DraftModel,
+    DraftTokens,
+    SpecMode,
+    attach_speculation,
+    check_spec_flags,
+)
 from cli.engine.sampling import SamplingParams
 from cli.errors import EXIT_INTERRUPTED, EXIT_OK
 
@@ -52,6 +59,9 @@ class RunRequest:
     verbose: bool = False
     endpoint: str | None = None  # an OpenAI-compatible server instead of a local model
     api_key: str | None = None
+    spec: str = "off"  # speculative decoding: off, ngram or draft (cli/engine/speculative.py)
+    draft: str | None = None
+    draft_tokens: int | None = None
 
 
 def run(
@@ -131,8 +141,12 @@ def run(
         ),
     ] = None,
     api_key: ApiKey = None,
+    spec: SpecMode = "off",
+    draft: DraftModel = None,
+    draft_tokens: DraftTokens = None,
 ) -> None:
     """Generate a reply to PROMPT, streamed to stdout; timing goes to stderr."""
+    check_spec_flags(spec, draft, draft_tokens, endpoint)
     request = RunRequest(
         prompt=read_prompt(prompt),
         model=model,
@@ -150,6 +164,9 @@ def run(
         verbose=verbose,
         endpoint=endpoint,
         api_key=api_key,
+        spec=spec,
+        draft=draft,
+        draft_tokens=draft_tokens,
     )
     options = None if endpoint else load_options(ctx, threads, gpu_layers, kv_type, kv_k, kv_v)
     raise typer.Exit(run_once(request, options))
@@ -178,7 +195,11 @@ def open_backend(request: RunRequest, options: LoadOptions | None) -> tuple[str,
         render.info_line(render.memory_line(plan(shape, n_ctx, *kv)))
     from cli.store.registry import load_registry
 
-    return request.model or load_registry().default, Engine(path, options, request.verbose)
+    engine = Engine(path, options, request.verbose)
+    attach_speculation(
+        engine, request.spec, request.draft, request.draft_tokens, request.offline, request.verbose
+    )
+    return request.model or load_registry().default, engine
 
 
 def run_once(request: RunRequest, options: LoadOptions | None = None) -> int:

@@ -37,6 +37,7 @@ class RunMetrics:
     gpu_layers: int
     seed: int | None
     peak_rss_bytes: int | None
+    speculation: dict[str, Any] | None = None  # speculative decoding's counts (SpecStats)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -99,7 +100,14 @@ class MetricsRecorder:
             gpu_layers=engine.gpu_layers,
             seed=last.seed if last else None,
             peak_rss_bytes=last.peak_rss_bytes if last else None,
+            speculation=_speculation(engine),
         )
+
+
+def _speculation(engine: Backend) -> dict[str, Any] | None:
+    speculator = getattr(engine, "speculator", None)
+    stats = speculator.last_stats if speculator is not None else None
+    return stats.as_dict() if stats is not None else None
 
 
 def _percentiles(values: list[float]) -> tuple[float | None, float | None]:

@@ -45,10 +45,11 @@ if TYPE_CHECKING:
 SPEC_MODES = ("off", "ngram", "draft")
 NGRAM_LONGEST = 4  # n-grams looked up, longest first: a longer match predicts better
 NGRAM_SHORTEST = 2  # single tokens match everywhere and mostly predict wrong
-START_TOKENS = {"ngram": 8, "draft": 4}  # k at the start of a reply
+START_TOKENS = {"ngram": 4, "draft": 4}  # k at the start of a reply
 MOST_TOKENS = {"ngram": 16, "draft": 8}  # a draft model's guesses cost a decode each
 PLAIN_PROBES = 2  # plain steps at the start of a reply: the cost speculation must beat
 JUDGE_AFTER_STEPS = 6  # verification steps before the off-switch may judge
+RECENT_WEIGHT = 0.25  # how much the latest step moves the running costs the off-switch compares
 VOCAB_SIZE_SLACK = 128  # padded vocabularies of one family differ at the end (llama.cpp's rule)
 
 
@@ -259,6 +260,7 @@ class Speculator:
         k = self.options.draft_tokens or START_TOKENS[self.mode]
         most = self.options.draft_tokens or MOST_TOKENS[self.mode]
         seq = step.seq
+        costs = RecentCosts()
         if speculating:  # a draft model reads the prompt now: part of the time to first token
             self.drafter.prepare(engine.cached(seq))
         event = step.sample(output)
@@ -285,6 +287,7 @@ class Speculator:
             else:
                 stats.plain_steps += 1
                 stats.plain_s += spent
+                costs.plain = _recent(costs.plain, spent)
             for position, index in enumerate(outputs):
                 event = step.sample(index)
                 agreed = position < len(guesses) and event.token == guesses[position]
@@ -296,6 +299,7 @@ class Speculator:
             if guesses:
                 stats.spec_tokens += emitted
                 stats.bursts.append(emitted)
+                costs.spec = _recent(costs.spec, spent / emitted)
             # Plain decoding would hold every token but the last sampled one: the rejected
             # guesses' cells go (and, at the finish, the confirmed ones past the last token).
             engine.keep_prefix(seq, cached + emitted)
@@ -305,7 +309,8 @@ class Speculator:
             pending = event.token
             if guesses and adaptive:
                 k = _next_k(k, len(guesses), emitted - 1, most)
-                if stats.verify_steps >= JUDGE_AFTER_STEPS and _slower(stats):
+                # Only when even one guess per step loses: a shorter k is tried first.
+                if k == 1 and stats.verify_steps >= JUDGE_AFTER_STEPS and costs.slower():
                     speculating = False
                     stats.switched_off_after = step.generated
 
@@ -319,10 +324,19 @@ def _next_k(k: int, drafted: int, confirmed: int, most: int) -> int:
     return k
 
 
-def _slower(stats: SpecStats) -> bool:
-    """Whether verification passes have cost more per token than plain one-token steps."""
-    plain, spec = stats.plain_tokens_per_s, stats.spec_tokens_per_s
-    return plain is not None and spec is not None and spec < plain
+@dataclass
+class RecentCosts:
+    """Seconds per token lately: of plain one-token steps, and of drafting plus verifying."""
+
+    plain: float | None = None
+    spec: float | None = None
+
+    def slower(self) -> bool:
+        return self.plain is not None and self.spec is not None and self.spec > self.plain
+
+
+def _recent(running: float | None, latest: float) -> float:
+    return latest if running is None else running + RECENT_WEIGHT * (latest - running)
 
 
 def attach(

@@ -52,9 +52,26 @@ def stats_parts(metrics: RunMetrics) -> list[tuple[str, str]]:
         ("threads", threads),
         ("GPU layers", str(m.gpu_layers)),
     ]
+    if m.speculation is not None:
+        parts.insert(4, ("spec", speculation_text(m.speculation)))
     if local:
         return parts
     return [(label, value) for label, value in parts if label in REMOTE_PARTS]
+
+
+def speculation_text(spec: dict[str, Any]) -> str:
+    """What speculative decoding did: guesses kept, and the plain decode speed it beat (or
+    did not)."""
+    if spec["note"]:
+        return f"{spec['mode']} {spec['note']}"
+    text = f"{spec['mode']} accepted {spec['accepted']}/{spec['drafted']}"
+    if spec["acceptance_rate"] is not None:
+        text += f" ({spec['acceptance_rate']:.0%})"
+    if spec["plain_tokens_per_s"] is not None:
+        text += f", plain steps {spec['plain_tokens_per_s']:.1f} tok/s"
+    if spec["switched_off_after"] is not None:
+        text += f", off after {spec['switched_off_after']} tok (slower than plain)"
+    return text
 
 
 REMOTE_PARTS = ("TTFT", "prefill", "decode", "ITL", "total", "finish")
