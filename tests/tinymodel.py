@@ -23,6 +23,7 @@ def write_tiny_llama(
     n_ff: int = 128,
     context_length: int = 4096,
     seed: int = 0,
+    reverse_tokens_from: int | None = None,
 ) -> Path:
     reader = GGUFReader(tokenizer_from)
     writer = GGUFWriter(str(path), "llama")
@@ -41,6 +42,9 @@ def write_tiny_llama(
         if not name.startswith("tokenizer."):
             continue
         value = field.contents()
+        if name == "tokenizer.ggml.tokens" and reverse_tokens_from is not None:
+            # Another vocabulary of the same size: ids from there on name other tokens.
+            value = value[:reverse_tokens_from] + value[reverse_tokens_from:][::-1]
         sub_type = field.types[1] if field.types[0] == GGUFValueType.ARRAY else None
         writer.add_key_value(name, value, field.types[0], sub_type)
         if name == "tokenizer.ggml.tokens":

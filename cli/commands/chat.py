@@ -38,6 +38,13 @@ from cli.commands.options import (
     obtain_model,
     sampling_params,
 )
+from cli.commands.speculation import (
+    DraftModel,
+    DraftTokens,
+    SpecMode,
+    attach_speculation,
+    check_spec_flags,
+)
 from cli.engine.backend import Backend
 from cli.engine.chatsession import (
     OVERFLOW_POLICIES,
@@ -132,15 +139,23 @@ def chat(
         ),
     ] = None,
     api_key: ApiKey = None,
+    spec: SpecMode = "off",
+    draft: DraftModel = None,
+    draft_tokens: DraftTokens = None,
 ) -> None:
     """Chat with a model in the terminal: each turn prefills only what is new."""
     from cli.store.models import quill_home
+
+    check_spec_flags(spec, draft, draft_tokens, endpoint)
 
     if on_overflow not in OVERFLOW_POLICIES:
         raise UsageError(f"--on-overflow takes truncate or error, not {on_overflow!r}")
     chosen = model_name(name, model)
     options = load_options(ctx, threads, gpu_layers, kv_type, kv_k, kv_v)
     label, backend = open_chat_backend(chosen, options, offline, verbose, endpoint, api_key)
+    speculation = (spec, draft, draft_tokens)
+    if not endpoint:
+        attach_speculation(backend, *speculation, offline, verbose)
     if transcript is None:
         stamp = time.strftime("%Y%m%d-%H%M%S")
         transcript = quill_home() / "chats" / f"{stamp}-{label.replace('/', '_')}.json"
@@ -154,6 +169,7 @@ def chat(
     if session.continued:
         render.info_line(f"continuing the {session.continued} messages in {transcript}")
     repl = Repl(session, options, offline, verbose, show_stats=not no_stats)
+    repl.speculation = speculation
     repl.run()
 
 
@@ -178,6 +194,8 @@ def open_chat_backend(
 
 
 class Repl:
+    speculation: tuple[str, str | None, int | None] = ("off", None, None)  # --spec, --draft, K
+
     def __init__(
         self,
         session: ChatSession,
@@ -339,6 +357,10 @@ class Repl:
         )
         if session.backend.n_ctx:  # a server keeps its own window
             self.last_stats += f" · context {session.context_used()}/{session.backend.n_ctx}"
+        speculator = getattr(session.backend, "speculator", None)
+        if speculator is not None and speculator.last_stats is not None:
+            spec = speculator.last_stats.as_dict()
+            self.last_stats += f" · spec {render.speculation_text(spec)}"
         if self.show_stats:
             render.info_line(self.last_stats)
 
@@ -425,6 +447,11 @@ class Repl:
 
         label, path = obtain_model(name, self.offline)
         engine = Engine(path, self.options, verbose=self.verbose)
+        try:
+            attach_speculation(engine, *self.speculation, self.offline, self.verbose)
+        except QuillError:
+            engine.close()
+            raise
         old = self.session.backend
         self.session.backend = engine
         self.session.model_name = label

@@ -345,7 +345,9 @@ def attach(
     """Give engine a Speculator for options (mode off: none). A draft engine must already be
     loaded (through the same loader as every model) with the target's context size; a draft of
     another vocabulary is refused, and closed."""
-    engine.speculator = None
+    if engine.speculator is not None:  # one at a time: the old one's draft model goes
+        engine.speculator.close()
+        engine.speculator = None
     if options.mode == "off":
         if draft is not None:
             draft.close()
