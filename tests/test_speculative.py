@@ -280,3 +280,15 @@ def test_ngram_drafter_proposes_what_followed_the_latest_match():
     assert drafter.propose(history, 3) == [3, 7, 8]
     assert drafter.propose([*history, 3], 2) == [7, 8]
     assert drafter.propose([6, 6, 0], 4) == []  # a new reply: nothing matches
+
+
+def test_bench_rows_per_speculation_mode(runner, tiny_path):
+    grid = ["-p", "0", "-n", "24", "-r", "1", "-t", "1", "--json"]
+    spec = ["--spec", "off,ngram,draft", "--draft", str(tiny_path), "--draft-tokens", "3"]
+    result = runner.invoke(app, ["bench", str(tiny_path), *grid, *spec])
+    assert result.exit_code == 0, result.stderr
+    rows = {row["test"]: row for row in json.loads(result.stdout)["rows"]}
+    assert set(rows) == {"tg24", "tg24+ngram", "tg24+draft"}
+    assert rows["tg24"]["acceptance_rate"] is None
+    assert 0.5 < rows["tg24+draft"]["acceptance_rate"] <= 1  # the model drafting for itself
+    assert all(row["tokens_per_s"] > 0 for row in rows.values())
