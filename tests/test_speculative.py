@@ -292,3 +292,13 @@ def test_bench_rows_per_speculation_mode(runner, tiny_path):
     assert rows["tg24"]["acceptance_rate"] is None
     assert 0.5 < rows["tg24+draft"]["acceptance_rate"] <= 1  # the model drafting for itself
     assert all(row["tokens_per_s"] > 0 for row in rows.values())
+
+
+def test_timeline_marks_the_accepted_guesses(runner, smollm2_path):
+    args = ["run", "--temperature", "0", "-n", "40", "--raw", "--timeline", COPY]
+    result = runner.invoke(app, [*args, "--spec", "ngram", "--draft-tokens", "4"])
+    assert result.exit_code == 0, result.stderr
+    accepted = int(re.search(r"spec ngram accepted (\d+)/", result.stderr).group(1))
+    marked = re.findall(r"^\s+\d+\+ ", result.stderr, flags=re.MULTILINE)
+    rows = re.findall(r"^\s+\d+[+ ] ", result.stderr, flags=re.MULTILINE)
+    assert accepted > 0 and len(marked) == accepted and len(rows) == 40

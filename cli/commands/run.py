@@ -261,7 +261,9 @@ def _stream(
         if text and not text.endswith("\n"):  # a reply is a line, on a terminal or in a file
             render.write_stdout("\n")
         if request.timeline:
-            render.print_timeline(recorder.arrivals())
+            speculator = getattr(backend, "speculator", None)
+            stats = speculator.last_stats if speculator is not None else None
+            render.print_timeline(recorder.arrivals(), guessed=stats.guessed if stats else ())
         if request.show_stats:
             render.print_stats(metrics)
     if request.verbose and backend.perf_note():

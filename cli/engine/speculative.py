@@ -80,6 +80,7 @@ class SpecStats:
     switched_off_after: int | None = None  # generated tokens when it turned itself off
     note: str | None = None  # why speculation did not run
     bursts: list[int] = field(default_factory=list)  # tokens per verification pass
+    guessed: list[int] = field(default_factory=list)  # numbers (from 1) of accepted guesses
 
     @property
     def acceptance_rate(self) -> float | None:
@@ -96,7 +97,7 @@ class SpecStats:
 
     def as_dict(self) -> dict[str, Any]:
         data = asdict(self)
-        del data["bursts"]
+        del data["bursts"], data["guessed"]
         data["acceptance_rate"] = self.acceptance_rate
         data["plain_tokens_per_s"] = self.plain_tokens_per_s
         data["spec_tokens_per_s"] = self.spec_tokens_per_s
@@ -292,6 +293,8 @@ class Speculator:
                 event = step.sample(index)
                 agreed = position < len(guesses) and event.token == guesses[position]
                 stats.accepted += agreed
+                if agreed:
+                    stats.guessed.append(step.generated)
                 if event.finish_reason is not None or not agreed:
                     break
                 yield event

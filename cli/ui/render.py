@@ -6,6 +6,7 @@ import itertools
 import json
 import os
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 from rich.console import Console
@@ -87,14 +88,20 @@ def print_stats(metrics: RunMetrics) -> None:
     stderr_console.print(line)
 
 
-def print_timeline(arrivals: list[tuple[float, str]], width: int = 40) -> None:
-    """When each token arrived, then how the gaps between tokens are spread."""
+def print_timeline(
+    arrivals: list[tuple[float, str]], width: int = 40, guessed: Sequence[int] = ()
+) -> None:
+    """When each token arrived, then how the gaps between tokens are spread. Tokens numbered
+    in guessed were accepted speculative guesses: marked +, they arrive in bursts."""
     console = stderr_console
     console.print(Text("token  arrived (ms)  gap (ms)  text", style="bold"))
     previous = None
+    marked = set(guessed)
     for index, (at, text) in enumerate(arrivals, start=1):
         gap = "" if previous is None else f"{at - previous:8.1f}"
-        console.print(f"{index:5d}  {at:12.1f}  {gap:>8}  {json.dumps(text, ensure_ascii=False)}")
+        mark = "+" if index in marked else " "
+        shown = json.dumps(text, ensure_ascii=False)
+        console.print(f"{index:5d}{mark} {at:12.1f}  {gap:>8}  {shown}")
         previous = at
     gaps = [b[0] - a[0] for a, b in itertools.pairwise(arrivals)]
     if len(gaps) < 2:
