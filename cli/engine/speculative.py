@@ -48,8 +48,9 @@ NGRAM_SHORTEST = 2  # single tokens match everywhere and mostly predict wrong
 START_TOKENS = {"ngram": 4, "draft": 4}  # k at the start of a reply
 MOST_TOKENS = {"ngram": 16, "draft": 8}  # a draft model's guesses cost a decode each
 PLAIN_PROBES = 2  # plain steps at the start of a reply: the cost speculation must beat
-JUDGE_AFTER_STEPS = 6  # verification steps before the off-switch may judge
-RECENT_WEIGHT = 0.25  # how much the latest step moves the running costs the off-switch compares
+JUDGE_AFTER_STEPS = 10  # verification steps before the off-switch may judge
+RECENT_WEIGHT = 0.25  # how much the latest step moves a running cost
+HELD_MEMORY = 0.85  # how much of the guesses' record each verification step keeps
 VOCAB_SIZE_SLACK = 128  # padded vocabularies of one family differ at the end (llama.cpp's rule)
 
 
@@ -261,7 +262,7 @@ class Speculator:
         k = self.options.draft_tokens or START_TOKENS[self.mode]
         most = self.options.draft_tokens or MOST_TOKENS[self.mode]
         seq = step.seq
-        costs = RecentCosts()
+        costs = CostModel()
         if speculating:  # a draft model reads the prompt now: part of the time to first token
             self.drafter.prepare(engine.cached(seq))
         event = step.sample(output)
@@ -279,8 +280,10 @@ class Speculator:
             guesses: list[int] = []
             if speculating and not probing and room > 0:
                 guesses = self.drafter.propose([*engine.cached(seq), pending], room)
+            drafted_at = time.perf_counter()
             outputs = engine.decode([(seq, pending, True)] + [(seq, t, True) for t in guesses])
-            spent = time.perf_counter() - started
+            finished_at = time.perf_counter()
+            spent = finished_at - started
             if guesses:
                 stats.verify_steps += 1
                 stats.drafted += len(guesses)
@@ -288,7 +291,7 @@ class Speculator:
             else:
                 stats.plain_steps += 1
                 stats.plain_s += spent
-                costs.plain = _recent(costs.plain, spent)
+                costs.observe_plain(spent)
             for position, index in enumerate(outputs):
                 event = step.sample(index)
                 agreed = position < len(guesses) and event.token == guesses[position]
@@ -302,7 +305,9 @@ class Speculator:
             if guesses:
                 stats.spec_tokens += emitted
                 stats.bursts.append(emitted)
-                costs.spec = _recent(costs.spec, spent / emitted)
+                costs.observe_verify(
+                    len(guesses), emitted - 1, drafted_at - started, finished_at - drafted_at
+                )
             # Plain decoding would hold every token but the last sampled one: the rejected
             # guesses' cells go (and, at the finish, the confirmed ones past the last token).
             engine.keep_prefix(seq, cached + emitted)
@@ -311,11 +316,16 @@ class Speculator:
                 return
             pending = event.token
             if guesses and adaptive:
-                k = _next_k(k, len(guesses), emitted - 1, most)
-                # Only when even one guess per step loses: a shorter k is tried first.
-                if k == 1 and stats.verify_steps >= JUDGE_AFTER_STEPS and costs.slower():
+                best = costs.best_k(most)
+                if best is None:  # not measured yet: grow while guesses hold, else shrink
+                    k = _next_k(k, len(guesses), emitted - 1, most)
+                elif best > 0:
+                    k = best
+                elif stats.verify_steps >= JUDGE_AFTER_STEPS:  # no k beats a plain step
                     speculating = False
                     stats.switched_off_after = step.generated
+                else:
+                    k = 1  # too early to judge: keep measuring at the least cost
 
 
 def _next_k(k: int, drafted: int, confirmed: int, most: int) -> int:
@@ -328,14 +338,47 @@ def _next_k(k: int, drafted: int, confirmed: int, most: int) -> int:
 
 
 @dataclass
-class RecentCosts:
-    """Seconds per token lately: of plain one-token steps, and of drafting plus verifying."""
+class CostModel:
+    """What steps cost and how often guesses hold, measured in this reply. With a chance a that
+    each guess holds, k guesses yield (1 - a^(k+1)) / (1 - a) tokens (the model's own token
+    comes with the first miss, or after the last guess) for a step that costs a plain step plus
+    k times (a batch position + drafting one guess). The best k yields most tokens per second;
+    0 when none beats a plain step."""
 
-    plain: float | None = None
-    spec: float | None = None
+    plain: float | None = None  # seconds of a one-token step
+    per_position: float | None = None  # seconds each guess adds to a verification batch
+    per_guess: float | None = None  # seconds of drafting one guess (next to 0 for prompt lookup)
+    held: float = 0.0  # guesses that held, recent ones counting most
+    tried: float = 0.0  # guesses put to the test, alike
 
-    def slower(self) -> bool:
-        return self.plain is not None and self.spec is not None and self.spec > self.plain
+    def observe_plain(self, seconds: float) -> None:
+        self.plain = _recent(self.plain, seconds)
+
+    def observe_verify(self, guesses: int, held: int, draft_s: float, verify_s: float) -> None:
+        if self.plain is not None:
+            extra = max(verify_s - self.plain, 0.0) / guesses
+            self.per_position = _recent(self.per_position, extra)
+        self.per_guess = _recent(self.per_guess, draft_s / guesses)
+        self.held = self.held * HELD_MEMORY + held
+        self.tried = self.tried * HELD_MEMORY + held + (held < guesses)
+
+    @property
+    def acceptance(self) -> float | None:
+        return self.held / self.tried if self.tried else None
+
+    def best_k(self, most: int) -> int | None:
+        """The k with most tokens per second (0: a plain step); None until measured."""
+        a = self.acceptance
+        if self.plain is None or self.per_position is None or self.per_guess is None or a is None:
+            return None
+        a = min(a, 0.99)
+        best, best_rate = 0, 1.0 / self.plain
+        for k in range(1, most + 1):
+            expected = (1 - a ** (k + 1)) / (1 - a)
+            rate = expected / (self.plain + k * (self.per_position + self.per_guess))
+            if rate > best_rate:
+                best, best_rate = k, rate
+        return best
 
 
 def _recent(running: float | None, latest: float) -> float:
