@@ -13,7 +13,7 @@ import resource
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import llama_cpp as llama
 import numpy as np
@@ -29,13 +29,20 @@ from cli.errors import ContextOverflowError, ModelLoadError, UsageError
 from quant.gguf import GGUFError, check_gguf_magic, head_dims
 from quant.kv import QUANTIZED_KV_TYPES, ggml_type, kv_cache_bytes
 
-if TYPE_CHECKING:
-    from cli.engine.speculative import Speculator
-
 _LLAMA_ALL_LAYERS = 0x7FFFFFFF
 
 
 DEFAULT_SAMPLING = SamplingParams()
+
+
+class Speculator(Protocol):
+    """What stream_generate asks of speculative decoding (cli/engine/speculative.py)."""
+
+    def decode(
+        self, engine: Engine, step: SequenceStep, output: int, sampling: SamplingParams
+    ) -> Iterator[StreamEvent]: ...
+
+    def close(self) -> None: ...
 
 
 class Engine:
