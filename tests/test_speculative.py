@@ -302,3 +302,13 @@ def test_timeline_marks_the_accepted_guesses(runner, smollm2_path):
     marked = re.findall(r"^\s+\d+\+ ", result.stderr, flags=re.MULTILINE)
     rows = re.findall(r"^\s+\d+[+ ] ", result.stderr, flags=re.MULTILINE)
     assert accepted > 0 and len(marked) == accepted and len(rows) == 40
+
+
+def test_verbose_memory_plan_counts_the_draft_model(runner, tiny_path):
+    args = ["run", "-m", str(tiny_path), "--temperature", "0", "-n", "4", "--raw", "--verbose"]
+    result = runner.invoke(app, [*args, "--spec", "draft", "--draft", str(tiny_path), "Hi"])
+    assert result.exit_code == 0, result.stderr
+    plans = [line for line in result.stderr.splitlines() if "memory plan at" in line]
+    assert len(plans) == 2 and plans[1].startswith("draft ")
+    # The same file with the same context: the draft's plan is the model's own.
+    assert plans[1].split(": ", 1)[1] == plans[0]

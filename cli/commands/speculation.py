@@ -77,6 +77,12 @@ def attach_speculation(
     from cli.engine.options import LoadOptions
 
     label, path = obtain_model(draft, offline, verbose)
+    if verbose:  # the draft's weights and KV cache come on top of the model's
+        from cli.ui import render
+        from quant.memory import ModelShape, plan
+
+        memory = plan(ModelShape.from_gguf(path), engine.n_ctx, engine.kv_type_k, engine.kv_type_v)
+        render.info_line(f"draft {label}: {render.memory_line(memory)}")
     draft_options = LoadOptions(
         n_ctx=engine.n_ctx,
         threads=engine.threads,
