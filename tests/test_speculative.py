@@ -1,7 +1,7 @@
 """Speculative decoding (cli/engine/speculative.py): greedy output with speculation is the plain
 greedy output, token for token, on SmolLM2 and the tiny model, templated and raw, with stop
 strings, at max_tokens boundaries, across chat turns and with a q8_0 KV cache; a draft model of
-another vocabulary is refused; sampling at temperature > 0 is not speculated.
+another vocabulary is refused; seeded sampling keeps its distribution (a chi-square test).
 
 Speculation verifies k+1 tokens in one batch where plain decoding feeds one, and llama.cpp's
 kernels may sum a batch in another order: where two tokens are nearly tied, the pick can flip.
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -235,16 +236,65 @@ def test_run_cli_draft_model_stats_line(runner, smollm2_path):
     assert "spec draft accepted" in result.stderr
 
 
-def test_temperature_above_zero_is_not_speculated(runner, smollm2_path):
-    """Greedy only: with sampling the reply says speculation is off and nothing is drafted."""
-    args = ["run", "--json", "--temperature", "0.8", "--seed", "7", "-n", "24", "--raw", COPY]
-    plain = json.loads(runner.invoke(app, args).stdout)
-    result = runner.invoke(app, [*args, "--spec", "ngram"])
-    assert result.exit_code == 0, result.stderr
-    spec = json.loads(result.stdout)
-    assert spec["speculation"]["drafted"] == 0 and spec["speculation"]["verify_steps"] == 0
-    assert "temperature > 0" in spec["speculation"]["note"]
-    assert spec["text"] == plain["text"]  # the same seeded sampler, untouched
+def pairs_sampled(engine: Engine, prompt: list[int], seeds: range, temperature: float = 1.0):
+    """How often each (first, second) token pair comes out over many seeds. With a limit of
+    3 tokens the second token is the one a guess is tested for (the first comes from the
+    prefill), so it is where a wrong acceptance rule would show."""
+    counts: Counter[tuple[int, int]] = Counter()
+    for seed in seeds:
+        sampling = SamplingParams(temperature=temperature, top_k=6, top_p=1.0, min_p=0.0, seed=seed)
+        tokens = [event.token for event in engine.stream_generate(prompt, 3, sampling)]
+        counts[(tokens[0], tokens[1])] += 1
+    return counts
+
+
+def same_distribution(a: Counter, b: Counter) -> tuple[bool, float, float]:
+    """Chi-square test of homogeneity for two samples of equal size, pairs seen fewer than 10
+    times pooled; (passes at significance 0.001, statistic, critical value by Wilson-Hilferty)."""
+    statistic, df, pooled_a, pooled_b = 0.0, -1, 0, 0
+    for key in set(a) | set(b):
+        x, y = a[key], b[key]
+        if x + y < 10:
+            pooled_a, pooled_b = pooled_a + x, pooled_b + y
+            continue
+        statistic, df = statistic + (x - y) ** 2 / (x + y), df + 1
+    if pooled_a + pooled_b:
+        statistic += (pooled_a - pooled_b) ** 2 / (pooled_a + pooled_b)
+        df += 1
+    z = 3.09  # the standard normal's 0.999 quantile
+    critical = df * (1 - 2 / (9 * df) + z * (2 / (9 * df)) ** 0.5) ** 3
+    return statistic < critical, statistic, critical
+
+
+def test_sampling_with_speculation_keeps_the_distribution(tiny, tiny_path):
+    """Seeded sampling (temperature 1, top-k 6) over 1500 seeds with and without a draft model:
+    the pairs of first and second tokens must pass a chi-square test of one distribution (at
+    0.001, a false alarm once in a thousand runs). A control shows the test has the power to
+    see the usual mistake, a rule that leans toward the guess (the draft's greedy pick): plain
+    sampling at temperature 0.3, which leans toward the greedy pick too, must fail it."""
+    prompt = tiny.tokenize("The quick brown fox")
+    seeds = 1500
+    plain = pairs_sampled(tiny, prompt, range(1, 1 + seeds))
+    colder = pairs_sampled(tiny, prompt, range(200_000, 200_000 + seeds), temperature=0.3)
+    accepted = drafted = 0
+    with speculating(tiny, SpecOptions("draft", 2), draft_for(tiny, tiny_path)) as speculator:
+        speculated: Counter[tuple[int, int]] = Counter()
+        for seed in range(100_000, 100_000 + seeds):
+            speculated += pairs_sampled(tiny, prompt, range(seed, seed + 1))
+            accepted += speculator.last_stats.accepted
+            drafted += speculator.last_stats.drafted
+    assert drafted == seeds and 0 < accepted < drafted  # each reply tested one guess
+    passes, statistic, critical = same_distribution(plain, speculated)
+    assert passes, f"chi-square {statistic:.1f} >= {critical:.1f}: the distribution changed"
+    control, statistic, critical = same_distribution(plain, colder)
+    assert not control, f"the test cannot see temperature 0.3 ({statistic:.1f} < {critical:.1f})"
+
+
+def test_seeded_sampling_with_speculation_repeats(runner, smollm2_path):
+    args = ["run", "--json", "--temperature", "0.8", "--seed", "7", "-n", "32", "--raw", COPY]
+    args += ["--spec", "ngram", "--draft-tokens", "4"]
+    first, second = (json.loads(runner.invoke(app, args).stdout) for _ in range(2))
+    assert first["text"] == second["text"] and first["speculation"]["drafted"] > 0
 
 
 def test_draft_of_another_vocabulary_is_refused(runner, smollm2_path, tmp_path):

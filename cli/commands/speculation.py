@@ -17,8 +17,8 @@ SpecMode = Annotated[
     typer.Option(
         "--spec",
         help="Speculative decoding: ngram (guess from the prompt and reply so far), draft (a "
-        "small model of the same family guesses, see --draft) or off. Greedy only (--temp 0); "
-        "the text is the same as without it.",
+        "small model of the same family guesses, see --draft) or off. Greedy text is the same "
+        "as without it; sampled text keeps its distribution.",
     ),
 ]
 DraftModel = Annotated[

@@ -565,8 +565,18 @@ class SequenceStep:
         """Sample from one output of the last decode; the event says what it releases and
         whether the sequence is finished (end of generation or a stop string: "stop"; the
         token limit or a full context: "length")."""
+        return self.event(self.engine.sample(self._sampler, output))
+
+    @property
+    def sampler(self) -> object:
+        """The sequence's llama.cpp sampler chain (speculative decoding's acceptance test reads
+        its probabilities)."""
+        return self._sampler
+
+    def event(self, token: int) -> StreamEvent:
+        """The event of a token chosen for this sequence: by sample, or by speculative
+        decoding's acceptance test, which has told the sampler chain already."""
         engine = self.engine
-        token = engine.sample(self._sampler, output)
         now = time.perf_counter()
         self.generated += 1
         if self.generated == 1:

@@ -17,9 +17,10 @@ rejected draft, and the rejected cells are removed from the KV cache (Engine.kee
 greedy output is the plain greedy output, token for token, by construction; stop strings,
 max_tokens, end of generation and text streaming see one event per token, as always.
 
-Sampling at temperature > 0 is not speculated: accepting a draft only where the sampled token
-equals it would skew the distribution unless the probabilities are compared (rejection sampling),
-which this module does not do yet. The reply says so (SpecStats.note) and decodes plainly.
+Sampling at temperature > 0 stays distribution-exact through rejection sampling: a guess stands
+with the probability the full sampler chain gives it, and a rejected guess is replaced by a draw
+from the chain's distribution without it (RejectionSampler). Accepting a guess whenever the
+sampled token happened to equal it would skew the distribution toward the guesses.
 
 Adaptive by default: k grows while every draft is accepted and halves when most are rejected;
 speculation turns itself off for the rest of the reply when its cost per token measures above a
@@ -28,12 +29,14 @@ plain decode step's. --draft-tokens K fixes k and keeps speculation on (for benc
 
 from __future__ import annotations
 
+import ctypes
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 import llama_cpp as llama
+import numpy as np
 
 from cli.engine.events import StreamEvent
 from cli.engine.sampling import SamplingParams
@@ -79,7 +82,6 @@ class SpecStats:
     spec_s: float = 0.0  # time of drafting and verification passes
     plain_s: float = 0.0  # time of one-token passes
     switched_off_after: int | None = None  # generated tokens when it turned itself off
-    note: str | None = None  # why speculation did not run
     bursts: list[int] = field(default_factory=list)  # tokens per verification pass
     guessed: list[int] = field(default_factory=list)  # numbers (from 1) of accepted guesses
 
@@ -234,6 +236,62 @@ def vocabulary_difference(target: Engine, draft: Engine) -> str | None:
     return None
 
 
+TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])
+
+
+class RejectionSampler:
+    """Speculative sampling for a guess that is one fixed token (both drafters guess greedily):
+    the guess stands with probability p(guess) under the full sampler chain (biases, penalties,
+    top-k, top-p, min-p, temperature); otherwise the token is drawn from p without the guess,
+    renormalised. Every token then has exactly probability p, as plain sampling gives it
+    (Leviathan et al. 2023, with a draft distribution that puts all its mass on the guess)."""
+
+    def __init__(self, step: SequenceStep, n_vocab: int) -> None:
+        chain = step.sampler
+        count = llama.llama_sampler_chain_n(chain)
+        samplers = [llama.llama_sampler_chain_get(chain, i) for i in range(count)]
+        # The chain ends with the sampler that draws (dist); the ones before shape p.
+        assert llama.llama_sampler_name(samplers[-1]) == b"dist", "a sampling chain ends in dist"
+        self._chain = chain
+        self._shapers = samplers[:-1]
+        self._data = np.zeros(n_vocab, dtype=TOKEN_DATA)
+        self._ids = np.arange(n_vocab, dtype=np.int32)
+        self._rng = np.random.default_rng(step.seed)  # a seeded run repeats
+
+    def probabilities(self, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(candidate tokens, their probabilities) as the chain would draw from them."""
+        data = self._data
+        data["id"] = self._ids
+        data["logit"] = logits
+        data["p"] = 0.0
+        array = llama.llama_token_data_array(
+            data=data.ctypes.data_as(ctypes.POINTER(llama.llama_token_data)),
+            size=len(data),
+            selected=-1,
+            sorted=False,
+        )
+        for shaper in self._shapers:
+            llama.llama_sampler_apply(shaper, ctypes.byref(array))
+        kept = np.ctypeslib.as_array(array.data, (array.size,))
+        ids = kept["id"].copy()
+        shifted = np.exp(kept["logit"].astype(np.float64) - kept["logit"].max())
+        return ids, shifted / shifted.sum()
+
+    def choose(self, engine: Engine, output: int, guess: int | None) -> int:
+        ids, probs = self.probabilities(engine.output_logits(output))
+        if guess is not None:
+            held = float(probs[ids == guess].sum())
+            if self._rng.random() < held:
+                token = guess
+            else:
+                probs = np.where(ids == guess, 0.0, probs)
+                token = int(self._rng.choice(ids, p=probs / probs.sum()))
+        else:  # after every guess held: a plain draw
+            token = int(self._rng.choice(ids, p=probs))
+        llama.llama_sampler_accept(self._chain, token)  # penalties see the token, as in sample
+        return token
+
+
 class Speculator:
     """Held by an Engine: drafts and verifies the decode loop of stream_generate."""
 
@@ -255,9 +313,10 @@ class Speculator:
         """The events of one reply from the prefill's logits on: plain one-token steps, or
         verification passes that yield one event per token they confirm."""
         stats = self.last_stats = SpecStats(self.mode)
-        speculating = sampling.temperature <= 0
-        if not speculating:
-            stats.note = "off at temperature > 0 (greedy only, so the output stays exact)"
+        speculating = True
+        # Greedy: the chain's own pick at each position is the test. Sampling: a guess stands
+        # with the probability the chain gives it (RejectionSampler), which keeps it exact.
+        chooser = None if sampling.temperature <= 0 else RejectionSampler(step, engine.n_vocab)
         adaptive = self.options.draft_tokens is None
         k = self.options.draft_tokens or START_TOKENS[self.mode]
         most = self.options.draft_tokens or MOST_TOKENS[self.mode]
@@ -293,7 +352,11 @@ class Speculator:
                 stats.plain_s += spent
                 costs.observe_plain(spent)
             for position, index in enumerate(outputs):
-                event = step.sample(index)
+                if chooser is None or not guesses:
+                    event = step.sample(index)
+                else:
+                    guess = guesses[position] if position < len(guesses) else None
+                    event = step.event(chooser.choose(engine, index, guess))
                 agreed = position < len(guesses) and event.token == guesses[position]
                 stats.accepted += agreed
                 if agreed:

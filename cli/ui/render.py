@@ -63,8 +63,6 @@ def stats_parts(metrics: RunMetrics) -> list[tuple[str, str]]:
 def speculation_text(spec: dict[str, Any]) -> str:
     """What speculative decoding did: guesses kept, and the plain decode speed it beat (or
     did not)."""
-    if spec["note"]:
-        return f"{spec['mode']} {spec['note']}"
     text = f"{spec['mode']} accepted {spec['accepted']}/{spec['drafted']}"
     if spec["acceptance_rate"] is not None:
         text += f" ({spec['acceptance_rate']:.0%})"
