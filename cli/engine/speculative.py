@@ -322,8 +322,7 @@ class Speculator:
         most = self.options.draft_tokens or MOST_TOKENS[self.mode]
         seq = step.seq
         costs = CostModel()
-        if speculating:  # a draft model reads the prompt now: part of the time to first token
-            self.drafter.prepare(engine.cached(seq))
+        self.drafter.prepare(engine.cached(seq))  # a draft model's prefill: part of the TTFT
         event = step.sample(output)
         yield event
         if event.finish_reason is not None:
