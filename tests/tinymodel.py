@@ -39,8 +39,10 @@ def write_tiny_llama(
     context_length: int = 4096,
     seed: int = 0,
     chat_template: str | None = None,
+    reverse_tokens_from: int | None = None,
 ) -> Path:
-    """chat_template: one to write instead of the tokenizer file's ("" writes none)."""
+    """chat_template: one to write instead of the tokenizer file's ("" writes none);
+    reverse_tokens_from: reverse the vocabulary from that id on (another vocabulary, same size)."""
     writer = GGUFWriter(str(path), "llama")
     writer.add_name("tiny-random-llama")
     writer.add_context_length(context_length)
@@ -56,6 +58,9 @@ def write_tiny_llama(
     for name, value, value_type, sub_type in _tokenizer_fields(tokenizer_from):
         if name == "tokenizer.chat_template" and chat_template is not None:
             continue
+        if name == "tokenizer.ggml.tokens" and reverse_tokens_from is not None:
+            # Another vocabulary of the same size: ids from there on name other tokens.
+            value = value[:reverse_tokens_from] + value[reverse_tokens_from:][::-1]
         writer.add_key_value(name, value, value_type, sub_type)
         if name == "tokenizer.ggml.tokens":
             n_vocab = len(value)

@@ -8,6 +8,12 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from cli.commands.options import ApiKey, ModelArgument, ModelOption, Offline, model_name
+from cli.commands.speculation import (
+    DraftModel,
+    DraftTokens,
+    attach_speculation,
+    check_spec_flags,
+)
 from cli.errors import UsageError
 
 if TYPE_CHECKING:
@@ -78,6 +84,16 @@ def bench(
         ),
     ] = None,
     api_key: ApiKey = None,
+    spec: Annotated[
+        str,
+        typer.Option(
+            "--spec",
+            help="Speculative decoding for the tg rows: off, ngram, draft, or a list like "
+            "off,ngram (rows tgN+ngram, with the acceptance rate).",
+        ),
+    ] = "off",
+    draft: DraftModel = None,
+    draft_tokens: DraftTokens = None,
 ) -> None:
     """Measure prefill and decode speed over a grid of lengths, depths, KV types and threads."""
     from cli.commands.options import obtain_model
@@ -97,8 +113,18 @@ def bench(
         batches=_numbers(batch, "--batch"),
         repacks=_switches(repack, "--repack"),
         repetitions=repetitions,
+        spec=tuple(spec.split(",")),
     )
     grid.check()
+    for mode in grid.spec:
+        guessing = mode != "off"
+        check_spec_flags(
+            mode, draft if mode == "draft" else None, draft_tokens if guessing else None, endpoint
+        )
+    if draft is not None and "draft" not in grid.spec:
+        raise UsageError("--draft names the draft model of --spec draft: add --spec draft")
+    if draft_tokens is not None and grid.spec == ("off",):
+        raise UsageError("--draft-tokens sets how many tokens --spec guesses: add --spec")
     if endpoint:
         rows = _bench_endpoint(endpoint, chosen, grid, api_key)
         _show_bench(rows, chosen or "endpoint", json_output, csv_output, markdown_output, plot)
@@ -110,7 +136,10 @@ def bench(
     def name_cpu_path(engine) -> None:
         render.info_line(f"CPU path: {engine.cpu_path.describe()}")
 
-    for row in run_bench(path, grid, on_load=name_cpu_path):
+    def speculate(engine, mode: str) -> None:
+        attach_speculation(engine, mode, draft if mode == "draft" else None, draft_tokens, offline)
+
+    for row in run_bench(path, grid, on_load=name_cpu_path, speculate=speculate):
         rows.append(row)
         render.info_line(
             f"{row.test} @ depth {row.depth}, {row.kv_type}, {row.threads} threads, "

@@ -38,6 +38,13 @@ from cli.commands.options import (
     obtain_model,
     sampling_params,
 )
+from cli.commands.speculation import (
+    DraftModel,
+    DraftTokens,
+    SpecMode,
+    attach_speculation,
+    check_spec_flags,
+)
 from cli.commands.structured_options import (
     FormatOption,
     GrammarOption,
@@ -164,6 +171,9 @@ def chat(
     json_format: FormatOption = None,
     grammar: GrammarOption = None,
     strict: StrictOption = False,
+    spec: SpecMode = "off",
+    draft: DraftModel = None,
+    draft_tokens: DraftTokens = None,
 ) -> None:
     """Chat with a model in the terminal: each turn prefills only what is new."""
     from cli.commands.cache import ChatCacheReport, attach_chat_cache, resolve_resume
@@ -171,6 +181,7 @@ def chat(
 
     constraint = build_constraint(schema, schema_multi, json_format, grammar, strict)
     system = system_with_schema(system, constraint)
+    check_spec_flags(spec, draft, draft_tokens, endpoint)
 
     if on_overflow not in OVERFLOW_POLICIES:
         raise UsageError(f"--on-overflow takes truncate or error, not {on_overflow!r}")
@@ -182,8 +193,10 @@ def chat(
     options = load_options(ctx, threads, gpu_layers, kv_type, kv_k, kv_v)
     check_template_file(chat_template)
     label, backend = open_chat_backend(chosen, options, offline, verbose, endpoint, api_key)
+    speculation = (spec, draft, draft_tokens)
     if not endpoint:
         apply_template_choice(backend, chosen, chat_template, think, None, render.warning_line)
+        attach_speculation(backend, *speculation, offline, verbose)
     if transcript is None:
         stamp = time.strftime("%Y%m%d-%H%M%S")
         transcript = quill_home() / "chats" / f"{stamp}-{label.replace('/', '_')}.json"
@@ -203,6 +216,7 @@ def chat(
     repl = Repl(session, options, offline, verbose, show_stats=not no_stats)
     repl.after_turn = report.after_turn
     repl.constraint = constraint
+    repl.speculation = speculation
     try:
         repl.run()
     finally:
@@ -230,6 +244,8 @@ def open_chat_backend(
 
 
 class Repl:
+    speculation: tuple[str, str | None, int | None] = ("off", None, None)  # --spec, --draft, K
+
     def __init__(
         self,
         session: ChatSession,
@@ -406,6 +422,10 @@ class Repl:
         )
         if session.backend.n_ctx:  # a server keeps its own window
             self.last_stats += f" · context {session.context_used()}/{session.backend.n_ctx}"
+        speculator = getattr(session.backend, "speculator", None)
+        if speculator is not None and speculator.last_stats is not None:
+            spec = speculator.last_stats.as_dict()
+            self.last_stats += f" · spec {render.speculation_text(spec)}"
         if self.show_stats:
             render.info_line(self.last_stats)
         if self.after_turn is not None:
@@ -501,6 +521,11 @@ class Repl:
         label, path = obtain_model(name, self.offline)
         engine = Engine(path, self.options, verbose=self.verbose)
         apply_template_choice(engine, name, note=render.warning_line)
+        try:
+            attach_speculation(engine, *self.speculation, self.offline, self.verbose)
+        except QuillError:
+            engine.close()
+            raise
         old = self.session.backend
         self.session.backend = engine
         self.session.model_name = label

@@ -27,6 +27,13 @@ from cli.commands.options import (
     read_prompt,
     sampling_params,
 )
+from cli.commands.speculation import (
+    DraftModel,
+    DraftTokens,
+    SpecMode,
+    attach_speculation,
+    check_spec_flags,
+)
 from cli.commands.structured_options import (
     FormatOption,
     GrammarOption,
@@ -46,7 +53,7 @@ from cli.commands.templating import (
     check_template_file,
 )
 from cli.engine.sampling import SamplingParams
-from cli.errors import EXIT_INTERRUPTED, EXIT_OK, UsageError
+from cli.errors import EXIT_INTERRUPTED, EXIT_OK, QuillError, UsageError
 
 if TYPE_CHECKING:
     from cli.engine.backend import Backend
@@ -78,6 +85,9 @@ class RunRequest:
     think_budget: int | None = None
     hide_thinking: bool = False
     constraint: Constraint | None = None  # --schema, --format json or --grammar
+    spec: str = "off"  # speculative decoding: off, ngram or draft (cli/engine/speculative.py)
+    draft: str | None = None
+    draft_tokens: int | None = None
 
 
 def run(
@@ -173,9 +183,13 @@ def run(
     json_format: FormatOption = None,
     grammar: GrammarOption = None,
     strict: StrictOption = False,
+    spec: SpecMode = "off",
+    draft: DraftModel = None,
+    draft_tokens: DraftTokens = None,
 ) -> None:
     """Generate a reply to PROMPT, streamed to stdout; reasoning and timing go to stderr."""
     constraint = build_constraint(schema, schema_multi, json_format, grammar, strict)
+    check_spec_flags(spec, draft, draft_tokens, endpoint)
     request = RunRequest(
         prompt=read_prompt(prompt),
         model=model,
@@ -200,6 +214,9 @@ def run(
         think_budget=think_budget,
         hide_thinking=hide_thinking,
         constraint=constraint,
+        spec=spec,
+        draft=draft,
+        draft_tokens=draft_tokens,
     )
     if endpoint and (chat_template or think is not None or think_budget is not None):
         raise UsageError(
@@ -243,6 +260,18 @@ def open_backend(request: RunRequest, options: LoadOptions | None) -> tuple[str,
         request.think_budget,
         render.warning_line,
     )
+    try:
+        attach_speculation(
+            engine,
+            request.spec,
+            request.draft,
+            request.draft_tokens,
+            request.offline,
+            request.verbose,
+        )
+    except QuillError:
+        engine.close()
+        raise
     return request.model or load_registry().default, engine
 
 
@@ -331,7 +360,9 @@ def _stream(
         if text and not text.endswith("\n"):  # a reply is a line, on a terminal or in a file
             render.write_stdout("\n")
         if request.timeline:
-            render.print_timeline(recorder.arrivals())
+            speculator = getattr(backend, "speculator", None)
+            stats = speculator.last_stats if speculator is not None else None
+            render.print_timeline(recorder.arrivals(), guessed=stats.guessed if stats else ())
         if request.show_stats:
             render.print_stats(metrics)
     if request.verbose and backend.perf_note():

@@ -69,6 +69,16 @@ class PromptCache(Protocol):
         ...
 
 
+class Speculator(Protocol):
+    """What stream_generate asks of speculative decoding (cli/engine/speculative.py)."""
+
+    def decode(
+        self, engine: Engine, step: SequenceStep, output: int, sampling: SamplingParams
+    ) -> Iterator[StreamEvent]: ...
+
+    def close(self) -> None: ...
+
+
 class Engine:
     def __init__(self, path: Path, options: LoadOptions = LoadOptions(), verbose: bool = False):
         log = llama_log()
@@ -148,6 +158,7 @@ class Engine:
         self.think_budget: int | None = None  # reasoning tokens before the block is closed
         self.notes: list[str] = []
         self.on_note: Callable[[str], None] | None = None
+        self.speculator: Speculator | None = None  # set by cli/engine/speculative.py's attach
 
     def _refuse_impossible_kv_types(self) -> None:
         """Quantized KV caches store blocks of 32 values per head: the head size must divide."""
@@ -214,6 +225,17 @@ class Engine:
     @property
     def n_vocab(self) -> int:
         return llama.llama_vocab_n_tokens(self._vocab)
+
+    @property
+    def vocab_handle(self) -> object:
+        """llama.cpp's vocabulary of the model (for comparing a draft model's)."""
+        return self._vocab
+
+    @property
+    def is_recurrent(self) -> bool:
+        """Whether the model keeps a recurrent state, whose cells cannot be partly removed."""
+        model = self._model
+        return bool(llama.llama_model_is_recurrent(model) or llama.llama_model_is_hybrid(model))
 
     @functools.cached_property
     def eog_tokens(self) -> tuple[int, ...]:
@@ -389,6 +411,12 @@ class Engine:
         step = SequenceStep(self, prompt_tokens, max_tokens, sampling, stop, cached, started)
         step.prefill_s = time.perf_counter() - started
         try:
+            # A grammar's state follows each sampled token: speculation's acceptance test reads
+            # the plain chain's probabilities and would bypass it, so constrained replies decode
+            # one token at a time.
+            if self.speculator is not None and not sampling.grammar:
+                yield from self.speculator.decode(self, step, output, sampling)
+                return
             while True:
                 event = step.sample(output)
                 yield event
@@ -599,6 +627,9 @@ class Engine:
         }
 
     def close(self) -> None:
+        if getattr(self, "speculator", None) is not None:
+            self.speculator.close()
+            self.speculator = None
         if getattr(self, "_batch", None) is not None:
             llama.llama_batch_free(self._batch)
             self._batch = None
@@ -702,12 +733,22 @@ class SequenceStep:
         """Sample from one output of the last decode; the event says what it releases and
         whether the sequence is finished (end of generation or a stop string: "stop"; the
         token limit or a full context: "length")."""
-        engine = self.engine
         grammar = self._grammar
         if grammar is not None:
-            token = grammar.sample(self._sampler, engine._ctx, output)
-        else:
-            token = engine.sample(self._sampler, output)
+            return self.event(grammar.sample(self._sampler, self.engine._ctx, output))
+        return self.event(self.engine.sample(self._sampler, output))
+
+    @property
+    def sampler(self) -> object:
+        """The sequence's llama.cpp sampler chain (speculative decoding's acceptance test reads
+        its probabilities)."""
+        return self._sampler
+
+    def event(self, token: int) -> StreamEvent:
+        """The event of a token chosen for this sequence: by sample, or by speculative
+        decoding's acceptance test, which has told the sampler chain already."""
+        engine = self.engine
+        grammar = self._grammar
         now = time.perf_counter()
         self.generated += 1
         if self.generated == 1:

@@ -44,6 +44,7 @@ class RunMetrics:
     time_to_first_answer_s: float | None = None
     grammar_s: float = 0.0  # in the grammar sampler (structured output); 0 without one
     grammar_resampled: int = 0
+    speculation: dict[str, Any] | None = None  # speculative decoding's counts (SpecStats)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -118,7 +119,14 @@ class MetricsRecorder:
             ),
             grammar_s=last.grammar_s if last else 0.0,
             grammar_resampled=last.grammar_resampled if last else 0,
+            speculation=_speculation(engine),
         )
+
+
+def _speculation(engine: Backend) -> dict[str, Any] | None:
+    speculator = getattr(engine, "speculator", None)
+    stats = speculator.last_stats if speculator is not None else None
+    return stats.as_dict() if stats is not None else None
 
 
 def _percentiles(values: list[float]) -> tuple[float | None, float | None]:

@@ -18,7 +18,7 @@ import random
 import statistics
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +40,7 @@ class BenchGrid:
     batches: tuple[int, ...] = (512,)
     repacks: tuple[bool, ...] = (True,)  # weight repacking on and/or off (cli/engine/loading.py)
     repetitions: int = 5
+    spec: tuple[str, ...] = ("off",)  # speculative decoding modes for tg rows (tgN+ngram, ...)
 
     def check(self, trained_ctx: int | None = None) -> None:
         """Refuse a grid that cannot run, before anything is loaded."""
@@ -90,6 +91,7 @@ class BenchRow:
     bandwidth_gb_s: float | None = None  # tg rows: bytes_per_token x tokens/s
     samples: list[float] = field(default_factory=list)
     cpu_path: str = ""  # how the weights sat on the CPU: extra, amx-repack, amx-plain or plain
+    acceptance_rate: float | None = None  # tgN+MODE rows: drafted tokens the model agreed with
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -100,9 +102,13 @@ def mean_sd(values: list[float]) -> tuple[float, float]:
 
 
 def run_bench(
-    model: Path, grid: BenchGrid, on_load: Callable[[Engine], None] = lambda _e: None
+    model: Path,
+    grid: BenchGrid,
+    on_load: Callable[[Engine], None] = lambda _e: None,
+    speculate: Callable[[Engine, str], None] = lambda _e, _mode: None,
 ) -> Iterator[BenchRow]:
-    """Yield one row per combination, in grid order."""
+    """Yield one row per combination, in grid order; speculate(engine, mode) sets the
+    speculative decoding of the tg rows of each mode in grid.spec."""
     rng = random.Random(0)
     for repack, kv_type, threads, batch in itertools.product(
         grid.repacks, grid.kv_types, grid.threads or (None,), grid.batches
@@ -122,7 +128,15 @@ def run_bench(
                 for p in grid.prompt_tokens:
                     yield measure_prompt(engine, context, p, grid.repetitions, rng)
                 for n in grid.gen_tokens:
-                    yield measure_generation(engine, context, n, grid.repetitions, rng)
+                    for mode in grid.spec:
+                        speculate(engine, mode)
+                        row = measure_generation(engine, context, n, grid.repetitions, rng)
+                        if mode != "off":
+                            stats = engine.speculator.last_stats if engine.speculator else None
+                            rate = stats.acceptance_rate if stats else None
+                            row = replace(row, test=f"{row.test}+{mode}", acceptance_rate=rate)
+                        yield row
+                speculate(engine, "off")
 
 
 def _fill(engine: Engine, context: list[int]) -> None:

@@ -6,6 +6,7 @@ import itertools
 import json
 import os
 import sys
+from collections.abc import Sequence
 from functools import cache
 from typing import TYPE_CHECKING, Any
 
@@ -79,9 +80,24 @@ def stats_parts(metrics: RunMetrics) -> list[tuple[str, str]]:
         ("threads", threads),
         ("GPU layers", str(m.gpu_layers)),
     ]
+    if m.speculation is not None:
+        parts.insert(4, ("spec", speculation_text(m.speculation)))
     if local:
         return parts
     return [(label, value) for label, value in parts if label in REMOTE_PARTS]
+
+
+def speculation_text(spec: dict[str, Any]) -> str:
+    """What speculative decoding did: guesses kept, and the plain decode speed it beat (or
+    did not)."""
+    text = f"{spec['mode']} accepted {spec['accepted']}/{spec['drafted']}"
+    if spec["acceptance_rate"] is not None:
+        text += f" ({spec['acceptance_rate']:.0%})"
+    if spec["plain_tokens_per_s"] is not None:
+        text += f", plain steps {spec['plain_tokens_per_s']:.1f} tok/s"
+    if spec["switched_off_after"] is not None:
+        text += f", off after {spec['switched_off_after']} tok (slower than plain)"
+    return text
 
 
 REMOTE_PARTS = ("TTFT", "prefill", "decode", "thinking", "first answer", "ITL", "total", "finish")
@@ -118,14 +134,20 @@ def print_stats(metrics: RunMetrics) -> None:
     _console("stderr").print(line)
 
 
-def print_timeline(arrivals: list[tuple[float, str]], width: int = 40) -> None:
-    """When each token arrived, then how the gaps between tokens are spread."""
+def print_timeline(
+    arrivals: list[tuple[float, str]], width: int = 40, guessed: Sequence[int] = ()
+) -> None:
+    """When each token arrived, then how the gaps between tokens are spread. Tokens numbered
+    in guessed were accepted speculative guesses: marked +, they arrive in bursts."""
     console = _console("stderr")
     console.print(_text("token  arrived (ms)  gap (ms)  text", style="bold"))
     previous = None
+    marked = set(guessed)
     for index, (at, text) in enumerate(arrivals, start=1):
         gap = "" if previous is None else f"{at - previous:8.1f}"
-        console.print(f"{index:5d}  {at:12.1f}  {gap:>8}  {json.dumps(text, ensure_ascii=False)}")
+        mark = "+" if index in marked else " "
+        shown = json.dumps(text, ensure_ascii=False)
+        console.print(f"{index:5d}{mark} {at:12.1f}  {gap:>8}  {shown}")
         previous = at
     gaps = [b[0] - a[0] for a, b in itertools.pairwise(arrivals)]
     if len(gaps) < 2:

@@ -1,0 +1,480 @@
+"""Speculative decoding: guess a few tokens cheaply, check them in one batched pass, keep the
+longest run the model agrees with.
+
+On a CPU a forward pass over k+1 tokens costs far less than k+1 passes, so when the guesses are
+good each pass yields several tokens. Two drafters guess:
+
+- NgramDrafter (prompt lookup): the tokens that followed the latest earlier occurrence of the
+  reply's last n-gram, in the prompt or the reply so far. Free, and strong exactly when the reply
+  copies from its input (rewriting, extracting, summarising a piped file).
+- DraftModelDrafter: a small model with the same vocabulary, in its own context, drafting
+  greedily.
+
+Verification decodes [last sampled token, draft 1..k] in one llama_decode with logits for every
+position, then samples through the request's own sampler chain position by position, exactly as
+plain decoding would, stopping at the first disagreement. The token sampled there replaces the
+rejected draft, and the rejected cells are removed from the KV cache (Engine.keep_prefix). So
+greedy output is the plain greedy output, token for token, by construction; stop strings,
+max_tokens, end of generation and text streaming see one event per token, as always.
+
+Sampling at temperature > 0 stays distribution-exact through rejection sampling: a guess stands
+with the probability the full sampler chain gives it, and a rejected guess is replaced by a draw
+from the chain's distribution without it (RejectionSampler). Accepting a guess whenever the
+sampled token happened to equal it would skew the distribution toward the guesses.
+
+Adaptive by default: k grows while every draft is accepted and halves when most are rejected;
+speculation turns itself off for the rest of the reply when its cost per token measures above a
+plain decode step's. --draft-tokens K fixes k and keeps speculation on (for benchmarks).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+import llama_cpp as llama
+import numpy as np
+
+from cli.engine.events import StreamEvent
+from cli.engine.sampling import SamplingParams
+from cli.errors import UsageError
+
+if TYPE_CHECKING:
+    from cli.engine.engine import Engine, SequenceStep
+
+SPEC_MODES = ("off", "ngram", "draft")
+NGRAM_LONGEST = 4  # n-grams looked up, longest first: a longer match predicts better
+NGRAM_SHORTEST = 2  # single tokens match everywhere and mostly predict wrong
+START_TOKENS = {"ngram": 4, "draft": 4}  # k at the start of a reply
+MOST_TOKENS = {"ngram": 16, "draft": 8}  # a draft model's guesses cost a decode each
+PLAIN_PROBES = 2  # plain steps at the start of a reply: the cost speculation must beat
+JUDGE_AFTER_STEPS = 10  # verification steps before the off-switch may judge
+RECENT_WEIGHT = 0.25  # how much the latest step moves a running cost
+HELD_MEMORY = 0.85  # how much of the guesses' record each verification step keeps
+VOCAB_SIZE_SLACK = 128  # padded vocabularies of one family differ at the end (llama.cpp's rule)
+
+
+@dataclass(frozen=True)
+class SpecOptions:
+    mode: str = "off"  # off, ngram or draft
+    draft_tokens: int | None = None  # None: adaptive (and the off-switch); K: always K
+
+    def __post_init__(self) -> None:
+        if self.mode not in SPEC_MODES:
+            raise UsageError(f"--spec takes {', '.join(SPEC_MODES)}, not {self.mode!r}")
+        if self.draft_tokens is not None and self.draft_tokens < 1:
+            raise UsageError(f"--draft-tokens must be at least 1, not {self.draft_tokens}")
+
+
+@dataclass
+class SpecStats:
+    """What speculation did in one reply."""
+
+    mode: str
+    drafted: int = 0  # tokens guessed and verified
+    accepted: int = 0  # guesses the model agreed with
+    verify_steps: int = 0  # batched passes that checked guesses
+    plain_steps: int = 0  # one-token passes (probes, nothing to guess, or switched off)
+    spec_tokens: int = 0  # tokens that verification passes yielded
+    spec_s: float = 0.0  # time of drafting and verification passes
+    plain_s: float = 0.0  # time of one-token passes
+    switched_off_after: int | None = None  # generated tokens when it turned itself off
+    bursts: list[int] = field(default_factory=list)  # tokens per verification pass
+    guessed: list[int] = field(default_factory=list)  # numbers (from 1) of accepted guesses
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        return self.accepted / self.drafted if self.drafted else None
+
+    @property
+    def plain_tokens_per_s(self) -> float | None:
+        """One-token decode speed measured in this reply: the figure speculation must beat."""
+        return self.plain_steps / self.plain_s if self.plain_steps and self.plain_s > 0 else None
+
+    @property
+    def spec_tokens_per_s(self) -> float | None:
+        return self.spec_tokens / self.spec_s if self.spec_tokens and self.spec_s > 0 else None
+
+    def as_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        del data["bursts"], data["guessed"]
+        data["acceptance_rate"] = self.acceptance_rate
+        data["plain_tokens_per_s"] = self.plain_tokens_per_s
+        data["spec_tokens_per_s"] = self.spec_tokens_per_s
+        return data
+
+
+class Drafter(Protocol):
+    def prepare(self, prompt: Sequence[int]) -> None:
+        """Read the prompt before the reply starts."""
+        ...
+
+    def propose(self, history: Sequence[int], k: int) -> list[int]:
+        """Up to k tokens guessed to follow history."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class NgramDrafter:
+    """Prompt lookup: an index from each n-gram to where its latest occurrence ended, over the
+    prompt and the reply so far, grown incrementally (history only grows within a reply)."""
+
+    def __init__(self, longest: int = NGRAM_LONGEST, shortest: int = NGRAM_SHORTEST) -> None:
+        self.longest, self.shortest = longest, shortest
+        self._tokens: list[int] = []
+        self._index: dict[tuple[int, ...], int] = {}
+
+    def _sync(self, history: Sequence[int]) -> None:
+        tokens = self._tokens
+        common = 0
+        limit = min(len(tokens), len(history))
+        # Within a reply history extends what was indexed; a new reply starts over.
+        if limit and tokens[limit - 1] == history[limit - 1] and tokens[:limit] == history[:limit]:
+            common = limit
+        if common < len(tokens):
+            self._tokens, self._index = [], {}
+            tokens, common = self._tokens, 0
+        index = self._index
+        for position in range(common, len(history)):
+            tokens.append(history[position])
+            # The n-grams ending just before this token now have a continuation: this token.
+            for n in range(self.shortest, self.longest + 1):
+                if position - n >= 0:
+                    index[tuple(tokens[position - n : position])] = position
+
+    def prepare(self, prompt: Sequence[int]) -> None:
+        self._sync(prompt)
+
+    def propose(self, history: Sequence[int], k: int) -> list[int]:
+        self._sync(history)
+        tokens = self._tokens
+        for n in range(self.longest, self.shortest - 1, -1):
+            if len(tokens) < n:
+                continue
+            start = self._index.get(tuple(tokens[-n:]))
+            if start is not None:
+                return tokens[start : start + k]
+        return []
+
+    def close(self) -> None:
+        pass
+
+
+class DraftModelDrafter:
+    """A small model with the target's vocabulary drafts greedily in its own context; its KV
+    cache keeps the common prefix with the target's history from one step to the next."""
+
+    def __init__(self, draft: Engine) -> None:
+        self.engine = draft
+        self._greedy = llama.llama_sampler_init_greedy()
+
+    def prepare(self, prompt: Sequence[int]) -> None:
+        self._catch_up(prompt)
+
+    def _catch_up(self, history: Sequence[int]) -> int:
+        """Decode what the draft's cache lacks of history; the output of its last token."""
+        draft = self.engine
+        kept = draft.reuse_prefix(0, history)  # drops its rejected guesses of the last step
+        pending = list(history[kept:])
+        output = -1
+        while pending:
+            chunk, pending = pending[: draft.n_batch], pending[draft.n_batch :]
+            last = len(chunk) - 1
+            items = [(0, token, not pending and i == last) for i, token in enumerate(chunk)]
+            output = draft.decode(items)[0]
+        return output
+
+    def propose(self, history: Sequence[int], k: int) -> list[int]:
+        draft = self.engine
+        output = self._catch_up(history)
+        guesses: list[int] = []
+        for i in range(k):
+            token = draft.sample(self._greedy, output)
+            guesses.append(token)
+            if i == k - 1 or draft.is_end_of_generation(token):
+                break
+            output = draft.decode([(0, token, True)])[0]
+        return guesses
+
+    def close(self) -> None:
+        if self._greedy is not None:
+            llama.llama_sampler_free(self._greedy)
+            self._greedy = None
+        self.engine.close()
+
+
+def check_same_vocabulary(target: Engine, draft: Engine, draft_name: str) -> None:
+    """Refuse a draft model whose tokens mean something else: its guesses would be noise, and a
+    token id past the target's vocabulary would crash llama.cpp."""
+    problem = vocabulary_difference(target, draft)
+    if problem:
+        raise UsageError(
+            f"the draft model {draft_name} has another vocabulary than the model ({problem}): "
+            "choose a draft of the same family (same tokenizer)"
+        )
+
+
+def vocabulary_difference(target: Engine, draft: Engine) -> str | None:
+    """What differs between two vocabularies (None: the same), as llama.cpp's speculative
+    example checks: type, size within a small slack, BOS/EOS, and the text of every token."""
+    a, b = target.vocab_handle, draft.vocab_handle
+    if llama.llama_vocab_type(a) != llama.llama_vocab_type(b):
+        return "another tokenizer type"
+    n_a, n_b = target.n_vocab, draft.n_vocab
+    if abs(n_a - n_b) > VOCAB_SIZE_SLACK:
+        return f"{n_b} tokens against {n_a}"
+    for what, get in (("BOS", llama.llama_vocab_bos), ("EOS", llama.llama_vocab_eos)):
+        if get(a) != get(b):
+            return f"another {what} token ({get(b)} against {get(a)})"
+    for token in range(min(n_a, n_b)):
+        if llama.llama_vocab_get_text(a, token) != llama.llama_vocab_get_text(b, token):
+            return f"token {token} differs"
+    return None
+
+
+TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])
+
+
+class RejectionSampler:
+    """Speculative sampling for a guess that is one fixed token (both drafters guess greedily):
+    the guess stands with probability p(guess) under the full sampler chain (biases, penalties,
+    top-k, top-p, min-p, temperature); otherwise the token is drawn from p without the guess,
+    renormalised. Every token then has exactly probability p, as plain sampling gives it
+    (Leviathan et al. 2023, with a draft distribution that puts all its mass on the guess)."""
+
+    def __init__(self, step: SequenceStep, n_vocab: int) -> None:
+        chain = step.sampler
+        count = llama.llama_sampler_chain_n(chain)
+        samplers = [llama.llama_sampler_chain_get(chain, i) for i in range(count)]
+        # The chain ends with the sampler that draws (dist); the ones before shape p.
+        assert llama.llama_sampler_name(samplers[-1]) == b"dist", "a sampling chain ends in dist"
+        self._chain = chain
+        self._shapers = samplers[:-1]
+        self._data = np.zeros(n_vocab, dtype=TOKEN_DATA)
+        self._ids = np.arange(n_vocab, dtype=np.int32)
+        self._rng = np.random.default_rng(step.seed)  # a seeded run repeats
+
+    def probabilities(self, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(candidate tokens, their probabilities) as the chain would draw from them."""
+        data = self._data
+        data["id"] = self._ids
+        data["logit"] = logits
+        data["p"] = 0.0
+        array = llama.llama_token_data_array(
+            data=data.ctypes.data_as(ctypes.POINTER(llama.llama_token_data)),
+            size=len(data),
+            selected=-1,
+            sorted=False,
+        )
+        for shaper in self._shapers:
+            llama.llama_sampler_apply(shaper, ctypes.byref(array))
+        kept = np.ctypeslib.as_array(array.data, (array.size,))
+        ids = kept["id"].copy()
+        shifted = np.exp(kept["logit"].astype(np.float64) - kept["logit"].max())
+        return ids, shifted / shifted.sum()
+
+    def choose(self, engine: Engine, output: int, guess: int | None) -> int:
+        ids, probs = self.probabilities(engine.output_logits(output))
+        if guess is not None:
+            held = float(probs[ids == guess].sum())
+            if self._rng.random() < held:
+                token = guess
+            else:
+                probs = np.where(ids == guess, 0.0, probs)
+                token = int(self._rng.choice(ids, p=probs / probs.sum()))
+        else:  # after every guess held: a plain draw
+            token = int(self._rng.choice(ids, p=probs))
+        llama.llama_sampler_accept(self._chain, token)  # penalties see the token, as in sample
+        return token
+
+
+class Speculator:
+    """Held by an Engine: drafts and verifies the decode loop of stream_generate."""
+
+    def __init__(self, options: SpecOptions, drafter: Drafter) -> None:
+        self.options = options
+        self.drafter = drafter
+        self.last_stats: SpecStats | None = None
+
+    @property
+    def mode(self) -> str:
+        return self.options.mode
+
+    def close(self) -> None:
+        self.drafter.close()
+
+    def decode(
+        self, engine: Engine, step: SequenceStep, output: int, sampling: SamplingParams
+    ) -> Iterator[StreamEvent]:
+        """The events of one reply from the prefill's logits on: plain one-token steps, or
+        verification passes that yield one event per token they confirm."""
+        stats = self.last_stats = SpecStats(self.mode)
+        speculating = True
+        # Greedy: the chain's own pick at each position is the test. Sampling: a guess stands
+        # with the probability the chain gives it (RejectionSampler), which keeps it exact.
+        chooser = None if sampling.temperature <= 0 else RejectionSampler(step, engine.n_vocab)
+        adaptive = self.options.draft_tokens is None
+        k = self.options.draft_tokens or START_TOKENS[self.mode]
+        most = self.options.draft_tokens or MOST_TOKENS[self.mode]
+        seq = step.seq
+        costs = CostModel()
+        self.drafter.prepare(engine.cached(seq))  # a draft model's prefill: part of the TTFT
+        event = step.sample(output)
+        yield event
+        if event.finish_reason is not None:
+            return
+        pending = event.token
+        assert pending is not None
+        while True:
+            cached = engine.cached_count(seq)
+            # Never past max_tokens, and never so far that a full-context check fires early.
+            room = min(step.max_tokens - step.generated - 1, engine.n_ctx - cached - 2, k)
+            probing = adaptive and stats.plain_steps < PLAIN_PROBES
+            started = time.perf_counter()
+            guesses: list[int] = []
+            if speculating and not probing and room > 0:
+                guesses = self.drafter.propose([*engine.cached(seq), pending], room)
+            drafted_at = time.perf_counter()
+            outputs = engine.decode([(seq, pending, True)] + [(seq, t, True) for t in guesses])
+            finished_at = time.perf_counter()
+            spent = finished_at - started
+            if guesses:
+                stats.verify_steps += 1
+                stats.drafted += len(guesses)
+                stats.spec_s += spent
+            else:
+                stats.plain_steps += 1
+                stats.plain_s += spent
+                costs.observe_plain(spent)
+            for position, index in enumerate(outputs):
+                if chooser is None or not guesses:
+                    event = step.sample(index)
+                else:
+                    guess = guesses[position] if position < len(guesses) else None
+                    event = step.event(chooser.choose(engine, index, guess))
+                agreed = position < len(guesses) and event.token == guesses[position]
+                stats.accepted += agreed
+                if agreed:
+                    stats.guessed.append(step.generated)
+                if event.finish_reason is not None or not agreed:
+                    break
+                yield event
+            emitted = position + 1
+            if guesses:
+                stats.spec_tokens += emitted
+                stats.bursts.append(emitted)
+                costs.observe_verify(
+                    len(guesses), emitted - 1, drafted_at - started, finished_at - drafted_at
+                )
+            # Plain decoding would hold every token but the last sampled one: the rejected
+            # guesses' cells go (and, at the finish, the confirmed ones past the last token).
+            engine.keep_prefix(seq, cached + emitted)
+            yield event
+            if event.finish_reason is not None:
+                return
+            pending = event.token
+            if guesses and adaptive:
+                best = costs.best_k(most)
+                if best is None:  # not measured yet: grow while guesses hold, else shrink
+                    k = _next_k(k, len(guesses), emitted - 1, most)
+                elif best > 0:
+                    k = best
+                elif stats.verify_steps >= JUDGE_AFTER_STEPS:  # no k beats a plain step
+                    speculating = False
+                    stats.switched_off_after = step.generated
+                else:
+                    k = 1  # too early to judge: keep measuring at the least cost
+
+
+def _next_k(k: int, drafted: int, confirmed: int, most: int) -> int:
+    """Grow k while every guess holds; halve it when most fail."""
+    if confirmed == drafted and drafted >= k:
+        return min(k * 2, most)
+    if confirmed * 2 < drafted:
+        return max(k // 2, 1)
+    return k
+
+
+@dataclass
+class CostModel:
+    """What steps cost and how often guesses hold, measured in this reply. With a chance a that
+    each guess holds, k guesses yield (1 - a^(k+1)) / (1 - a) tokens (the model's own token
+    comes with the first miss, or after the last guess) for a step that costs a plain step plus
+    k times (a batch position + drafting one guess). The best k yields most tokens per second;
+    0 when none beats a plain step."""
+
+    plain: float | None = None  # seconds of a one-token step
+    per_position: float | None = None  # seconds each guess adds to a verification batch
+    per_guess: float | None = None  # seconds of drafting one guess (next to 0 for prompt lookup)
+    held: float = 0.0  # guesses that held, recent ones counting most
+    tried: float = 0.0  # guesses put to the test, alike
+
+    def observe_plain(self, seconds: float) -> None:
+        self.plain = _recent(self.plain, seconds)
+
+    def observe_verify(self, guesses: int, held: int, draft_s: float, verify_s: float) -> None:
+        if self.plain is not None:
+            extra = max(verify_s - self.plain, 0.0) / guesses
+            self.per_position = _recent(self.per_position, extra)
+        self.per_guess = _recent(self.per_guess, draft_s / guesses)
+        self.held = self.held * HELD_MEMORY + held
+        self.tried = self.tried * HELD_MEMORY + held + (held < guesses)
+
+    @property
+    def acceptance(self) -> float | None:
+        return self.held / self.tried if self.tried else None
+
+    def best_k(self, most: int) -> int | None:
+        """The k with most tokens per second (0: a plain step); None until measured."""
+        a = self.acceptance
+        if self.plain is None or self.per_position is None or self.per_guess is None or a is None:
+            return None
+        a = min(a, 0.99)
+        best, best_rate = 0, 1.0 / self.plain
+        for k in range(1, most + 1):
+            expected = (1 - a ** (k + 1)) / (1 - a)
+            rate = expected / (self.plain + k * (self.per_position + self.per_guess))
+            if rate > best_rate:
+                best, best_rate = k, rate
+        return best
+
+
+def _recent(running: float | None, latest: float) -> float:
+    return latest if running is None else running + RECENT_WEIGHT * (latest - running)
+
+
+def attach(
+    engine: Engine, options: SpecOptions, draft: Engine | None = None, name: str = ""
+) -> None:
+    """Give engine a Speculator for options (mode off: none). A draft engine must already be
+    loaded (through the same loader as every model) with the target's context size; a draft of
+    another vocabulary is refused, and closed."""
+    if engine.speculator is not None:  # one at a time: the old one's draft model goes
+        engine.speculator.close()
+        engine.speculator = None
+    if options.mode == "off":
+        if draft is not None:
+            draft.close()
+        return
+    if engine.is_recurrent:
+        if draft is not None:
+            draft.close()
+        raise UsageError(
+            "speculative decoding needs a model whose rejected guesses can be removed from its "
+            "cache; this one is recurrent: use --spec off"
+        )
+    if options.mode == "ngram":
+        engine.speculator = Speculator(options, NgramDrafter())
+        return
+    if draft is None:
+        raise UsageError("--spec draft needs --draft NAME (a small model of the same family)")
+    try:
+        check_same_vocabulary(engine, draft, name or draft.location)
+    except UsageError:
+        draft.close()
+        raise
+    engine.speculator = Speculator(options, DraftModelDrafter(draft))

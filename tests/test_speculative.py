@@ -1,0 +1,364 @@
+"""Speculative decoding (cli/engine/speculative.py): greedy output with speculation is the plain
+greedy output, token for token, on SmolLM2 and the tiny model, templated and raw, with stop
+strings, at max_tokens boundaries, across chat turns and with a q8_0 KV cache; a draft model of
+another vocabulary is refused; seeded sampling keeps its distribution (a chi-square test).
+
+Speculation verifies k+1 tokens in one batch where plain decoding feeds one, and llama.cpp's
+kernels may sum a batch in another order: where two tokens are nearly tied, the pick can flip.
+So a difference is accepted only where the reference decoder confirms every speculated token by
+teacher forcing (tests/neartie.py), which no real bug in acceptance or in the KV cache passes.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from cli.app import app
+from cli.engine.engine import Engine
+from cli.engine.options import LoadOptions
+from cli.engine.sampling import SamplingParams
+from cli.engine.speculative import NgramDrafter, SpecOptions, attach
+
+from neartie import forced_mismatch
+from reference import Reference
+from tinymodel import write_tiny_llama
+
+GREEDY = SamplingParams(temperature=0.0)
+DOCUMENT = (Path(__file__).parent / "data" / "gpl-3.txt").read_text(encoding="utf-8")[:900]
+COPY = f"Repeat this text exactly:\n\n{DOCUMENT}"
+
+
+@pytest.fixture(scope="module")
+def smollm2(smollm2_path: Path) -> Iterator[Engine]:
+    with Engine(smollm2_path, LoadOptions(threads=1, n_ctx=2048)) as engine:
+        yield engine
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_path: Path) -> Iterator[Engine]:
+    with Engine(tiny_path, LoadOptions(threads=1, n_ctx=2048)) as engine:
+        yield engine
+
+
+@pytest.fixture(scope="module")
+def smollm2_reference(smollm2_path: Path) -> Iterator[Reference]:
+    reference = Reference(smollm2_path, threads=1)
+    yield reference
+    reference.close()
+
+
+def draft_for(engine: Engine, path: Path) -> Engine:
+    return Engine(path, LoadOptions(threads=1, n_ctx=engine.n_ctx))
+
+
+@contextmanager
+def speculating(engine: Engine, options: SpecOptions, draft: Engine | None = None):
+    attach(engine, options, draft)
+    try:
+        yield engine.speculator
+    finally:
+        attach(engine, SpecOptions("off"))
+
+
+def generate(engine: Engine, text: str, n: int, stop: Sequence[str] = (), raw: bool = False):
+    """(tokens, text, last event) of a reply from a cold cache: both runs prefill alike."""
+    engine.clear_cache()
+    if raw:
+        events = list(engine.stream_text(text, n, GREEDY, stop))
+    else:
+        events = list(engine.stream_chat([("user", text)], n, GREEDY, stop))
+    return [e.token for e in events], "".join(e.text for e in events), events[-1]
+
+
+def prompt_tokens(engine: Engine, text: str, raw: bool) -> list[int]:
+    return engine.tokenize(text if raw else engine.conversation_text([("user", text)])[0])
+
+
+def assert_same_greedy(
+    engine: Engine,
+    plain: list[int],
+    speculated: list[int],
+    prompt: list[int],
+    reference: Reference | None,
+) -> None:
+    if speculated == plain:
+        return
+    assert reference is not None, f"speculated {speculated} != plain {plain}"
+    why = forced_mismatch(reference, prompt, speculated, GREEDY)
+    assert why is None, f"speculation changed greedy output beyond a near-tie: {why}"
+
+
+MODES = [
+    pytest.param("ngram", None, id="ngram-adaptive"),
+    pytest.param("ngram", 6, id="ngram-k6"),
+    pytest.param("draft", 3, id="draft-self-k3"),
+    pytest.param("draft-tiny", 4, id="draft-tiny-k4"),
+]
+
+
+@pytest.mark.parametrize("raw", [False, True], ids=["templated", "raw"])
+@pytest.mark.parametrize(("mode", "k"), MODES)
+def test_smollm2_greedy_is_plain_greedy(
+    smollm2, smollm2_path, tiny_path, smollm2_reference, mode, k, raw
+):
+    plain, plain_text, _ = generate(smollm2, COPY, 96, raw=raw)
+    draft = None
+    if mode == "draft":
+        draft = draft_for(smollm2, smollm2_path)  # the model itself: guesses mostly hold
+    elif mode == "draft-tiny":
+        draft = draft_for(smollm2, tiny_path)  # random weights: guesses mostly fail
+    with speculating(smollm2, SpecOptions(mode.split("-")[0], k), draft) as speculator:
+        tokens, text, last = generate(smollm2, COPY, 96, raw=raw)
+        stats = speculator.last_stats
+    prompt = prompt_tokens(smollm2, COPY, raw)
+    assert_same_greedy(smollm2, plain, tokens, prompt, smollm2_reference)
+    assert last.generation_tokens == len(tokens) <= 96
+    assert stats.drafted > 0 and stats.verify_steps > 0  # speculation really ran
+    assert stats.accepted <= stats.drafted
+    if mode == "draft":
+        assert stats.accepted > stats.drafted // 2  # the model agrees with itself
+    if tokens == plain:
+        assert text == plain_text
+
+
+@pytest.mark.parametrize("raw", [False, True], ids=["templated", "raw"])
+@pytest.mark.parametrize("mode", ["ngram", "draft"])
+def test_tiny_greedy_is_plain_greedy(tiny, tiny_path, mode, raw):
+    # Random weights seldom repeat: prompt lookup's guesses fail (the rejection path), while
+    # the model drafting for itself is mostly right (the acceptance path).
+    plain, _, _ = generate(tiny, COPY, 120, raw=raw)
+    draft = draft_for(tiny, tiny_path) if mode == "draft" else None
+    with speculating(tiny, SpecOptions(mode, 5), draft) as speculator:
+        tokens, _, _ = generate(tiny, COPY, 120, raw=raw)
+        stats = speculator.last_stats
+    assert tokens == plain
+    assert stats.drafted > 0
+    if mode == "draft":
+        assert stats.accepted > stats.drafted // 2
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 7, 16])
+def test_max_tokens_is_never_passed(tiny, n):
+    """k=8 guesses would run past small limits; the limit trims them."""
+    plain, plain_text, _ = generate(tiny, COPY, n, raw=True)
+    with speculating(tiny, SpecOptions("ngram", 8)):
+        tokens, text, last = generate(tiny, COPY, n, raw=True)
+        after = tiny.cached()
+    assert tokens == plain and text == plain_text
+    assert len(tokens) == last.generation_tokens <= n
+    # The cache holds what plain decoding leaves: the prompt and every token but the last.
+    prompt = prompt_tokens(tiny, COPY, raw=True)
+    assert after == prompt + tokens[:-1]
+
+
+def test_stop_strings_end_where_plain_ends(smollm2):
+    _, plain_text, _ = generate(smollm2, COPY, 80)
+    words = plain_text.split()
+    assert len(words) > 12, plain_text
+    stop = " ".join(words[8:10])  # a stop string from the middle of the plain reply
+    expected_tokens, expected_text, expected_last = generate(smollm2, COPY, 80, stop=[stop])
+    with speculating(smollm2, SpecOptions("ngram", 8)):
+        tokens, text, last = generate(smollm2, COPY, 80, stop=[stop])
+        after = smollm2.cached()
+    assert tokens == expected_tokens and text == expected_text
+    assert last.finish_reason == expected_last.finish_reason == "stop"
+    assert last.stop_string == stop and stop not in text
+    assert after == prompt_tokens(smollm2, COPY, raw=False) + tokens[:-1]
+
+
+def test_end_of_generation_ends_the_reply(smollm2):
+    question = "What is the capital of France? One word."
+    plain, plain_text, plain_last = generate(smollm2, question, 64)
+    with speculating(smollm2, SpecOptions("draft", 4), draft_for(smollm2, smollm2.path)):
+        tokens, text, last = generate(smollm2, question, 64)
+    assert plain_last.finish_reason == "stop" and smollm2.is_end_of_generation(plain[-1])
+    assert tokens == plain and text == plain_text and last.finish_reason == "stop"
+
+
+def test_q8_0_kv_cache(smollm2_path, smollm2_reference):
+    options = LoadOptions(threads=1, n_ctx=2048, kv_type_k="q8_0", kv_type_v="q8_0")
+    with Engine(smollm2_path, options) as engine:
+        plain, _, _ = generate(engine, COPY, 64)
+        with speculating(engine, SpecOptions("ngram", 6)) as speculator:
+            tokens, _, _ = generate(engine, COPY, 64)
+            assert speculator.last_stats.drafted > 0
+        prompt = prompt_tokens(engine, COPY, raw=False)
+    assert_same_greedy(engine, plain, tokens, prompt, smollm2_reference)
+
+
+def test_chat_turns_reuse_the_cache_and_match_plain(runner, smollm2_path, tmp_path):
+    """Three turns through quill chat, speculating and not: the same replies, and the later
+    turns prefill only what is new (the speculative turns left no stray cells behind)."""
+    lines = "Count from 1 to 12.\nNow count down from 12 to 1.\nSay the first line again.\n"
+
+    def chat(*extra: str) -> tuple[list[str], str]:
+        transcript = tmp_path / f"chat{len(extra)}.json"
+        args = ["chat", "--temperature", "0", "-n", "60", "--transcript", str(transcript)]
+        result = runner.invoke(app, [*args, *extra], input=lines)
+        assert result.exit_code == 0, result.stderr
+        saved = json.loads(transcript.read_text(encoding="utf-8"))
+        return [m["content"] for m in saved["messages"] if m["role"] == "assistant"], result.stderr
+
+    plain, _ = chat()
+    speculated, stderr = chat("--spec", "ngram", "--draft-tokens", "4")
+    assert len(plain) == 3 and speculated == plain
+    assert stderr.count("spec ngram accepted") == 3
+    cached = [int(c) for c in re.findall(r"\((\d+) cached\)", stderr)]
+    assert len(cached) == 3 and cached[1] > 0 and cached[2] > cached[1]
+
+
+def test_run_cli_json_reports_speculation(runner, smollm2_path):
+    args = ["run", "--json", "--temperature", "0", "-n", "48", "--raw", COPY]
+    plain = json.loads(runner.invoke(app, args).stdout)
+    result = runner.invoke(app, [*args, "--spec", "ngram", "--draft-tokens", "3"])
+    assert result.exit_code == 0, result.stderr
+    speculated = json.loads(result.stdout)
+    spec = speculated["speculation"]
+    assert plain["speculation"] is None
+    assert speculated["text"] == plain["text"]
+    assert spec["mode"] == "ngram" and 0 < spec["drafted"] <= 3 * spec["verify_steps"]
+    assert spec["acceptance_rate"] == spec["accepted"] / spec["drafted"]
+
+
+def test_run_cli_draft_model_stats_line(runner, smollm2_path):
+    args = ["run", "--temperature", "0", "-n", "24", "Name three colors."]
+    plain = runner.invoke(app, args)
+    result = runner.invoke(app, [*args, "--spec", "draft", "--draft", str(smollm2_path)])
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout == plain.stdout
+    assert "spec draft accepted" in result.stderr
+
+
+def pairs_sampled(engine: Engine, prompt: list[int], seeds: range, temperature: float = 1.0):
+    """How often each (first, second) token pair comes out over many seeds. With a limit of
+    3 tokens the second token is the one a guess is tested for (the first comes from the
+    prefill), so it is where a wrong acceptance rule would show."""
+    counts: Counter[tuple[int, int]] = Counter()
+    for seed in seeds:
+        sampling = SamplingParams(temperature=temperature, top_k=6, top_p=1.0, min_p=0.0, seed=seed)
+        tokens = [event.token for event in engine.stream_generate(prompt, 3, sampling)]
+        counts[(tokens[0], tokens[1])] += 1
+    return counts
+
+
+def same_distribution(a: Counter, b: Counter) -> tuple[bool, float, float]:
+    """Chi-square test of homogeneity for two samples of equal size, pairs seen fewer than 10
+    times pooled; (passes at significance 0.001, statistic, critical value by Wilson-Hilferty)."""
+    statistic, df, pooled_a, pooled_b = 0.0, -1, 0, 0
+    for key in set(a) | set(b):
+        x, y = a[key], b[key]
+        if x + y < 10:
+            pooled_a, pooled_b = pooled_a + x, pooled_b + y
+            continue
+        statistic, df = statistic + (x - y) ** 2 / (x + y), df + 1
+    if pooled_a + pooled_b:
+        statistic += (pooled_a - pooled_b) ** 2 / (pooled_a + pooled_b)
+        df += 1
+    z = 3.09  # the standard normal's 0.999 quantile
+    critical = df * (1 - 2 / (9 * df) + z * (2 / (9 * df)) ** 0.5) ** 3
+    return statistic < critical, statistic, critical
+
+
+def test_sampling_with_speculation_keeps_the_distribution(tiny, tiny_path):
+    """Seeded sampling (temperature 1, top-k 6) over 1500 seeds with and without a draft model:
+    the pairs of first and second tokens must pass a chi-square test of one distribution (at
+    0.001, a false alarm once in a thousand runs). A control shows the test has the power to
+    see the usual mistake, a rule that leans toward the guess (the draft's greedy pick): plain
+    sampling at temperature 0.3, which leans toward the greedy pick too, must fail it."""
+    prompt = tiny.tokenize("The quick brown fox")
+    seeds = 1500
+    plain = pairs_sampled(tiny, prompt, range(1, 1 + seeds))
+    colder = pairs_sampled(tiny, prompt, range(200_000, 200_000 + seeds), temperature=0.3)
+    accepted = drafted = 0
+    with speculating(tiny, SpecOptions("draft", 2), draft_for(tiny, tiny_path)) as speculator:
+        speculated: Counter[tuple[int, int]] = Counter()
+        for seed in range(100_000, 100_000 + seeds):
+            speculated += pairs_sampled(tiny, prompt, range(seed, seed + 1))
+            accepted += speculator.last_stats.accepted
+            drafted += speculator.last_stats.drafted
+    assert drafted == seeds and 0 < accepted < drafted  # each reply tested one guess
+    passes, statistic, critical = same_distribution(plain, speculated)
+    assert passes, f"chi-square {statistic:.1f} >= {critical:.1f}: the distribution changed"
+    control, statistic, critical = same_distribution(plain, colder)
+    assert not control, f"the test cannot see temperature 0.3 ({statistic:.1f} < {critical:.1f})"
+
+
+def test_seeded_sampling_with_speculation_repeats(runner, smollm2_path):
+    args = ["run", "--json", "--temperature", "0.8", "--seed", "7", "-n", "32", "--raw", COPY]
+    args += ["--spec", "ngram", "--draft-tokens", "4"]
+    first, second = (json.loads(runner.invoke(app, args).stdout) for _ in range(2))
+    assert first["text"] == second["text"] and first["speculation"]["drafted"] > 0
+
+
+def test_draft_of_another_vocabulary_is_refused(runner, smollm2_path, tmp_path):
+    other = write_tiny_llama(tmp_path / "other.gguf", smollm2_path, reverse_tokens_from=1000)
+    result = runner.invoke(
+        app, ["run", "--temperature", "0", "--spec", "draft", "--draft", str(other), "Hi"]
+    )
+    assert result.exit_code == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "another vocabulary" in lines[0], result.stderr
+    assert "Traceback" not in result.stderr and result.stdout == ""
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--spec", "fast"], "--spec takes"),
+        (["--draft", "x.gguf"], "add --spec draft"),
+        (["--spec", "draft"], "needs --draft"),
+        (["--draft-tokens", "4"], "add --spec"),
+        (["--spec", "ngram", "--endpoint", "http://127.0.0.1:9/v1"], "local model"),
+    ],
+)
+def test_contradictory_flags_are_refused(runner, args, says):
+    result = runner.invoke(app, ["run", *args, "Hi"])
+    assert result.exit_code == 2 and says in result.stderr
+
+
+def test_ngram_drafter_proposes_what_followed_the_latest_match():
+    drafter = NgramDrafter(longest=3, shortest=2)
+    history = [5, 1, 2, 3, 4, 9, 1, 2, 3, 7, 8, 1, 2]
+    # "1 2" last ended before 3 (at index 7..8): the latest occurrence wins.
+    assert drafter.propose(history, 3) == [3, 7, 8]
+    assert drafter.propose([*history, 3], 2) == [7, 8]
+    assert drafter.propose([6, 6, 0], 4) == []  # a new reply: nothing matches
+
+
+def test_bench_rows_per_speculation_mode(runner, tiny_path):
+    grid = ["-p", "0", "-n", "24", "-r", "1", "-t", "1", "--json"]
+    spec = ["--spec", "off,ngram,draft", "--draft", str(tiny_path), "--draft-tokens", "3"]
+    result = runner.invoke(app, ["bench", str(tiny_path), *grid, *spec])
+    assert result.exit_code == 0, result.stderr
+    rows = {row["test"]: row for row in json.loads(result.stdout)["rows"]}
+    assert set(rows) == {"tg24", "tg24+ngram", "tg24+draft"}
+    assert rows["tg24"]["acceptance_rate"] is None
+    assert 0.5 < rows["tg24+draft"]["acceptance_rate"] <= 1  # the model drafting for itself
+    assert all(row["tokens_per_s"] > 0 for row in rows.values())
+
+
+def test_timeline_marks_the_accepted_guesses(runner, smollm2_path):
+    args = ["run", "--temperature", "0", "-n", "40", "--raw", "--timeline", COPY]
+    result = runner.invoke(app, [*args, "--spec", "ngram", "--draft-tokens", "4"])
+    assert result.exit_code == 0, result.stderr
+    accepted = int(re.search(r"spec ngram accepted (\d+)/", result.stderr).group(1))
+    marked = re.findall(r"^\s+\d+\+ ", result.stderr, flags=re.MULTILINE)
+    rows = re.findall(r"^\s+\d+[+ ] ", result.stderr, flags=re.MULTILINE)
+    assert accepted > 0 and len(marked) == accepted and len(rows) == 40
+
+
+def test_verbose_memory_plan_counts_the_draft_model(runner, tiny_path):
+    args = ["run", "-m", str(tiny_path), "--temperature", "0", "-n", "4", "--raw", "--verbose"]
+    result = runner.invoke(app, [*args, "--spec", "draft", "--draft", str(tiny_path), "Hi"])
+    assert result.exit_code == 0, result.stderr
+    plans = [line for line in result.stderr.splitlines() if "memory plan at" in line]
+    assert len(plans) == 2 and plans[1].startswith("draft ")
+    # The same file with the same context: the draft's plan is the model's own.
+    assert plans[1].split(": ", 1)[1] == plans[0]
