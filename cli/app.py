@@ -8,7 +8,6 @@ needs when it runs, so `quill --help` never loads llama.cpp or numpy.
 from __future__ import annotations
 
 import importlib
-import re
 import sys
 from functools import cache
 from typing import Annotated, Any
@@ -62,6 +61,40 @@ COMMANDS: tuple[tuple[str, str, str, str | None], ...] = (
 )
 
 
+# The first sentence of each command's docstring: `quill --help` lists the commands without
+# importing their modules (tests/test_layers.py checks each against its docstring).
+SUMMARIES: dict[str, str] = {
+    "run": ("Generate a reply to PROMPT, streamed to stdout; reasoning and timing go to stderr."),
+    "pull": "Download a model into the local cache: resumable, checked against its sha256.",
+    "list": (
+        "List the models on disk: what quill fetched, and registry models other tools cached."
+    ),
+    "rm": "Delete a model quill downloaded.",
+    "inspect": (
+        "Show what a GGUF file holds and the memory it needs at a context, without loading weights."
+    ),
+    "quantize": (
+        "Quantize a model's weights with llama.cpp's quantizer; --to f16 turns a "
+        "quantized model back into F16 (it cannot restore the precision already lost)."
+    ),
+    "bench": (
+        "Measure prefill and decode speed over a grid of lengths, depths, KV types and threads."
+    ),
+    "chat": "Chat with a model in the terminal: each turn prefills only what is new.",
+    "tokenize": (
+        "Show the tokens a text becomes: tokens, not characters, are what context, "
+        "max_tokens and speed are counted in."
+    ),
+    "serve": "Serve a model over an OpenAI-compatible HTTP API, batching concurrent requests.",
+    "perplexity": (
+        "Perplexity of a model over a text file, with its ± error: lower is better, and "
+        "the change against the F16 model is what a quantization costs."
+    ),
+    "quant-report": "Which quant should I use on this machine?",
+    "cache": ("The prompt caches quill keeps under QUILL_HOME/cache/prompts: list or clear them."),
+}
+
+
 def _command_info(name: str) -> CommandInfo | None:
     """The registration of one command, importing only its module."""
     for command, module_name, function, epilog in COMMANDS:
@@ -89,15 +122,8 @@ class LazyQuillGroup(QuillGroup):
         )
 
     def format_commands(self, ctx: Any, formatter: Any) -> None:
-        # The listing needs each command's first sentence, not its options.
-        rows = []
-        for name, *_ in COMMANDS:
-            info = _command_info(name)
-            assert info is not None and info.callback is not None
-            doc = " ".join((info.callback.__doc__ or "").split())
-            rows.append((name, re.split(r"(?<=[.?!])\s", doc, maxsplit=1)[0]))
         with formatter.section("Commands"):
-            formatter.write_dl(rows)
+            formatter.write_dl([(name, SUMMARIES[name]) for name, *_ in COMMANDS])
 
 
 # Help is click's plain text: rich's panels cost more start-up time (its import alone is a

@@ -171,3 +171,18 @@ def test_a_command_imports_only_what_it_runs(tmp_path):
         assert result.returncode == 0, result.stderr
     loaded = result.stderr.strip().splitlines()[-1]
     assert loaded == "['cli.commands.models', 'cli.commands.options']", loaded
+
+
+def test_the_help_listing_says_what_each_docstring_says():
+    """`quill --help` lists commands from a table (so it imports none of them); the table must
+    hold each command's own first docstring sentence, and every command."""
+    import re
+
+    from cli.app import COMMANDS, SUMMARIES, _command_info
+
+    assert list(SUMMARIES) == [name for name, *_ in COMMANDS]
+    for name, *_ in COMMANDS:
+        info = _command_info(name)
+        assert info is not None and info.callback is not None
+        doc = " ".join((info.callback.__doc__ or "").split())
+        assert SUMMARIES[name] == re.split(r"(?<=[.?!])\s", doc, maxsplit=1)[0], name

@@ -131,13 +131,13 @@ def inspect(
     import json
 
     from cli.commands.options import kv_types
-    from cli.store.models import local_path, parse_model_name, read_model_and_shape
+    from cli.store.models import local_path, parse_model_name, read_model_header
     from cli.store.registry import load_registry
     from cli.ui import render
     from quant.memory import largest_context, parse_size, plan
 
     path = local_path(parse_model_name(name, load_registry()))
-    info, shape = read_model_and_shape(path)
+    info, shape, header = read_model_header(path)
     type_k, type_v = kv_types(kv_type, kv_k, kv_v)
     try:
         budget = parse_size(mem) if mem is not None else None
@@ -146,7 +146,7 @@ def inspect(
     n_ctx = ctx or min(4096, shape.trained_ctx or 4096)
     memory = plan(shape, n_ctx, type_k, type_v)
     largest = largest_context(shape, budget, type_k, type_v) if budget is not None else None
-    template = _template_facts(path, name)
+    template = _template_facts(header.get("tokenizer.chat_template"), name)
     if json_output:
         data = {**info.as_dict(), **template, "memory": memory.as_dict()}
         if budget is not None:
@@ -157,14 +157,12 @@ def inspect(
         render.memory_report(memory, budget, largest)
 
 
-def _template_facts(path, name: str) -> dict:
+def _template_facts(source: object, name: str) -> dict:
     """The chat template's family and what it supports, from the header (no llama.cpp): the
     file's own template, else the family models.yaml records for the name."""
     from cli.commands.templating import registry_family
     from cli.engine.templates import ChatTemplate, family_template, template_family
-    from quant.gguf import read_header
 
-    source = read_header(path, tensors=False).get("tokenizer.chat_template")
     template: ChatTemplate | None = None
     if isinstance(source, str) and source:
         template = ChatTemplate(source, template_family(source), "the model file")

@@ -28,7 +28,7 @@ from cli.store.registry import HubSource, Registry, TagSpec, WheelSource
 from quant.partfiles import partial_path
 
 if TYPE_CHECKING:
-    from quant.gguf import GGUFInfo
+    from quant.gguf import GGUFHeader, GGUFInfo
     from quant.memory import ModelShape
 
 REPO_NAME = re.compile(r"^[\w.-]+/[\w.-]+$")
@@ -315,6 +315,13 @@ def read_model(path: Path) -> GGUFInfo:
 
 def read_model_and_shape(path: Path) -> tuple[GGUFInfo, ModelShape]:
     """What read_model gives, and the shape the memory plan needs, from one read of the header."""
+    info, shape, _ = read_model_header(path)
+    return info, shape
+
+
+def read_model_header(path: Path) -> tuple[GGUFInfo, ModelShape, GGUFHeader]:
+    """read_model_and_shape, and the header itself (inspect reads the chat template from it):
+    skipping a vocabulary's strings is most of what reading a header costs, so read it once."""
     from quant.gguf import GGUFError, read_gguf, read_header
     from quant.memory import ModelShape
 
@@ -322,7 +329,7 @@ def read_model_and_shape(path: Path) -> tuple[GGUFInfo, ModelShape]:
         header = read_header(path)
     except GGUFError as error:
         raise ModelLoadError(str(error)) from None
-    return read_gguf(path, header), ModelShape.from_header(header)
+    return read_gguf(path, header), ModelShape.from_header(header), header
 
 
 # --- what is on disk ---------------------------------------------------------------------------
