@@ -19,6 +19,17 @@ def partial_path(target: Path, pid: int | None = None) -> Path:
     return target.with_name(f".{target.name}.{pid or os.getpid()}.part")
 
 
+def write_text_replacing(target: Path, text: str) -> None:
+    """Write text to target through this process's part file and a rename: a reader sees the
+    old file or the new one, never half of one (OSError when the folder refuses)."""
+    partial = partial_path(target)
+    try:
+        partial.write_text(text, encoding="utf-8")
+        partial.replace(target)
+    finally:
+        partial.unlink(missing_ok=True)
+
+
 def process_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)

@@ -25,7 +25,7 @@ from cli.store import hub, wheels
 from cli.store.home import quill_home
 from cli.store.hub import Report
 from cli.store.registry import HubSource, Registry, TagSpec, WheelSource
-from quant.partfiles import partial_path
+from quant.partfiles import write_text_replacing
 
 if TYPE_CHECKING:
     from quant.gguf import GGUFHeader, GGUFInfo
@@ -129,13 +129,9 @@ def load_manifest(home: Path) -> list[Download]:
 
 def _save_manifest(home: Path, downloads: list[Download]) -> None:
     home.mkdir(parents=True, exist_ok=True)
-    target = _manifest_path(home)
-    partial = partial_path(target)  # one per process: two quills may record at once
-    try:
-        partial.write_text(json.dumps({"downloads": [asdict(d) for d in downloads]}, indent=1))
-        partial.replace(target)
-    finally:
-        partial.unlink(missing_ok=True)
+    # A part file per process: two quills may record at once.
+    text = json.dumps({"downloads": [asdict(d) for d in downloads]}, indent=1)
+    write_text_replacing(_manifest_path(home), text)
 
 
 def made_model(name: str, home: Path | None = None) -> Path | None:

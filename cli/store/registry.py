@@ -10,7 +10,7 @@ from typing import Any
 
 from cli.errors import RegistryError
 from cli.store.home import quill_home
-from quant.partfiles import partial_path
+from quant.partfiles import write_text_replacing
 
 
 @dataclass(frozen=True)
@@ -115,15 +115,11 @@ def _registry_data(path: Path) -> Any:
         return data  # YAML that JSON cannot hold (dates): parsed every time
     if json.loads(text)["data"] != data:
         return data  # keys JSON would turn into strings: the same
-    partial = partial_path(cached)
     try:
         cached.parent.mkdir(parents=True, exist_ok=True)
-        partial.write_text(text, encoding="utf-8")
-        partial.replace(cached)
+        write_text_replacing(cached, text)
     except OSError:
         pass  # a read-only home: parse it every time
-    finally:
-        partial.unlink(missing_ok=True)
     return data
 
 
