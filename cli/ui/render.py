@@ -217,13 +217,14 @@ def silence_stdout() -> None:
     os.dup2(devnull, sys.stdout.fileno())
 
 
-def columns(headers: list[str], rows: list[list[str]], right: tuple[int, ...] = ()) -> str:
+def columns(headers: list[str] | None, rows: list[list[str]], right: tuple[int, ...] = ()) -> str:
     """A plain table, as `ollama list` prints one: aligned columns (those in right aligned on
     the right, for numbers), nothing to strip in a pipe, and no rich import, which would cost
     `quill list` more than everything else it does."""
-    widths = [max(len(cell) for cell in column) for column in zip(headers, *rows, strict=True)]
+    table = [headers, *rows] if headers else rows
+    widths = [max(len(cell) for cell in column) for column in zip(*table, strict=True)]
     lines = []
-    for line in [headers, *rows]:
+    for line in table:
         cells = [
             cell.rjust(width) if index in right else cell.ljust(width)
             for index, (cell, width) in enumerate(zip(line, widths, strict=True))
@@ -292,8 +293,7 @@ def memory_report(memory: Any, budget: int | None, largest: int | None) -> None:
         ["total", human_bytes(memory.total_bytes), ""],
     ]
     text = f"\nmemory at a context of {memory.n_ctx} tokens\n"
-    # columns() with an empty header row: the labels say what each line is.
-    text += columns(["", "", ""], rows, right=(1,)).removeprefix("\n")
+    text += columns(None, rows, right=(1,))  # no header: the labels say what each line is
     if budget is not None:
         if largest:
             text += f"largest context that fits {human_bytes(budget)}: {largest} tokens\n"
