@@ -113,6 +113,10 @@ def main() -> None:
         home = Path(scratch)
         ten_models(home, source)
         env = dict(os.environ, QUILL_HOME=str(home), HF_HUB_OFFLINE="1")
+        # A user's Python caches bytecode (pip compiles it at install; an editable install writes
+        # it on the first run); with PYTHONDONTWRITEBYTECODE set, every run would compile quill's
+        # sources again while typer's came precompiled, which times the compiler, not quill.
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
         runs = args.runs
         baseline = best_of([sys.executable, "-c", "import typer"], runs, env)
         floor = home / "typer_floor.py"
