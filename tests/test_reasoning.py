@@ -153,3 +153,94 @@ def test_template_options_with_endpoint_are_refused(runner) -> None:
     )
     assert result.exit_code == 2
     assert "apply to a local model" in result.stderr and len(result.stderr.splitlines()) == 1
+
+
+# --- a grammar holds the answer, not the reasoning (lazy, as llama.cpp's lazy grammars) -----
+
+POINT = {
+    "type": "object",
+    "properties": {
+        "x": {"type": "integer", "minimum": 0, "maximum": 99},
+        "ok": {"type": "boolean"},
+    },
+    "required": ["x", "ok"],
+}
+
+
+def test_a_schema_holds_the_answer_after_the_reasoning(r1_path: Path) -> None:
+    """R1's template opens the block in the prompt: the reasoning is the model's own (the same
+    tokens the same seed gives without a grammar), the answer after --think-budget's closing tag
+    is held to the schema. Held from the first token, the block would be JSON and never close."""
+    from cli.engine import structured
+
+    constraint = structured.schema_constraint(POINT)
+    messages = [("user", "A point, please.")]
+    with Engine(r1_path, LoadOptions(n_ctx=512, threads=1)) as engine:
+        engine.enable_thinking, engine.think_budget = True, 4
+        for seed in range(5):
+            free_sampling = SamplingParams(temperature=1.0, seed=seed)
+            free = list(engine.stream_chat(messages, 60, free_sampling))
+            held_sampling = SamplingParams(temperature=1.0, seed=seed, grammar=constraint.grammar)
+            held = list(engine.stream_chat(messages, 60, held_sampling))
+            reasoning = "".join(e.reasoning for e in held)
+            assert reasoning == "".join(e.reasoning for e in free) and reasoning.strip(), seed
+            answer = "".join(e.text for e in held)
+            assert held[-1].finish_reason == "stop", (seed, answer)
+            assert structured.schema_violation(POINT, json.loads(answer)) is None, (seed, answer)
+
+
+@pytest.fixture(scope="module")
+def qwen3_path(tmp_path_factory: pytest.TempPathFactory, smollm2_path: Path) -> Path:
+    """Qwen3's template: with thinking on, the model itself decides whether to open a block."""
+    source = (TEMPLATES / "Qwen-Qwen3-0.6B.jinja").read_text("utf-8")
+    folder = tmp_path_factory.mktemp("qwen3")
+    return write_tiny_llama(folder / "qwen3.gguf", smollm2_path, n_layer=1, chat_template=source)
+
+
+def test_a_reply_that_does_not_reason_is_held_from_its_first_word(qwen3_path: Path) -> None:
+    """The tiny model does not open a block: the grammar holds it from its first non-blank token,
+    so the whole answer is the schema's JSON, seed after seed."""
+    from cli.engine import structured
+
+    constraint = structured.schema_constraint(POINT)
+    with Engine(qwen3_path, LoadOptions(n_ctx=512, threads=1)) as engine:
+        assert engine.reasoning_may_open
+        for seed in range(8):
+            sampling = SamplingParams(temperature=1.0, seed=seed, grammar=constraint.grammar)
+            events = list(engine.stream_chat([("user", "A point.")], 60, sampling))
+            answer = "".join(e.text for e in events)
+            assert "".join(e.reasoning for e in events) == "", (seed, answer)
+            assert structured.schema_violation(POINT, json.loads(answer)) is None, (seed, answer)
+
+
+def test_run_schema_with_a_reasoning_model(runner, r1_path: Path) -> None:
+    """Through run: the reasoning on stderr is free text, stdout holds the schema's JSON."""
+    from cli.app import app
+
+    args = ["run", "-m", str(r1_path), "hi", "-n", "60", "--seed", "3", "--think"]
+    result = runner.invoke(app, [*args, "--think-budget", "4", "--schema", "x int, ok bool"])
+    assert result.exit_code == 0, result.stderr
+    answer = json.loads(result.stdout)
+    assert set(answer) == {"x", "ok"} and isinstance(answer["x"], int)
+    reasoning = result.stderr.splitlines()[0]
+    assert reasoning.strip() and not reasoning.lstrip().startswith("{")
+
+
+@pytest.mark.parametrize(
+    ("tail", "pieces", "free"),
+    [
+        ("<|im_start|>assistant\n", ["\n", "<think>", "a b", "</think>", "\n\n", "{", "1"],
+         [True, True, True, True, True, False, False]),
+        ("assistant\n<think>\n", ["a", "</th", "ink>", "{"], [True, True, True, False]),
+        ("assistant\n", ["{", "<think>"], [False, False]),
+        ("<think>\n\n</think>\n\n", ["\n", "<think>"], [True, False]),  # a closed block
+        ("user: hi\n", ["<th", "ink>x</think>", "[1]"], [True, True, False]),
+        ("x", ["[THINK]", "hm", "[/THINK]", "ok"], [True, True, True, False]),
+    ],
+)  # fmt: skip
+def test_reasoning_wait_lets_through_exactly_the_block(tail, pieces, free) -> None:
+    from cli.engine.reasoning import ReasoningWait
+
+    wait = ReasoningWait(tail)
+    assert [wait.free(piece) for piece in pieces] == free
+    assert wait.holding

@@ -24,7 +24,7 @@ from cli.engine.grammar import GrammarGate
 from cli.engine.llamalog import llama_log
 from cli.engine.loading import load_model
 from cli.engine.options import ALL_LAYERS, DEFAULT_CTX, LoadOptions
-from cli.engine.reasoning import split_reasoning, think_within_budget
+from cli.engine.reasoning import ReasoningWait, split_reasoning, think_within_budget
 from cli.engine.sampling import SamplingParams
 from cli.engine.templates import (
     ChatTemplate,
@@ -336,6 +336,13 @@ class Engine:
             return templated, True
         lines = role_content(messages)
         return "".join(f"{role}: {text}\n" for role, text in lines) + "assistant: ", False
+
+    @property
+    def reasoning_may_open(self) -> bool:
+        """Whether a reply may start with a reasoning block (the template thinks), so that a
+        grammar holds only the answer after it."""
+        template = self.chat_template
+        return template is not None and template.supports_thinking and template.family != "gpt-oss"
 
     @property
     def has_chat_template(self) -> bool:
@@ -716,6 +723,7 @@ class SequenceStep:
         banned = engine.eog_tokens if sampling.ignore_eos else ()
         self._sampler = sampler_chain(sampling, self.seed, prompt_tokens, banned, engine.n_vocab)
         self._grammar = None  # each sequence its own grammar state
+        self._wait: ReasoningWait | None = None
         if sampling.grammar:
             try:
                 self._grammar = GrammarGate(
@@ -724,6 +732,9 @@ class SequenceStep:
             except Exception:
                 self.close()
                 raise
+            if engine.reasoning_may_open:
+                tail = b"".join(engine.piece(t, special=True) for t in prompt_tokens[-8:])
+                self._wait = ReasoningWait(tail.decode("utf-8", "replace"))
         self.text = TextStream(stop)
         self.generated = 0
         self.prefill_s: float | None = None  # None: until the first token, measured from started
@@ -735,8 +746,19 @@ class SequenceStep:
         token limit or a full context: "length")."""
         grammar = self._grammar
         if grammar is not None:
-            return self.event(grammar.sample(self._sampler, self.engine._ctx, output))
+            wait = self._wait
+            free = None if wait is None or wait.holding else self._free
+            return self.event(grammar.sample(self._sampler, self.engine._ctx, output, free))
         return self.event(self.engine.sample(self._sampler, output))
+
+    def _free(self, token: int) -> bool:
+        """Whether the grammar lets token through as reasoning (ReasoningWait)."""
+        wait = self._wait
+        if wait is None:
+            return False
+        if self.engine.is_end_of_generation(token):
+            return wait.end()
+        return wait.free(self.engine.piece(token).decode("utf-8", "replace"))
 
     @property
     def sampler(self) -> object:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ctypes
 import time
+from collections.abc import Callable
 
 import llama_cpp as llama
 import numpy as np
@@ -93,11 +94,18 @@ class GrammarGate:
         array = self._array
         return int(array.data[array.selected].id)
 
-    def sample(self, chain: object, ctx: object, output: int) -> int:
-        """The token chain picks from output's logits within the grammar; both accept it."""
+    def sample(
+        self, chain: object, ctx: object, output: int, free: Callable[[int], bool] | None = None
+    ) -> int:
+        """The token chain picks from output's logits within the grammar; both accept it. A
+        token free(token) lets through is the chain's alone: the grammar never sees it (the
+        reasoning before an answer, cli/engine/reasoning.py's ReasoningWait)."""
         self._fill(ctx, output)
         llama.llama_sampler_apply(chain, ctypes.byref(self._array))
         token = self._chosen()
+        if free is not None and free(token):
+            llama.llama_sampler_accept(chain, token)
+            return token
         started = time.perf_counter()
         one = self._one[0]
         one.id, one.logit, one.p = token, 1.0, 0.0

@@ -173,3 +173,62 @@ def think_within_budget(
                 decode_s=time.perf_counter() - first_token_at,
             )
         return
+
+
+class ReasoningWait:
+    """When a grammar starts to hold a reply that may reason first: the reasoning block is the
+    model's own (a grammar over it would make the model think in JSON, and a block the template
+    opened would never close), so the grammar holds only the answer after it, as llama.cpp's lazy
+    grammars do, triggered by the block's end.
+
+    free(piece) is asked with each token the plain chain picked, before the grammar sees it: True
+    lets it through unconstrained (blank text before a block or between the block and the answer,
+    the opening tag, the reasoning, the closing tag); False means the answer has begun and the
+    grammar holds this token and every later one."""
+
+    def __init__(self, prompt_tail: str) -> None:
+        opened = prompt_opens_thinking(prompt_tail)
+        tail = prompt_tail.rstrip()
+        if opened is not None:
+            self.state, self.closing = "reasoning", opened[1]
+        elif any(tail.endswith(closing) for _, closing in TAGS):
+            self.state, self.closing = "after", ""  # a --think-budget continuation
+        else:
+            self.state, self.closing = "start", ""
+        self.text = ""  # the unconstrained text since the state last changed
+
+    @property
+    def holding(self) -> bool:
+        """Whether the grammar holds every token from now on."""
+        return self.state == "answer"
+
+    def end(self) -> bool:
+        """Whether the end of generation passes unconstrained: inside the block yes (the reply
+        then has no answer, which validation reports); elsewhere the grammar decides whether
+        the answer may end here, and holds from now on."""
+        if self.state == "reasoning":
+            return True
+        self.state = "answer"
+        return False
+
+    def free(self, piece: str) -> bool:
+        if self.state == "answer":
+            return False
+        self.text += piece
+        if self.state == "reasoning":
+            if self.closing in self.text:
+                self.state, self.text = "after", ""
+            return True
+        stripped = self.text.lstrip()
+        if not stripped:
+            return True  # blank lines are not the answer yet
+        if self.state == "start":
+            for opening, closing in TAGS:
+                if stripped.startswith(opening):
+                    self.state, self.closing = "reasoning", closing
+                    self.text = stripped[len(opening) :]
+                    return self.free("")
+                if opening.startswith(stripped):
+                    return True  # may still become the tag
+        self.state = "answer"
+        return False
