@@ -116,10 +116,21 @@ class MemoryPlan:
     kv_bytes_windowed: int  # what the KV cache would take with sliding-window layers windowed
     compute_bytes: int
     output_bytes: int
+    # Beside the model: a server's parked prompt caches (serve --cache-ram), a draft model's own
+    # weights, KV cache and buffers at the same context (--spec draft).
+    parked_bytes: int = 0
+    draft_bytes: int = 0
 
     @property
     def total_bytes(self) -> int:
-        return self.weights_bytes + self.kv_bytes + self.compute_bytes + self.output_bytes
+        return (
+            self.weights_bytes
+            + self.kv_bytes
+            + self.compute_bytes
+            + self.output_bytes
+            + self.parked_bytes
+            + self.draft_bytes
+        )
 
     def as_dict(self) -> dict[str, Any]:
         return {**asdict(self), "total_bytes": self.total_bytes}
@@ -135,7 +146,11 @@ def plan(
     type_k: str = "f16",
     type_v: str | None = None,
     n_ubatch: int = 512,
+    parked_bytes: int = 0,
+    draft: ModelShape | None = None,
 ) -> MemoryPlan:
+    """The memory of a model loaded at n_ctx, with parked prompt caches up to parked_bytes and
+    a draft model (loaded at the same context and KV types) where given."""
     type_v = type_v or type_k
     cells = padded(n_ctx)
     n_ubatch = min(n_ubatch, cells)
@@ -156,26 +171,40 @@ def plan(
         kv_bytes_windowed=int(windowed),
         compute_bytes=n_ubatch * 4 * (shape.n_vocab + 2 * shape.n_embd),
         output_bytes=shape.n_vocab * 4,
+        parked_bytes=parked_bytes,
+        draft_bytes=plan(draft, n_ctx, type_k, type_v, n_ubatch).total_bytes if draft else 0,
     )
 
 
 def largest_context(
-    shape: ModelShape, budget_bytes: int, type_k: str = "f16", type_v: str | None = None
+    shape: ModelShape,
+    budget_bytes: int,
+    type_k: str = "f16",
+    type_v: str | None = None,
+    parked_bytes: int = 0,
+    draft: ModelShape | None = None,
 ) -> int:
-    """The longest context (a multiple of 256, at most the trained one) whose plan fits the
-    budget; 0 when not even 256 cells fit."""
+    """The longest context (a multiple of 256, at most the trained one) whose plan, parked
+    caches and draft model included, fits the budget; 0 when not even 256 cells fit."""
     type_v = type_v or type_k
-    # At 512 cells and more the batch, hence the compute buffer, no longer grows with the context.
-    base = plan(shape, 2 * CELL_PADDING, type_k, type_v)
-    fixed = base.total_bytes - base.kv_bytes
-    per_cell = shape.kv_bytes_per_cell(type_k, type_v)
+
+    def total(cells: int) -> int:
+        return plan(
+            shape, cells, type_k, type_v, parked_bytes=parked_bytes, draft=draft
+        ).total_bytes
+
+    # At 512 cells and more the batch, hence the compute buffer, no longer grows with the
+    # context: the plan is a line from there on.
+    low, high = 2 * CELL_PADDING, 4 * CELL_PADDING
+    per_cell = (total(high) - total(low)) / (high - low)
+    fixed = total(low) - per_cell * low
     cells = int((budget_bytes - fixed) // per_cell) if budget_bytes > fixed else 0
     cells -= cells % CELL_PADDING
     if shape.trained_ctx:
         cells = min(cells, shape.trained_ctx - shape.trained_ctx % CELL_PADDING)
-    while cells > 0 and plan(shape, cells, type_k, type_v).total_bytes > budget_bytes:
+    while cells > 0 and total(cells) > budget_bytes:
         cells -= CELL_PADDING
-    if cells == 0 and plan(shape, CELL_PADDING, type_k, type_v).total_bytes <= budget_bytes:
+    if cells == 0 and total(CELL_PADDING) <= budget_bytes:
         cells = CELL_PADDING
     return cells
 

@@ -125,27 +125,53 @@ def inspect(
         str | None,
         typer.Option("--mem", help="A memory budget, e.g. 4GiB: the largest context that fits."),
     ] = None,
+    cache_ram: Annotated[
+        str,
+        typer.Option(
+            "--cache-ram",
+            help="Count parked prompt caches of up to this size, as `quill serve --cache-ram` "
+            "keeps them (e.g. 1GiB).",
+        ),
+    ] = "0",
+    draft: Annotated[
+        str | None,
+        typer.Option(
+            "--draft",
+            help="Count a draft model for --spec draft (a model on disk), loaded at the same "
+            "context and KV types.",
+        ),
+    ] = None,
     json_output: JsonOutput = False,
 ) -> None:
     """Show what a GGUF file holds and the memory it needs at a context, without loading weights."""
     import json
 
+    from cli.commands.cache import parse_size as parse_cache_size
     from cli.commands.options import kv_types
     from cli.store.models import local_path, parse_model_name, read_model_header
     from cli.store.registry import load_registry
     from cli.ui import render
     from quant.memory import largest_context, parse_size, plan
 
-    path = local_path(parse_model_name(name, load_registry()))
+    registry = load_registry()
+    path = local_path(parse_model_name(name, registry))
     info, shape, header = read_model_header(path)
+    draft_shape = None
+    if draft is not None:
+        draft_shape = read_model_header(local_path(parse_model_name(draft, registry)))[1]
+    parked = parse_cache_size(cache_ram, "--cache-ram")
     type_k, type_v = kv_types(kv_type, kv_k, kv_v)
     try:
         budget = parse_size(mem) if mem is not None else None
     except ValueError as error:
         raise UsageError(f"--mem: {error}") from None
     n_ctx = ctx or min(4096, shape.trained_ctx or 4096)
-    memory = plan(shape, n_ctx, type_k, type_v)
-    largest = largest_context(shape, budget, type_k, type_v) if budget is not None else None
+    memory = plan(shape, n_ctx, type_k, type_v, parked_bytes=parked, draft=draft_shape)
+    largest = (
+        largest_context(shape, budget, type_k, type_v, parked, draft_shape)
+        if budget is not None
+        else None
+    )
     template = _template_facts(header.get("tokenizer.chat_template"), name)
     if json_output:
         data = {**info.as_dict(), **template, "memory": memory.as_dict()}

@@ -275,7 +275,10 @@ def memory_line(memory: Any) -> str:
     return (
         f"memory plan at {memory.n_ctx} cells: weights {human_bytes(memory.weights_bytes)}, "
         f"KV {kv} {human_bytes(memory.kv_bytes)}, compute {human_bytes(memory.compute_bytes)}, "
-        f"output {human_bytes(memory.output_bytes)}, total {human_bytes(memory.total_bytes)}"
+        f"output {human_bytes(memory.output_bytes)}, "
+        + (f"draft {human_bytes(memory.draft_bytes)}, " if memory.draft_bytes else "")
+        + (f"parked caches {human_bytes(memory.parked_bytes)}, " if memory.parked_bytes else "")
+        + f"total {human_bytes(memory.total_bytes)}"
     )
 
 
@@ -290,8 +293,12 @@ def memory_report(memory: Any, budget: int | None, largest: int | None) -> None:
         [f"KV cache ({kv})", human_bytes(memory.kv_bytes), note],
         ["compute buffer", human_bytes(memory.compute_bytes), "one batch of logits, mostly"],
         ["output buffer", human_bytes(memory.output_bytes), ""],
-        ["total", human_bytes(memory.total_bytes), ""],
     ]
+    if memory.draft_bytes:
+        rows.append(["draft model", human_bytes(memory.draft_bytes), "weights, KV and buffers"])
+    if memory.parked_bytes:
+        rows.append(["parked caches", human_bytes(memory.parked_bytes), "at most (--cache-ram)"])
+    rows.append(["total", human_bytes(memory.total_bytes), ""])
     text = f"\nmemory at a context of {memory.n_ctx} tokens\n"
     text += columns(None, rows, right=(1,))  # no header: the labels say what each line is
     if budget is not None:
