@@ -362,3 +362,23 @@ def test_verbose_memory_plan_counts_the_draft_model(runner, tiny_path):
     assert len(plans) == 2 and plans[1].startswith("draft ")
     # The same file with the same context: the draft's plan is the model's own.
     assert plans[1].split(": ", 1)[1] == plans[0]
+
+
+def test_spec_under_a_schema_says_it_is_off(runner, smollm2_path, tiny_path):
+    """A grammar judges each token before the next is guessed: --spec is turned off in one
+    line, no draft model is loaded, and the reply is the one without --spec."""
+    args = ["run", "--temperature", "0", "-n", "40", "--format", "json", "A point as JSON."]
+    plain = runner.invoke(app, args)
+    for spec in (["--spec", "ngram"], ["--spec", "draft", "--draft", str(tiny_path)]):
+        result = runner.invoke(app, [*args, *spec, "--json"])
+        assert result.exit_code == plain.exit_code, result.stderr
+        assert json.loads(result.stdout)["text"] + "\n" == plain.stdout
+        assert json.loads(result.stdout)["speculation"] is None
+        warning = [line for line in result.stderr.splitlines() if "is off under" in line]
+        assert warning == [f"quill: warning: --spec {spec[1]} is off under --schema, --format or "
+                           "--grammar: the grammar must judge each token before the next is "
+                           "guessed, so the reply decodes one token at a time"]  # fmt: skip
+    chat = runner.invoke(
+        app, ["chat", "-n", "8", "--format", "json", "--spec", "ngram"], input="hi\n"
+    )
+    assert chat.exit_code == 0 and "--spec ngram is off under" in chat.stderr

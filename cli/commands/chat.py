@@ -44,6 +44,7 @@ from cli.commands.speculation import (
     SpecMode,
     attach_speculation,
     check_spec_flags,
+    spec_under_grammar,
 )
 from cli.commands.structured_options import (
     FormatOption,
@@ -182,6 +183,7 @@ def chat(
     constraint = build_constraint(schema, schema_multi, json_format, grammar, strict)
     system = system_with_schema(system, constraint)
     check_spec_flags(spec, draft, draft_tokens, endpoint)
+    spec, draft, draft_tokens = spec_under_grammar(spec, draft, draft_tokens, constraint)
 
     if on_overflow not in OVERFLOW_POLICIES:
         raise UsageError(f"--on-overflow takes truncate or error, not {on_overflow!r}")

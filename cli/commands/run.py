@@ -33,6 +33,7 @@ from cli.commands.speculation import (
     SpecMode,
     attach_speculation,
     check_spec_flags,
+    spec_under_grammar,
 )
 from cli.commands.structured_options import (
     FormatOption,
@@ -190,6 +191,7 @@ def run(
     """Generate a reply to PROMPT, streamed to stdout; reasoning and timing go to stderr."""
     constraint = build_constraint(schema, schema_multi, json_format, grammar, strict)
     check_spec_flags(spec, draft, draft_tokens, endpoint)
+    spec, draft, draft_tokens = spec_under_grammar(spec, draft, draft_tokens, constraint)
     request = RunRequest(
         prompt=read_prompt(prompt),
         model=model,

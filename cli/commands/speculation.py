@@ -56,6 +56,23 @@ def check_spec_flags(
         raise UsageError("--draft-tokens sets how many tokens --spec guesses: add --spec")
 
 
+def spec_under_grammar(
+    mode: str, draft: str | None, draft_tokens: int | None, constraint: object | None
+) -> tuple[str, str | None, int | None]:
+    """(mode, draft, draft_tokens) for a reply that --schema, --format or --grammar holds:
+    speculation off, said in one line (the grammar must judge each token before the next is
+    guessed, and the acceptance test reads the plain chain), and no draft model loaded."""
+    if constraint is None or mode == "off":
+        return mode, draft, draft_tokens
+    from cli.ui import render
+
+    render.warning_line(
+        f"--spec {mode} is off under --schema, --format or --grammar: the grammar must judge each "
+        "token before the next is guessed, so the reply decodes one token at a time"
+    )
+    return "off", None, None
+
+
 def attach_speculation(
     engine: Engine,
     mode: str,
