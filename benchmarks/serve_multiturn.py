@@ -4,6 +4,7 @@ every request cost before), and llama-server built from the same sdist, with its
 
 Usage (inside quill's venv; the machine otherwise idle):
   python benchmarks/serve_multiturn.py --model PATH.gguf [--turns 8] [--words 220] [--threads 2]
+      [--rounds 3] [--skip-no-reuse]
       [--llama-server benchmarks/.build/llama-cpp-python-0.3.36/build/bin/llama-server]
 
 Each turn sends the whole history plus a new user message of about --words words (~300 tokens
@@ -144,28 +145,34 @@ def main() -> None:
     parser.add_argument("--ctx", type=int, default=8192)
     parser.add_argument("--llama-server", default=str(DEFAULT_LLAMA_SERVER))
     parser.add_argument("--skip-llama-server", action="store_true")
+    parser.add_argument("--skip-no-reuse", action="store_true", help="leave out cache_prompt false")
+    parser.add_argument("--rounds", type=int, default=1, help="conversations per server: medians")
     parser.add_argument("--json", dest="json_out")
     args = parser.parse_args()
     home = tempfile.mkdtemp(prefix="quill-bench-home-")
-    runs = {
-        "quill serve": measure(
-            "quill", lambda: start_quill(args.model, args.threads, args.ctx, home), args, {}
-        ),
-        "quill serve, no reuse": measure(
-            "quill-nocache",
-            lambda: start_quill(args.model, args.threads, args.ctx, home),
-            args,
-            {"cache_prompt": False},
-        ),
+    servers = {
+        "quill serve": (lambda: start_quill(args.model, args.threads, args.ctx, home), {}),
     }
+    if not args.skip_no_reuse:
+        servers["quill serve, no reuse"] = (
+            lambda: start_quill(args.model, args.threads, args.ctx, home),
+            {"cache_prompt": False},
+        )
     if not args.skip_llama_server and Path(args.llama_server).exists():
-        runs["llama-server"] = measure(
-            "llama-server",
+        servers["llama-server"] = (
             lambda: start_llama_server(args.llama_server, args.model, args.threads, args.ctx),
-            args,
             {},
         )
+    rounds: dict[str, list[list[dict]]] = {name: [] for name in servers}
+    for round_number in range(args.rounds):
+        # Interleaved, the order turned each round: a slow spell of the machine hits each.
+        order = list(servers) if round_number % 2 == 0 else list(reversed(servers))
+        for name in order:
+            start, extra = servers[name]
+            rounds[name].append(measure(name, start, args, extra))
+    runs = {name: median_rows(conversations) for name, conversations in rounds.items()}
     names = list(runs)
+    print(f"median of {args.rounds} conversation(s) per server")
     print("| turn | prompt tokens | " + " | ".join(f"{n}: TTFT ms (cached)" for n in names) + " |")
     print("|---" * (2 + len(names)) + "|")
     for i in range(args.turns):
@@ -178,8 +185,23 @@ def main() -> None:
         rows = runs[name]
         print(f"{name}: turn {args.turns} TTFT / turn 1 TTFT = "
               f"{rows[-1]['ttft_ms'] / rows[0]['ttft_ms']:.2f}")  # fmt: skip
+    if "llama-server" in runs:
+        ratios = [
+            ours["ttft_ms"] / theirs["ttft_ms"]
+            for ours, theirs in zip(runs["quill serve"], runs["llama-server"], strict=True)
+        ]
+        print("quill serve / llama-server, turn by turn: " + ", ".join(f"{r:.2f}" for r in ratios))
     if args.json_out:
-        Path(args.json_out).write_text(json.dumps(runs, indent=1))
+        Path(args.json_out).write_text(json.dumps({"median": runs, "rounds": rounds}, indent=1))
+
+
+def median_rows(conversations: list[list[dict]]) -> list[dict]:
+    """Turn by turn, the median TTFT over the conversations (tokens are the same in each)."""
+    rows = []
+    for turn_rows in zip(*conversations, strict=True):
+        times = sorted(row["ttft_ms"] for row in turn_rows)
+        rows.append({**turn_rows[0], "ttft_ms": times[len(times) // 2]})
+    return rows
 
 
 if __name__ == "__main__":

@@ -382,3 +382,50 @@ def test_spec_under_a_schema_says_it_is_off(runner, smollm2_path, tiny_path):
         app, ["chat", "-n", "8", "--format", "json", "--spec", "ngram"], input="hi\n"
     )
     assert chat.exit_code == 0 and "--spec ngram is off under" in chat.stderr
+
+
+def test_cost_model_reads_batch_costs_per_size_and_guesses_in_runs():
+    """The adaptive k: batch costs measured per size (interpolated between sizes, proportional
+    beyond the largest), guesses that hold in runs valued as the runs came."""
+    from cli.engine.speculative import CostModel
+
+    costs = CostModel()
+    assert costs.best_k(8) is None  # nothing measured
+    costs.observe_plain(0.020)
+    # F16-like: a batch of 5 costs under twice a plain step; copied passages hold every guess.
+    for held in (4, 0, 4, 0):
+        costs.observe_verify(4, held, draft_s=0.0, verify_s=0.036)
+    assert costs.batch_cost(5) == pytest.approx(0.036)
+    assert costs.batch_cost(3) == pytest.approx(0.020 + (0.036 - 0.020) / 2)
+    assert costs.batch_cost(10) == pytest.approx(0.036 * 2)
+    assert costs.expected_held(4) == 2 and costs.expected_held(2) == 1
+    assert costs.acceptance == 0.5
+    # (1 + 2) tokens for 36 ms beat one for 20 ms: k = 4; a geometric model with a = 0.5 gives
+    # (1 - 0.5**5) / 0.5 = 1.94 tokens, which would not.
+    assert costs.best_k(4) == 4
+    # Q4_1-like: a batch costs as much as its tokens decoded one by one; nothing pays.
+    slow = CostModel()
+    slow.observe_plain(0.015)
+    for held in (1, 0, 0):
+        slow.observe_verify(4, held, draft_s=0.0, verify_s=0.075)
+    assert slow.best_k(8) == 0
+    assert not slow.nothing_held(3) and slow.nothing_held(2)
+    slow.forget_guesses()
+    assert slow.best_k(8) is None
+
+
+def test_adaptive_speculation_pauses_and_keeps_the_text(tiny_path):
+    """Over 300 tokens of the tiny model the adaptive switch speculates, may pause and try again;
+    the text is plain greedy's throughout."""
+    with Engine(tiny_path, LoadOptions(n_ctx=1024, threads=1)) as engine:
+        prompt = engine.tokenize("a b c a b c a b c d e f d e f " * 6)
+        plain = [
+            e.token for e in engine.stream_generate(prompt, 300, SamplingParams(temperature=0))
+        ]
+        attach(engine, SpecOptions("ngram"))
+        events = list(engine.stream_generate(prompt, 300, SamplingParams(temperature=0)))
+        stats = engine.speculator.last_stats
+    assert [e.token for e in events] == plain
+    assert stats.verify_steps > 0
+    # Pausing depends on the measured costs; either way the record is consistent.
+    assert (stats.pauses == 0) == (stats.switched_off_after is None)

@@ -33,7 +33,7 @@ DraftTokens = Annotated[
         "--draft-tokens",
         min=1,
         help="Guess exactly K tokens per step. Default: adaptive (K grows while guesses hold, "
-        "and speculation turns itself off when it measures slower than plain decoding).",
+        "and speculation pauses itself while it measures slower than plain decoding).",
     ),
 ]
 

@@ -22,15 +22,22 @@ with the probability the full sampler chain gives it, and a rejected guess is re
 from the chain's distribution without it (RejectionSampler). Accepting a guess whenever the
 sampled token happened to equal it would skew the distribution toward the guesses.
 
-Adaptive by default: k grows while every draft is accepted and halves when most are rejected;
-speculation turns itself off for the rest of the reply when its cost per token measures above a
-plain decode step's. --draft-tokens K fixes k and keeps speculation on (for benchmarks).
+Adaptive by default: k is the number of guesses that yields most tokens per second, from what
+this reply measured (a plain step's cost, a checking batch's cost at each size it tried, how
+often guesses held), and grows while every guess holds (which is also how larger batches get
+measured: on a CPU their cost rises far slower than their size where the weights' memory
+traffic dominates, F16 say, and nearly in step with it where dequantizing does, Q4_1).
+When no k beats a plain step, speculation pauses: the next 32 tokens decode plainly, then it
+tries again (64 after a second pause, and so on), because a reply changes as it goes: a
+rewrite's preamble guesses badly and its copied body well. --draft-tokens K fixes k and keeps
+speculation on (for benchmarks).
 """
 
 from __future__ import annotations
 
 import ctypes
 import time
+from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
@@ -52,8 +59,11 @@ START_TOKENS = {"ngram": 4, "draft": 4}  # k at the start of a reply
 MOST_TOKENS = {"ngram": 16, "draft": 8}  # a draft model's guesses cost a decode each
 PLAIN_PROBES = 2  # plain steps at the start of a reply: the cost speculation must beat
 JUDGE_AFTER_STEPS = 10  # verification steps before the off-switch may judge
+JUDGE_AGAIN_STEPS = 4  # after a pause: the costs are known, only the guesses are new
+FIRST_PAUSE = 32  # tokens decoded plainly when speculation measures slower; doubles each time
 RECENT_WEIGHT = 0.25  # how much the latest step moves a running cost
-HELD_MEMORY = 0.85  # how much of the guesses' record each verification step keeps
+NOTHING_HELD_CHECKS = 3  # checks in a row that held no guess: enough to pause early
+RECENT_CHECKS = 16  # the verification steps whose held guesses predict the next ones
 VOCAB_SIZE_SLACK = 128  # padded vocabularies of one family differ at the end (llama.cpp's rule)
 
 
@@ -81,7 +91,8 @@ class SpecStats:
     spec_tokens: int = 0  # tokens that verification passes yielded
     spec_s: float = 0.0  # time of drafting and verification passes
     plain_s: float = 0.0  # time of one-token passes
-    switched_off_after: int | None = None  # generated tokens when it turned itself off
+    switched_off_after: int | None = None  # generated tokens when it first paused itself
+    pauses: int = 0  # times it measured slower than plain steps and paused
     bursts: list[int] = field(default_factory=list)  # tokens per verification pass
     guessed: list[int] = field(default_factory=list)  # numbers (from 1) of accepted guesses
 
@@ -322,6 +333,7 @@ class Speculator:
         most = self.options.draft_tokens or MOST_TOKENS[self.mode]
         seq = step.seq
         costs = CostModel()
+        resume_at, pause, judge_after, judged_steps = 0, FIRST_PAUSE, JUDGE_AFTER_STEPS, 0
         self.drafter.prepare(engine.cached(seq))  # a draft model's prefill: part of the TTFT
         event = step.sample(output)
         yield event
@@ -334,6 +346,11 @@ class Speculator:
             # Never past max_tokens, and never so far that a full-context check fires early.
             room = min(step.max_tokens - step.generated - 1, engine.n_ctx - cached - 2, k)
             probing = adaptive and stats.plain_steps < PLAIN_PROBES
+            if not speculating and step.generated >= resume_at:
+                # Try again at the least cost (k grows from 1 while guesses hold): the costs
+                # stand, the guesses' record starts afresh.
+                speculating, k, judge_after, judged_steps = True, 1, JUDGE_AGAIN_STEPS, 0
+                costs.forget_guesses()
             started = time.perf_counter()
             guesses: list[int] = []
             if speculating and not probing and room > 0:
@@ -378,14 +395,22 @@ class Speculator:
                 return
             pending = event.token
             if guesses and adaptive:
+                judged_steps += 1
                 best = costs.best_k(most)
+                all_held = emitted - 1 == len(guesses) and len(guesses) >= k
                 if best is None:  # not measured yet: grow while guesses hold, else shrink
                     k = _next_k(k, len(guesses), emitted - 1, most)
                 elif best > 0:
-                    k = best
-                elif stats.verify_steps >= JUDGE_AFTER_STEPS:  # no k beats a plain step
-                    speculating = False
-                    stats.switched_off_after = step.generated
+                    # Guesses that all held ask for a larger batch, whose cost is then measured.
+                    k = max(best, min(2 * k, most)) if all_held else best
+                elif judged_steps >= judge_after or costs.nothing_held(NOTHING_HELD_CHECKS):
+                    # No k beats a plain step (and enough checks say so, or the last few held
+                    # no guess at all): pause.
+                    speculating, resume_at = False, step.generated + pause
+                    pause *= 2
+                    stats.pauses += 1
+                    if stats.switched_off_after is None:
+                        stats.switched_off_after = step.generated
                 else:
                     k = 1  # too early to judge: keep measuring at the least cost
 
@@ -401,43 +426,75 @@ def _next_k(k: int, drafted: int, confirmed: int, most: int) -> int:
 
 @dataclass
 class CostModel:
-    """What steps cost and how often guesses hold, measured in this reply. With a chance a that
-    each guess holds, k guesses yield (1 - a^(k+1)) / (1 - a) tokens (the model's own token
-    comes with the first miss, or after the last guess) for a step that costs a plain step plus
-    k times (a batch position + drafting one guess). The best k yields most tokens per second;
-    0 when none beats a plain step."""
+    """What steps cost and how many guesses hold, measured in this reply. The best k yields
+    most tokens per second: a step of k guesses yields the model's own token plus the guesses
+    that held before the first miss, and costs a checking batch of k + 1 positions plus k times
+    drafting one guess; 0 when no k beats a plain step.
+
+    How many guesses hold is read from the recent checks as they came, not from an average
+    chance per guess: guesses hold in runs (a copied passage holds all of them, a paraphrase
+    none), and a geometric model fitted to the average would undervalue every k.
+
+    A batch's cost is measured per size, because it is not linear: on a CPU it grows slowly
+    while the weights' memory traffic dominates and in step with the size once computing does.
+    A size not tried yet is estimated from the sizes that were (linearly between two, and in
+    proportion to the largest beyond it, which errs high where the curve bends)."""
 
     plain: float | None = None  # seconds of a one-token step
-    per_position: float | None = None  # seconds each guess adds to a verification batch
+    batch: dict[int, float] = field(default_factory=dict)  # seconds of a checking batch, by size
     per_guess: float | None = None  # seconds of drafting one guess (next to 0 for prompt lookup)
-    held: float = 0.0  # guesses that held, recent ones counting most
-    tried: float = 0.0  # guesses put to the test, alike
+    checks: deque[tuple[int, int]] = field(
+        default_factory=lambda: deque(maxlen=RECENT_CHECKS)
+    )  # (guesses, held) of recent verification steps
 
     def observe_plain(self, seconds: float) -> None:
         self.plain = _recent(self.plain, seconds)
 
     def observe_verify(self, guesses: int, held: int, draft_s: float, verify_s: float) -> None:
-        if self.plain is not None:
-            extra = max(verify_s - self.plain, 0.0) / guesses
-            self.per_position = _recent(self.per_position, extra)
+        self.batch[guesses + 1] = _recent(self.batch.get(guesses + 1), verify_s)
         self.per_guess = _recent(self.per_guess, draft_s / guesses)
-        self.held = self.held * HELD_MEMORY + held
-        self.tried = self.tried * HELD_MEMORY + held + (held < guesses)
+        self.checks.append((guesses, held))
+
+    def nothing_held(self, checks: int) -> bool:
+        """Whether the last `checks` checks all held no guess."""
+        recent = list(self.checks)[-checks:]
+        return len(recent) == checks and not any(held for _, held in recent)
+
+    def forget_guesses(self) -> None:
+        self.checks.clear()
 
     @property
     def acceptance(self) -> float | None:
-        return self.held / self.tried if self.tried else None
+        tried = sum(guesses for guesses, _ in self.checks)
+        return sum(held for _, held in self.checks) / tried if tried else None
+
+    def expected_held(self, k: int) -> float:
+        """Guesses that would have held, on average, had the recent checks guessed k. Where all
+        of a check's guesses held, how many more would have is unknown: counted as none (growing
+        k while guesses hold measures it)."""
+        return sum(min(held, k) for _, held in self.checks) / len(self.checks)
+
+    def batch_cost(self, size: int) -> float:
+        """Seconds of a checking batch of size positions: measured, else estimated."""
+        assert self.plain is not None
+        known = {1: self.plain, **self.batch}
+        if size in known:
+            return known[size]
+        below = max(n for n in known if n < size)
+        above = [n for n in known if n > size]
+        if not above:
+            return known[below] * size / below
+        upper = min(above)
+        share = (size - below) / (upper - below)
+        return known[below] + share * (known[upper] - known[below])
 
     def best_k(self, most: int) -> int | None:
         """The k with most tokens per second (0: a plain step); None until measured."""
-        a = self.acceptance
-        if self.plain is None or self.per_position is None or self.per_guess is None or a is None:
+        if self.plain is None or not self.batch or self.per_guess is None or not self.checks:
             return None
-        a = min(a, 0.99)
         best, best_rate = 0, 1.0 / self.plain
         for k in range(1, most + 1):
-            expected = (1 - a ** (k + 1)) / (1 - a)
-            rate = expected / (self.plain + k * (self.per_position + self.per_guess))
+            rate = (1 + self.expected_held(k)) / (self.batch_cost(k + 1) + k * self.per_guess)
             if rate > best_rate:
                 best, best_rate = k, rate
         return best

@@ -96,7 +96,8 @@ def speculation_text(spec: dict[str, Any]) -> str:
     if spec["plain_tokens_per_s"] is not None:
         text += f", plain steps {spec['plain_tokens_per_s']:.1f} tok/s"
     if spec["switched_off_after"] is not None:
-        text += f", off after {spec['switched_off_after']} tok (slower than plain)"
+        times = f" {spec['pauses']} times" if spec.get("pauses", 1) > 1 else ""
+        text += f", paused{times} from {spec['switched_off_after']} tok (slower than plain)"
     return text
 
 
