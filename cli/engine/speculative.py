@@ -55,10 +55,10 @@ if TYPE_CHECKING:
 SPEC_MODES = ("off", "ngram", "draft")
 NGRAM_LONGEST = 4  # n-grams looked up, longest first: a longer match predicts better
 NGRAM_SHORTEST = 2  # single tokens match everywhere and mostly predict wrong
-START_TOKENS = {"ngram": 4, "draft": 4}  # k at the start of a reply
+START_TOKENS = {"ngram": 2, "draft": 2}  # k at the start of a reply
 MOST_TOKENS = {"ngram": 16, "draft": 8}  # a draft model's guesses cost a decode each
 PLAIN_PROBES = 2  # plain steps at the start of a reply: the cost speculation must beat
-JUDGE_AFTER_STEPS = 10  # verification steps before the off-switch may judge
+JUDGE_AFTER_STEPS = 6  # verification steps before the off-switch may judge
 JUDGE_AGAIN_STEPS = 4  # after a pause: the costs are known, only the guesses are new
 FIRST_PAUSE = 32  # tokens decoded plainly when speculation measures slower; doubles each time
 RECENT_WEIGHT = 0.25  # how much the latest step moves a running cost
