@@ -96,7 +96,7 @@ def speculation_text(spec: dict[str, Any]) -> str:
     if spec["plain_tokens_per_s"] is not None:
         text += f", plain steps {spec['plain_tokens_per_s']:.1f} tok/s"
     if spec["switched_off_after"] is not None:
-        times = f" {spec['pauses']} times" if spec.get("pauses", 1) > 1 else ""
+        times = f" {spec['pauses']} times" if spec["pauses"] > 1 else ""
         text += f", paused{times} from {spec['switched_off_after']} tok (slower than plain)"
     return text
 
