@@ -385,33 +385,47 @@ def test_spec_under_a_schema_says_it_is_off(runner, smollm2_path, tiny_path):
 
 
 def test_cost_model_reads_batch_costs_per_size_and_guesses_in_runs():
-    """The adaptive k: batch costs measured per size (interpolated between sizes, proportional
-    beyond the largest), guesses that hold in runs valued as the runs came."""
+    """The adaptive k: batch costs measured per size (interpolated between sizes, along the line
+    through the two largest beyond them); guesses valued by two chances, the first guess's and a
+    run's going on, because guesses hold in runs."""
     from cli.engine.speculative import CostModel
 
     costs = CostModel()
     assert costs.best_k(8) is None  # nothing measured
     costs.observe_plain(0.020)
-    # F16-like: a batch of 5 costs under twice a plain step; copied passages hold every guess.
+    # A copied passage holds every guess, a paraphrase none: half the checks hold all four.
     for held in (4, 0, 4, 0):
-        costs.observe_verify(4, held, draft_s=0.0, verify_s=0.036)
-    assert costs.batch_cost(5) == pytest.approx(0.036)
-    assert costs.batch_cost(3) == pytest.approx(0.020 + (0.036 - 0.020) / 2)
-    assert costs.batch_cost(10) == pytest.approx(0.036 * 2)
-    assert costs.expected_held(4) == 2 and costs.expected_held(2) == 1
-    assert costs.acceptance == 0.5
-    # (1 + 2) tokens for 36 ms beat one for 20 ms: k = 4; a geometric model with a = 0.5 gives
-    # (1 - 0.5**5) / 0.5 = 1.94 tokens, which would not.
-    assert costs.best_k(4) == 4
-    # Q4_1-like: a batch costs as much as its tokens decoded one by one; nothing pays.
+        costs.observe_verify(4, held, draft_s=0.0, verify_s=0.045)
+    assert costs.batch_cost(5) == pytest.approx(0.045)
+    assert costs.batch_cost(3) == pytest.approx(0.020 + (0.045 - 0.020) / 2)
+    assert costs.batch_cost(9) == pytest.approx(0.045 + 4 * (0.045 - 0.020) / 4)
+    # First guesses: 2 of 4 held, smoothed by one held and one missed: 3/6. Guesses after a held
+    # one: 6 of 6, smoothed: 7/8.
+    first, after = costs.hold_chances()
+    assert (first, after) == (pytest.approx(0.5), pytest.approx(0.875))
+    assert costs.expected_held(1) == pytest.approx(0.5)
+    assert costs.expected_held(4) == pytest.approx(0.5 * (1 + 0.875 + 0.875**2 + 0.875**3))
+    # k = 3: (1 + 1.32) tokens for 38.75 ms, 59.9 a second, beat 50 of plain steps (and k = 4's
+    # 59.0). One average chance per guess (8 of 16 held: 0.5) would expect 0.875 held guesses at
+    # k = 3, 48.4 tokens a second, and decline.
+    assert costs.best_k(4) == 3
+    assert (1 + 0.5 + 0.25 + 0.125) / costs.batch_cost(4) < 1 / 0.020
+    # Q4_1-like: a batch costs nearly as much as its tokens decoded one by one; nothing pays.
     slow = CostModel()
     slow.observe_plain(0.015)
     for held in (1, 0, 0):
         slow.observe_verify(4, held, draft_s=0.0, verify_s=0.075)
+    assert slow.hold_chances() == (pytest.approx(2 / 5), pytest.approx(1 / 3))
     assert slow.best_k(8) == 0
     assert not slow.nothing_held(3) and slow.nothing_held(2)
     slow.forget_guesses()
     assert slow.best_k(8) is None
+    # A larger batch measured cheaper than a smaller one (noise): sizes beyond cost no more.
+    noisy = CostModel()
+    noisy.observe_plain(0.010)
+    noisy.observe_verify(2, 2, draft_s=0.0, verify_s=0.030)
+    noisy.observe_verify(4, 4, draft_s=0.0, verify_s=0.028)
+    assert noisy.batch_cost(9) == pytest.approx(0.028)
 
 
 def test_adaptive_speculation_pauses_and_keeps_the_text(tiny_path):

@@ -24,7 +24,7 @@ sampled token happened to equal it would skew the distribution toward the guesse
 
 Adaptive by default: k is the number of guesses that yields most tokens per second, from what
 this reply measured (a plain step's cost, a checking batch's cost at each size it tried, how
-often guesses held), and grows while every guess holds (which is also how larger batches get
+often a first guess held and how often a run of held guesses went on), and grows while every guess holds (which is also how larger batches get
 measured: on a CPU their cost rises far slower than their size where the weights' memory
 traffic dominates, F16 say, and nearly in step with it where dequantizing does, Q4_1).
 When no k beats a plain step, speculation pauses: the next 32 tokens decode plainly, then it
@@ -38,7 +38,7 @@ from __future__ import annotations
 import ctypes
 import time
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -59,7 +59,7 @@ START_TOKENS = {"ngram": 2, "draft": 2}  # k at the start of a reply
 MOST_TOKENS = {"ngram": 16, "draft": 8}  # a draft model's guesses cost a decode each
 PLAIN_PROBES = 2  # plain steps at the start of a reply: the cost speculation must beat
 JUDGE_AFTER_STEPS = 6  # verification steps before the off-switch may judge
-JUDGE_AGAIN_STEPS = 4  # after a pause: the costs are known, only the guesses are new
+JUDGE_AGAIN_STEPS = 8  # after a pause: checks restart from one guess, where little can pay
 FIRST_PAUSE = 32  # tokens decoded plainly when speculation measures slower; doubles each time
 RECENT_WEIGHT = 0.25  # how much the latest step moves a running cost
 NOTHING_HELD_CHECKS = 3  # checks in a row that held no guess: enough to pause early
@@ -310,6 +310,9 @@ class Speculator:
         self.options = options
         self.drafter = drafter
         self.last_stats: SpecStats | None = None
+        # What the adaptive switch times steps by; benchmarks/speculative_bound.py replays a
+        # reply on a clock that charges each batch its measured median cost, free of noise.
+        self.clock: Callable[[], float] = time.perf_counter
 
     @property
     def mode(self) -> str:
@@ -351,13 +354,13 @@ class Speculator:
                 # stand, the guesses' record starts afresh.
                 speculating, k, judge_after, judged_steps = True, 1, JUDGE_AGAIN_STEPS, 0
                 costs.forget_guesses()
-            started = time.perf_counter()
+            started = self.clock()
             guesses: list[int] = []
             if speculating and not probing and room > 0:
                 guesses = self.drafter.propose([*engine.cached(seq), pending], room)
-            drafted_at = time.perf_counter()
+            drafted_at = self.clock()
             outputs = engine.decode([(seq, pending, True)] + [(seq, t, True) for t in guesses])
-            finished_at = time.perf_counter()
+            finished_at = self.clock()
             spent = finished_at - started
             if guesses:
                 stats.verify_steps += 1
@@ -431,14 +434,14 @@ class CostModel:
     that held before the first miss, and costs a checking batch of k + 1 positions plus k times
     drafting one guess; 0 when no k beats a plain step.
 
-    How many guesses hold is read from the recent checks as they came, not from an average
-    chance per guess: guesses hold in runs (a copied passage holds all of them, a paraphrase
-    none), and a geometric model fitted to the average would undervalue every k.
+    How many guesses hold is read from the recent checks as two chances, the first guess's and
+    a run's going on (hold_chances), not as one average chance per guess: guesses hold in runs
+    (a copied passage holds all of them, a paraphrase none), and one average would undervalue
+    every k larger than 1.
 
     A batch's cost is measured per size, because it is not linear: on a CPU it grows slowly
     while the weights' memory traffic dominates and in step with the size once computing does.
-    A size not tried yet is estimated from the sizes that were (linearly between two, and in
-    proportion to the largest beyond it, which errs high where the curve bends)."""
+    A size not tried yet is estimated from the sizes that were."""
 
     plain: float | None = None  # seconds of a one-token step
     batch: dict[int, float] = field(default_factory=dict)  # seconds of a checking batch, by size
@@ -463,30 +466,51 @@ class CostModel:
     def forget_guesses(self) -> None:
         self.checks.clear()
 
-    @property
-    def acceptance(self) -> float | None:
-        tried = sum(guesses for guesses, _ in self.checks)
-        return sum(held for _, held in self.checks) / tried if tried else None
+    def hold_chances(self) -> tuple[float, float]:
+        """The chance that a check's first guess holds, and that a guess holds once the ones
+        before it did, from the recent checks. Two figures because guesses hold in runs: a
+        copied passage holds the guess after a held one far more often than the first guess
+        of a check. Counted where they were tried (a check of k guesses says nothing about
+        guess k + 1), and smoothed by one held and one missed guess so that a run of a few
+        checks that all held does not read as certainty."""
+        first_tried = first_held = after_tried = after_held = 0
+        for guesses, held in self.checks:
+            first_tried += 1
+            first_held += held > 0
+            # Guesses 2.. were judged while every guess before them held: up to the first miss.
+            judged = min(held + 1, guesses) - 1 if held else 0
+            after_tried += judged
+            after_held += max(held - 1, 0)
+        first = (first_held + 1) / (first_tried + 2)
+        after = (after_held + 1) / (after_tried + 2) if after_tried else first
+        return first, after
 
     def expected_held(self, k: int) -> float:
-        """Guesses that would have held, on average, had the recent checks guessed k. Where all
-        of a check's guesses held, how many more would have is unknown: counted as none (growing
-        k while guesses hold measures it)."""
-        return sum(min(held, k) for _, held in self.checks) / len(self.checks)
+        """Guesses expected to hold in a check of k: the first with its chance, each later one
+        with the chance of a run going on."""
+        first, after = self.hold_chances()
+        return first * sum(after**n for n in range(k))
 
     def batch_cost(self, size: int) -> float:
-        """Seconds of a checking batch of size positions: measured, else estimated."""
+        """Seconds of a checking batch of size positions: measured, else estimated: linearly
+        between the sizes measured around it, and beyond the largest along the line through
+        the two largest (a batch's cost grows by a fairly steady amount per position on a
+        CPU). An estimate that errs low is soon corrected: the size is then tried and measured."""
         assert self.plain is not None
         known = {1: self.plain, **self.batch}
         if size in known:
             return known[size]
         below = max(n for n in known if n < size)
         above = [n for n in known if n > size]
-        if not above:
-            return known[below] * size / below
-        upper = min(above)
-        share = (size - below) / (upper - below)
-        return known[below] + share * (known[upper] - known[below])
+        if above:
+            upper = min(above)
+            share = (size - below) / (upper - below)
+            return known[below] + share * (known[upper] - known[below])
+        if below == 1:  # no batch measured yet: as if each position cost a plain step
+            return known[1] * size
+        before = max(n for n in known if n < below)
+        per_position = max((known[below] - known[before]) / (below - before), 0.0)
+        return known[below] + (size - below) * per_position
 
     def best_k(self, most: int) -> int | None:
         """The k with most tokens per second (0: a plain step); None until measured."""
