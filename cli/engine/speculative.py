@@ -24,9 +24,10 @@ sampled token happened to equal it would skew the distribution toward the guesse
 
 Adaptive by default: k is the number of guesses that yields most tokens per second, from what
 this reply measured (a plain step's cost, a checking batch's cost at each size it tried, how
-often a first guess held and how often a run of held guesses went on), and grows while every guess holds (which is also how larger batches get
-measured: on a CPU their cost rises far slower than their size where the weights' memory
-traffic dominates, F16 say, and nearly in step with it where dequantizing does, Q4_1).
+often a first guess held and how often a run of held guesses went on), and grows while every
+guess holds (which is also how larger batches get measured: on a CPU their cost rises far
+slower than their size where the weights' memory traffic dominates, F16 say, and nearly in
+step with it where dequantizing does, Q4_1).
 When no k beats a plain step, speculation pauses: the next 32 tokens decode plainly, then it
 tries again (64 after a second pause, and so on), because a reply changes as it goes: a
 rewrite's preamble guesses badly and its copied body well. --draft-tokens K fixes k and keeps
