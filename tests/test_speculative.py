@@ -443,3 +443,25 @@ def test_adaptive_speculation_pauses_and_keeps_the_text(tiny_path):
     assert stats.verify_steps > 0
     # Pausing depends on the measured costs; either way the record is consistent.
     assert (stats.pauses == 0) == (stats.switched_off_after is None)
+
+
+def test_speculative_bound_is_the_cheapest_path_over_held_guesses():
+    """benchmarks/speculative_bound.py's bound: each position a plain step or a check of up to
+    the guesses that hold there, the cheapest way through the reply."""
+    import importlib
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    try:
+        bound = importlib.import_module("speculative_bound").bound
+    finally:
+        sys.path.pop(0)
+    cost = {1: 1.0, 2: 1.5, 3: 1.8, 4: 2.0}
+    # Five tokens, four steps. From the first, three guesses hold: one check of 4 positions
+    # (cost 2.0) reaches the end, against 4.0 for plain steps.
+    assert bound([3, 2, 1, 0, 0], cost) == pytest.approx(2.0)
+    assert bound([0, 0, 0, 0, 0], cost) == 1.0  # nothing holds: plain steps
+    # Batches that cost as much as their positions decoded one by one never pay.
+    assert bound([3, 2, 1, 0, 0], {n: float(n) for n in range(1, 5)}) == 1.0
+    # One guess holds at the second position: a check of 2 (1.5) for two steps (2.0).
+    assert bound([0, 1, 0, 0, 0], cost) == pytest.approx(4.0 / 3.5)
