@@ -131,21 +131,15 @@ def test_smollm2_greedy_is_plain_greedy(
 @pytest.mark.parametrize("raw", [False, True], ids=["templated", "raw"])
 @pytest.mark.parametrize("mode", ["ngram", "draft"])
 def test_tiny_greedy_is_plain_greedy(tiny, tiny_path, mode, raw):
-    # Random weights seldom repeat: prompt lookup's guesses (from the chat template's repeated
-    # markup) fail, the rejection path, while the model drafting for itself is mostly right,
-    # the acceptance path.
+    # Random weights seldom repeat: prompt lookup's guesses fail (the rejection path), while
+    # the model drafting for itself is mostly right (the acceptance path).
     plain, _, _ = generate(tiny, COPY, 120, raw=raw)
     draft = draft_for(tiny, tiny_path) if mode == "draft" else None
     with speculating(tiny, SpecOptions(mode, 5), draft) as speculator:
         tokens, _, _ = generate(tiny, COPY, 120, raw=raw)
         stats = speculator.last_stats
     assert tokens == plain
-    if mode == "ngram" and raw:
-        # Without the template nothing repeats with confidence: no guess, every step plain. A
-        # drafter that guessed from one coincidental sighting would check, and lose, here.
-        assert stats.drafted == 0 and stats.plain_steps == len(tokens) - 1
-    else:
-        assert stats.drafted > 0
+    assert stats.drafted > 0
     if mode == "draft":
         assert stats.accepted > stats.drafted // 2
 
@@ -329,21 +323,13 @@ def test_contradictory_flags_are_refused(runner, args, says):
     assert result.exit_code == 2 and says in result.stderr
 
 
-def test_ngram_drafter_guesses_the_commonest_confident_continuation():
-    drafter = NgramDrafter()
+def test_ngram_drafter_proposes_what_followed_the_latest_match():
+    drafter = NgramDrafter(longest=3, shortest=2)
     history = [5, 1, 2, 3, 4, 9, 1, 2, 3, 7, 8, 1, 2]
-    # "1 2" was followed by 3 both times; "1 2 3" by 4 and then 7 (a tie: the latest); "2 3 7"
-    # once, by 8: each guess extends the text the next one is looked up from.
+    # "1 2" last ended before 3 (at index 7..8): the latest occurrence wins.
     assert drafter.propose(history, 3) == [3, 7, 8]
     assert drafter.propose([*history, 3], 2) == [7, 8]
     assert drafter.propose([6, 6, 0], 4) == []  # a new reply: nothing matches
-    # The commonest continuation, not the latest: "1 2" went on with 3, 3, then 4.
-    assert NgramDrafter().propose([1, 2, 3, 1, 2, 3, 1, 2, 4, 0, 1, 2], 3) == [3, 1, 2]
-    # A short n-gram seen once is no evidence: "7 8" and "8" each occurred once before.
-    assert NgramDrafter().propose([7, 8, 9, 5, 7, 8], 3) == []
-    # A single token needs two sightings and a two-thirds share: "4" went on with 1 and 2.
-    assert NgramDrafter().propose([4, 1, 4, 2, 4], 1) == []
-    assert NgramDrafter().propose([4, 1, 4, 1, 4, 2, 4], 1) == [1]
 
 
 def test_bench_rows_per_speculation_mode(runner, tiny_path):

@@ -4,8 +4,8 @@ longest run the model agrees with.
 On a CPU a forward pass over k+1 tokens costs far less than k+1 passes, so when the guesses are
 good each pass yields several tokens. Two drafters guess:
 
-- NgramDrafter (prompt lookup): what most often followed the text's last few tokens, earlier in
-  the prompt or the reply so far, where that is clear. Free, and strong exactly when the reply
+- NgramDrafter (prompt lookup): the tokens that followed the latest earlier occurrence of the
+  reply's last n-gram, in the prompt or the reply so far. Free, and strong exactly when the reply
   copies from its input (rewriting, extracting, summarising a piped file).
 - DraftModelDrafter: a small model with the same vocabulary, in its own context, drafting
   greedily.
@@ -55,9 +55,7 @@ if TYPE_CHECKING:
 
 SPEC_MODES = ("off", "ngram", "draft")
 NGRAM_LONGEST = 4  # n-grams looked up, longest first: a longer match predicts better
-NGRAM_SHORTEST = 1
-# n: (times seen at least, percent of them its commonest continuation must hold at least)
-NGRAM_CONFIDENCE = {1: (2, 66), 2: (2, 50), 3: (1, 50), 4: (1, 50)}
+NGRAM_SHORTEST = 2  # single tokens match everywhere and mostly predict wrong
 START_TOKENS = {"ngram": 2, "draft": 2}  # k at the start of a reply
 MOST_TOKENS = {"ngram": 16, "draft": 8}  # a draft model's guesses cost a decode each
 PLAIN_PROBES = 2  # plain steps at the start of a reply: the cost speculation must beat
@@ -133,39 +131,14 @@ class Drafter(Protocol):
     def close(self) -> None: ...
 
 
-class _Continuations:
-    """The tokens that followed one n-gram, counted; the commonest kept at hand."""
-
-    __slots__ = ("commonest", "commonest_count", "counts", "total")
-
-    def __init__(self) -> None:
-        self.counts: dict[int, int] = {}
-        self.total = 0
-        self.commonest = -1
-        self.commonest_count = 0
-
-    def add(self, token: int) -> None:
-        count = self.counts.get(token, 0) + 1
-        self.counts[token] = count
-        self.total += 1
-        if count >= self.commonest_count:  # a tie goes to the latest: text drifts
-            self.commonest, self.commonest_count = token, count
-
-
 class NgramDrafter:
-    """Prompt lookup: for every n-gram of the prompt and the reply so far, which tokens followed
-    it and how often (an index grown incrementally: history only grows within a reply). A guess
-    is the commonest continuation of the longest n-gram ending the text that has a confident
-    one; each guess extends the text the next is looked up from, so a draft can follow one
-    passage and stops where no continuation is confident. Confident (NGRAM_CONFIDENCE, as
-    llama.cpp's lookup judges it): a short n-gram must have been seen at least twice and its
-    commonest continuation must hold a clear share, because one earlier "of the" predicts
-    nothing; a 3- or 4-gram seen once is a passage being copied."""
+    """Prompt lookup: an index from each n-gram to where its latest occurrence ended, over the
+    prompt and the reply so far, grown incrementally (history only grows within a reply)."""
 
     def __init__(self, longest: int = NGRAM_LONGEST, shortest: int = NGRAM_SHORTEST) -> None:
         self.longest, self.shortest = longest, shortest
         self._tokens: list[int] = []
-        self._index: dict[tuple[int, ...], _Continuations] = {}
+        self._index: dict[tuple[int, ...], int] = {}
 
     def _sync(self, history: Sequence[int]) -> None:
         tokens = self._tokens
@@ -179,44 +152,25 @@ class NgramDrafter:
             tokens, common = self._tokens, 0
         index = self._index
         for position in range(common, len(history)):
-            token = history[position]
-            # The n-grams ending just before this token now have one more continuation.
-            for n in range(self.shortest, min(self.longest, position) + 1):
-                key = tuple(tokens[position - n : position])
-                continuations = index.get(key)
-                if continuations is None:
-                    continuations = index[key] = _Continuations()
-                continuations.add(token)
-            tokens.append(token)
+            tokens.append(history[position])
+            # The n-grams ending just before this token now have a continuation: this token.
+            for n in range(self.shortest, self.longest + 1):
+                if position - n >= 0:
+                    index[tuple(tokens[position - n : position])] = position
 
     def prepare(self, prompt: Sequence[int]) -> None:
         self._sync(prompt)
 
-    def _guess(self, text: Sequence[int]) -> int | None:
-        for n in range(min(self.longest, len(text)), self.shortest - 1, -1):
-            continuations = self._index.get(tuple(text[-n:]))
-            if continuations is None:
-                continue
-            fewest, share_percent = NGRAM_CONFIDENCE[n]
-            commonest = continuations.commonest_count
-            if (
-                continuations.total >= fewest
-                and 100 * commonest >= share_percent * continuations.total
-            ):
-                return continuations.commonest
-        return None
-
     def propose(self, history: Sequence[int], k: int) -> list[int]:
         self._sync(history)
-        text = self._tokens[-self.longest :]
-        guesses: list[int] = []
-        while len(guesses) < k:
-            guess = self._guess(text)
-            if guess is None:
-                break
-            guesses.append(guess)
-            text = [*text[1 - self.longest :], guess] if self.longest > 1 else [guess]
-        return guesses
+        tokens = self._tokens
+        for n in range(self.longest, self.shortest - 1, -1):
+            if len(tokens) < n:
+                continue
+            start = self._index.get(tuple(tokens[-n:]))
+            if start is not None:
+                return tokens[start : start + k]
+        return []
 
     def close(self) -> None:
         pass
