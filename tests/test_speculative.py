@@ -24,7 +24,7 @@ from cli.app import app
 from cli.engine.engine import Engine
 from cli.engine.options import LoadOptions
 from cli.engine.sampling import SamplingParams
-from cli.engine.speculative import NgramDrafter, SpecOptions, attach
+from cli.engine.speculative import NgramDrafter, SpecOptions, WouldBeCheck, attach
 
 from neartie import forced_mismatch
 from reference import Reference
@@ -465,3 +465,80 @@ def test_speculative_bound_is_the_cheapest_path_over_held_guesses():
     assert bound([3, 2, 1, 0, 0], {n: float(n) for n in range(1, 5)}) == 1.0
     # One guess holds at the second position: a check of 2 (1.5) for two steps (2.0).
     assert bound([0, 1, 0, 0, 0], cost) == pytest.approx(4.0 / 3.5)
+
+
+def test_would_be_check_settles_as_a_check_would():
+    """A would-be check settles at its first miss (held: the guesses before it) or when every
+    guess held; until then it waits for the next token."""
+    check = WouldBeCheck(generated=10, guesses=[5, 6, 7])
+    assert check.settle(11, 5) is None
+    assert check.settle(12, 6) is None
+    assert check.settle(13, 7) == 3
+    assert WouldBeCheck(10, [5, 6, 7]).settle(11, 9) == 0
+    missed_second = WouldBeCheck(10, [5, 6, 7])
+    assert missed_second.settle(11, 5) is None
+    assert missed_second.settle(12, 8) == 1
+
+
+class ScriptedDrafter:
+    """A free drafter that knows the reply: wrong guesses before token `right_from` of the reply,
+    the reply's own tokens from there on (what a copied passage looks like to prompt lookup)."""
+
+    free = True
+
+    def __init__(self, prompt: Sequence[int], reply: Sequence[int], right_from: int) -> None:
+        self.prompt_length, self.reply, self.right_from = len(prompt), list(reply), right_from
+
+    def prepare(self, prompt: Sequence[int]) -> None:
+        pass
+
+    def propose(self, history: Sequence[int], k: int) -> list[int]:
+        at = len(history) - self.prompt_length  # reply tokens already in history
+        guesses = self.reply[at : at + k]
+        if at < self.right_from:
+            return [(token + 1) % 256 for token in guesses]  # the tiny model has 256 tokens
+        return guesses
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_paused_speculation_resumes_on_would_be_checks_that_hold(tiny_path):
+    """Guesses that miss pause speculation; while paused, the free drafter's would-be checks are
+    followed without a decode, and speculation resumes only once they hold. On a clock that
+    charges each decode a fixed cost by size (the benchmark's replay seam), so the switch's
+    judgement does not depend on the machine's speed; the text is plain greedy's."""
+    from cli.engine.speculative import NOTHING_HELD_CHECKS, Speculator
+
+    with Engine(tiny_path, LoadOptions(n_ctx=1024, threads=1)) as engine:
+        prompt = engine.tokenize("a b c d e f g h " * 4)
+        plain = [e.token for e in engine.stream_generate(prompt, 200, GREEDY)]
+        assert len(plain) == 200
+        right_from = 100
+        drafter = ScriptedDrafter(prompt, plain, right_from)
+        engine.speculator = Speculator(SpecOptions("ngram"), drafter)
+        now = [0.0]
+        real_decode = engine.decode
+
+        def charged_decode(items):
+            now[0] += 1.0 + 0.5 * (len(items) - 1)  # a check of n costs 1 + (n - 1) / 2 steps
+            return real_decode(items)
+
+        engine.speculator.clock = lambda: now[0]
+        engine.decode = charged_decode
+        try:
+            events = list(engine.stream_generate(prompt, 200, GREEDY))
+        finally:
+            del engine.decode
+        stats = engine.speculator.last_stats
+        engine.speculator = None
+    assert [e.token for e in events] == plain
+    assert stats.pauses >= 1 and stats.switched_off_after is not None
+    assert stats.switched_off_after < right_from  # the wrong guesses paused it early
+    assert stats.watched > 0
+    # The checks that held nothing are the few that paused it: none was paid for while paused.
+    assert stats.bursts.count(1) == NOTHING_HELD_CHECKS
+    # It resumed only on the right guesses: every guess it accepted lies past right_from, and
+    # it accepted many (the copied part).
+    assert stats.guessed and min(stats.guessed) > right_from
+    assert stats.accepted >= 50

@@ -28,9 +28,14 @@ often a first guess held and how often a run of held guesses went on), and grows
 guess holds (which is also how larger batches get measured: on a CPU their cost rises far
 slower than their size where the weights' memory traffic dominates, F16 say, and nearly in
 step with it where dequantizing does, Q4_1).
-When no k beats a plain step, speculation pauses: the next 32 tokens decode plainly, then it
-tries again (64 after a second pause, and so on), because a reply changes as it goes: a
-rewrite's preamble guesses badly and its copied body well. --draft-tokens K fixes k and keeps
+When no k beats a plain step, speculation pauses, and resumes when the reply changes, as it
+does: a rewrite's preamble guesses badly and its copied body well. Prompt lookup guesses for
+free, so while paused it keeps guessing and follows each would-be check against the tokens
+plain decoding yields (WouldBeCheck): speculation resumes when what those checks would have
+held makes some k beat a plain step again, and no check is paid for on the way. (Under
+sampling a guess matches the sampled token with the chain's probability of it, which is
+exactly the chance a check would accept it.) A draft model's guesses cost decodes, so with
+one the pause lasts 32 tokens, then 64, and so on. --draft-tokens K fixes k and keeps
 speculation on (for benchmarks).
 """
 
@@ -61,7 +66,8 @@ MOST_TOKENS = {"ngram": 16, "draft": 8}  # a draft model's guesses cost a decode
 PLAIN_PROBES = 2  # plain steps at the start of a reply: the cost speculation must beat
 JUDGE_AFTER_STEPS = 6  # verification steps before the off-switch may judge
 JUDGE_AGAIN_STEPS = 8  # after a pause: checks restart from one guess, where little can pay
-FIRST_PAUSE = 32  # tokens decoded plainly when speculation measures slower; doubles each time
+FIRST_PAUSE = 32  # a draft model's pause when speculation measures slower; doubles each time
+WATCH_BEFORE_RESUME = 3  # would-be checks that judge whether to resume, the latest ones
 RECENT_WEIGHT = 0.25  # how much the latest step moves a running cost
 NOTHING_HELD_CHECKS = 3  # checks in a row that held no guess: enough to pause early
 RECENT_CHECKS = 16  # the verification steps whose held guesses predict the next ones
@@ -94,6 +100,7 @@ class SpecStats:
     plain_s: float = 0.0  # time of one-token passes
     switched_off_after: int | None = None  # generated tokens when it first paused itself
     pauses: int = 0  # times it measured slower than plain steps and paused
+    watched: int = 0  # would-be checks followed while paused (free guesses, no decode)
     bursts: list[int] = field(default_factory=list)  # tokens per verification pass
     guessed: list[int] = field(default_factory=list)  # numbers (from 1) of accepted guesses
 
@@ -120,6 +127,8 @@ class SpecStats:
 
 
 class Drafter(Protocol):
+    free: bool  # whether guessing costs next to nothing beside a decode (prompt lookup)
+
     def prepare(self, prompt: Sequence[int]) -> None:
         """Read the prompt before the reply starts."""
         ...
@@ -134,6 +143,8 @@ class Drafter(Protocol):
 class NgramDrafter:
     """Prompt lookup: an index from each n-gram to where its latest occurrence ended, over the
     prompt and the reply so far, grown incrementally (history only grows within a reply)."""
+
+    free = True
 
     def __init__(self, longest: int = NGRAM_LONGEST, shortest: int = NGRAM_SHORTEST) -> None:
         self.longest, self.shortest = longest, shortest
@@ -179,6 +190,8 @@ class NgramDrafter:
 class DraftModelDrafter:
     """A small model with the target's vocabulary drafts greedily in its own context; its KV
     cache keeps the common prefix with the target's history from one step to the next."""
+
+    free = False
 
     def __init__(self, draft: Engine) -> None:
         self.engine = draft
@@ -304,6 +317,23 @@ class RejectionSampler:
         return token
 
 
+class WouldBeCheck:
+    """Guesses made while speculation pauses, followed against the tokens plain decoding yields:
+    how many a check would have held, learnt for free. It settles as a check would have, at
+    the first miss or when every guess held."""
+
+    def __init__(self, generated: int, guesses: list[int]) -> None:
+        self.generated = generated  # tokens generated when the guesses were made
+        self.guesses = guesses
+
+    def settle(self, generated: int, token: int) -> int | None:
+        """The guesses that held, once the token at count generated settles it; else None."""
+        index = generated - self.generated - 1
+        if token != self.guesses[index]:
+            return index
+        return index + 1 if index + 1 == len(self.guesses) else None
+
+
 class Speculator:
     """Held by an Engine: drafts and verifies the decode loop of stream_generate."""
 
@@ -338,6 +368,9 @@ class Speculator:
         seq = step.seq
         costs = CostModel()
         resume_at, pause, judge_after, judged_steps = 0, FIRST_PAUSE, JUDGE_AFTER_STEPS, 0
+        watching = adaptive and self.drafter.free  # while paused: follow would-be checks
+        would_be: WouldBeCheck | None = None
+        watched = 0  # would-be checks since the last pause
         self.drafter.prepare(engine.cached(seq))  # a draft model's prefill: part of the TTFT
         event = step.sample(output)
         yield event
@@ -350,7 +383,10 @@ class Speculator:
             # Never past max_tokens, and never so far that a full-context check fires early.
             room = min(step.max_tokens - step.generated - 1, engine.n_ctx - cached - 2, k)
             probing = adaptive and stats.plain_steps < PLAIN_PROBES
-            if not speculating and step.generated >= resume_at:
+            if not speculating and watching and would_be is None:
+                guessed = self.drafter.propose([*engine.cached(seq), pending], most)
+                would_be = WouldBeCheck(step.generated, guessed) if guessed else None
+            if not speculating and not watching and step.generated >= resume_at:
                 # Try again at the least cost (k grows from 1 while guesses hold): the costs
                 # stand, the guesses' record starts afresh.
                 speculating, k, judge_after, judged_steps = True, 1, JUDGE_AGAIN_STEPS, 0
@@ -398,6 +434,15 @@ class Speculator:
             if event.finish_reason is not None:
                 return
             pending = event.token
+            if would_be is not None:
+                held = would_be.settle(step.generated, event.token)
+                if held is not None:
+                    costs.observe_would_be(len(would_be.guesses), held)
+                    would_be, watched, stats.watched = None, watched + 1, stats.watched + 1
+                    best = costs.best_k(most)
+                    if best and watched >= WATCH_BEFORE_RESUME:  # the guesses hold again
+                        speculating, k, judge_after, judged_steps = True, best, JUDGE_AGAIN_STEPS, 0
+                        costs.keep_checks(RECENT_CHECKS)
             if guesses and adaptive:
                 judged_steps += 1
                 best = costs.best_k(most)
@@ -413,6 +458,10 @@ class Speculator:
                     speculating, resume_at = False, step.generated + pause
                     pause *= 2
                     stats.pauses += 1
+                    if watching:  # what resumes it: the latest few would-be checks
+                        costs.forget_guesses()
+                        costs.keep_checks(WATCH_BEFORE_RESUME)
+                        watched = 0
                     if stats.switched_off_after is None:
                         stats.switched_off_after = step.generated
                 else:
@@ -459,6 +508,10 @@ class CostModel:
         self.per_guess = _recent(self.per_guess, draft_s / guesses)
         self.checks.append((guesses, held))
 
+    def observe_would_be(self, guesses: int, held: int) -> None:
+        """What a check that was not made would have held (WouldBeCheck)."""
+        self.checks.append((guesses, held))
+
     def nothing_held(self, checks: int) -> bool:
         """Whether the last `checks` checks all held no guess."""
         recent = list(self.checks)[-checks:]
@@ -466,6 +519,12 @@ class CostModel:
 
     def forget_guesses(self) -> None:
         self.checks.clear()
+
+    def keep_checks(self, latest: int) -> None:
+        """Judge guesses by the latest checks only: while paused, the last few would-be checks
+        (a reply that turns to copying shows it in a few, and a long record of misses before
+        it would hide that); speculating, the usual record."""
+        self.checks = deque(self.checks, maxlen=latest)
 
     def hold_chances(self) -> tuple[float, float]:
         """The chance that a check's first guess holds, and that a guess holds once the ones
