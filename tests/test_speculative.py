@@ -388,7 +388,7 @@ def test_cost_model_reads_batch_costs_per_size_and_guesses_in_runs():
     """The adaptive k: batch costs measured per size (interpolated between sizes, along the line
     through the two largest beyond them); guesses valued by two chances, the first guess's and a
     run's going on, because guesses hold in runs."""
-    from cli.engine.speculative import CostModel
+    from cli.engine.speculative import COST_SAMPLES, CostModel
 
     costs = CostModel()
     assert costs.best_k(8) is None  # nothing measured
@@ -426,6 +426,15 @@ def test_cost_model_reads_batch_costs_per_size_and_guesses_in_runs():
     noisy.observe_verify(2, 2, draft_s=0.0, verify_s=0.030)
     noisy.observe_verify(4, 4, draft_s=0.0, verify_s=0.028)
     assert noisy.batch_cost(9) == pytest.approx(0.028)
+    # A stall makes one sample slow; the cost is the least of the latest five samples of its
+    # size, so it reads through the stall and follows a real change once five samples show it.
+    stalled = CostModel()
+    for seconds in (0.010, 0.030, 0.011):
+        stalled.observe_plain(seconds)
+    assert stalled.plain == pytest.approx(0.010)
+    for _ in range(COST_SAMPLES):
+        stalled.observe_plain(0.012)
+    assert stalled.plain == pytest.approx(0.012)
 
 
 def test_adaptive_speculation_pauses_and_keeps_the_text(tiny_path):

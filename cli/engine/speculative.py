@@ -68,7 +68,8 @@ JUDGE_AFTER_STEPS = 6  # verification steps before the off-switch may judge
 JUDGE_AGAIN_STEPS = 8  # after a pause: checks restart from one guess, where little can pay
 FIRST_PAUSE = 32  # a draft model's pause when speculation measures slower; doubles each time
 WATCH_BEFORE_RESUME = 3  # would-be checks that judge whether to resume, the latest ones
-RECENT_WEIGHT = 0.25  # how much the latest step moves a running cost
+RECENT_WEIGHT = 0.25  # how much the latest step moves the running cost of drafting a guess
+COST_SAMPLES = 5  # a step's cost is the least of its latest samples, per batch size
 NOTHING_HELD_CHECKS = 3  # checks in a row that held no guess: enough to pause early
 RECENT_CHECKS = 16  # the verification steps whose held guesses predict the next ones
 VOCAB_SIZE_SLACK = 128  # padded vocabularies of one family differ at the end (llama.cpp's rule)
@@ -491,7 +492,11 @@ class CostModel:
 
     A batch's cost is measured per size, because it is not linear: on a CPU it grows slowly
     while the weights' memory traffic dominates and in step with the size once computing does.
-    A size not tried yet is estimated from the sizes that were."""
+    A size not tried yet is estimated from the sizes that were. A cost is the least of the
+    latest few samples of its size: a machine busy with other work only ever adds time to a
+    step, and one slow sample read as the cost can keep speculation paused through a copy.
+    (Replayed with injected stalls, the least of five against a running mean: 1.06-1.09x ->
+    1.09-1.11x on the grounded tasks; benchmarks/README.md.)"""
 
     plain: float | None = None  # seconds of a one-token step
     batch: dict[int, float] = field(default_factory=dict)  # seconds of a checking batch, by size
@@ -499,12 +504,18 @@ class CostModel:
     checks: deque[tuple[int, int]] = field(
         default_factory=lambda: deque(maxlen=RECENT_CHECKS)
     )  # (guesses, held) of recent verification steps
+    samples: dict[int, deque[float]] = field(default_factory=dict)  # latest seconds, by size
+
+    def _least_recent(self, size: int, seconds: float) -> float:
+        latest = self.samples.setdefault(size, deque(maxlen=COST_SAMPLES))
+        latest.append(seconds)
+        return min(latest)
 
     def observe_plain(self, seconds: float) -> None:
-        self.plain = _recent(self.plain, seconds)
+        self.plain = self._least_recent(1, seconds)
 
     def observe_verify(self, guesses: int, held: int, draft_s: float, verify_s: float) -> None:
-        self.batch[guesses + 1] = _recent(self.batch.get(guesses + 1), verify_s)
+        self.batch[guesses + 1] = self._least_recent(guesses + 1, verify_s)
         self.per_guess = _recent(self.per_guess, draft_s / guesses)
         self.checks.append((guesses, held))
 
