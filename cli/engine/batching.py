@@ -51,6 +51,7 @@ class BatchRequest:
     cancelled: threading.Event = field(default_factory=threading.Event)
     cache_prompt: bool = True  # False: prefill the whole prompt, reusing no slot's cache
     cached_tokens: int = 0  # prompt tokens found in the slot's cache, set when admitted
+    logprobs: int | None = None  # alternatives per token's logprobs; None: no logprobs
 
     def stream(self) -> Iterator[StreamEvent]:
         """The events of this request, as they are made; the last has finish_reason set."""
@@ -238,6 +239,7 @@ class BatchScheduler:
                     cached_prompt_tokens=cached,
                     started=time.perf_counter(),
                     seq=index,
+                    logprobs=request.logprobs,
                 )
             except Exception as error:  # this request's failure, not the server's
                 request.events.put(error)

@@ -6,11 +6,13 @@ what it yields. Nothing here prints, exits or imports a terminal library.
 
 from __future__ import annotations
 
+import codecs
 import ctypes
 import functools
 import random
 import resource
 import time
+from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -18,7 +20,7 @@ from typing import Any, Protocol
 import llama_cpp as llama
 import numpy as np
 
-from cli.engine.events import StreamEvent
+from cli.engine.events import MAX_TOP_LOGPROBS, Candidate, StreamEvent, TokenLogprobs
 from cli.engine.freecores import CoreLoad, measure_free_cores
 from cli.engine.grammar import GrammarGate
 from cli.engine.llamalog import llama_log
@@ -159,6 +161,9 @@ class Engine:
         self.notes: list[str] = []
         self.on_note: Callable[[str], None] | None = None
         self.speculator: Speculator | None = None  # set by cli/engine/speculative.py's attach
+        # Logprobs of each generated token with this many alternatives (None: none computed);
+        # quill run --logprobs sets it, the server asks per request (BatchRequest.logprobs).
+        self.logprobs: int | None = None
 
     def _refuse_impossible_kv_types(self) -> None:
         """Quantized KV caches store blocks of 32 values per head: the head size must divide."""
@@ -415,13 +420,15 @@ class Engine:
             chunk, pending = pending[:size], pending[size:]
             output = self.decode([(0, token, not pending and i == len(chunk) - 1)
                                   for i, token in enumerate(chunk)])[0]  # fmt: skip
-        step = SequenceStep(self, prompt_tokens, max_tokens, sampling, stop, cached, started)
+        step = SequenceStep(
+            self, prompt_tokens, max_tokens, sampling, stop, cached, started, logprobs=self.logprobs
+        )
         step.prefill_s = time.perf_counter() - started
         try:
             # A grammar's state follows each sampled token: speculation's acceptance test reads
             # the plain chain's probabilities and would bypass it, so constrained replies decode
-            # one token at a time.
-            if self.speculator is not None and not sampling.grammar:
+            # one token at a time. Logprobs are read from each token's own logits: the same.
+            if self.speculator is not None and not sampling.grammar and self.logprobs is None:
                 yield from self.speculator.decode(self, step, output, sampling)
                 return
             while True:
@@ -471,6 +478,21 @@ class Engine:
         """The token a sampler chain picks from the logits of output (an index into the last
         decoded batch)."""
         return llama.llama_sampler_sample(sampler, self._ctx, output)
+
+    def token_logprobs(self, logits: np.ndarray, token: int, top: int) -> TokenLogprobs:
+        """token's log-probability under logits and the top most likely tokens, most likely
+        first (ties by token id)."""
+        logprobs = log_softmax(logits)
+        top = min(top, len(logprobs))
+        candidates: tuple[Candidate, ...] = ()
+        if top > 0:
+            best = np.argpartition(logprobs, len(logprobs) - top)[len(logprobs) - top :]
+            best = best[np.lexsort((best, -logprobs[best]))]
+            candidates = tuple(
+                Candidate(int(t), self.piece(int(t)), float(logprobs[t])) for t in best
+            )
+        chosen = Candidate(token, self.piece(token), float(logprobs[token]))
+        return TokenLogprobs(chosen, candidates)
 
     def is_end_of_generation(self, token: int) -> bool:
         return bool(llama.llama_vocab_is_eog(self._vocab, token))
@@ -657,6 +679,14 @@ class Engine:
         self.close()
 
 
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    """The log-probabilities the logits give over the vocabulary (float64, so that the
+    exponentials of a vocabulary of 150,000 sum to 1 within 1e-9)."""
+    values = logits.astype(np.float64)
+    peak = values.max()
+    return values - (peak + np.log(np.exp(values - peak).sum()))
+
+
 def sampler_chain(
     sampling: SamplingParams,
     seed: int,
@@ -709,9 +739,19 @@ class SequenceStep:
         cached_prompt_tokens: int,
         started: float,
         seq: int = 0,
+        logprobs: int | None = None,
     ) -> None:
+        if logprobs is not None and not 0 <= logprobs <= MAX_TOP_LOGPROBS:
+            raise ValueError(f"logprobs must be 0 to {MAX_TOP_LOGPROBS}, not {logprobs}")
         self.engine = engine
         self.seq = seq
+        # Logprobs (None: not asked, and no work at all): each token's entry waits here until
+        # its text is released, as (first character, end character, entry) in the decoded text.
+        self.logprobs = logprobs
+        self._unreleased: deque[tuple[int, int, TokenLogprobs]] = deque()
+        self._chars = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._decoded_chars = 0
+        self._released_chars = 0
         self.prompt_tokens = len(prompt_tokens)
         self.cached_prompt_tokens = cached_prompt_tokens
         self.max_tokens = max_tokens
@@ -745,11 +785,18 @@ class SequenceStep:
         whether the sequence is finished (end of generation or a stop string: "stop"; the
         token limit or a full context: "length")."""
         grammar = self._grammar
+        # Copied before sampling: the distribution the token is drawn from, whatever the
+        # samplers do with the buffer.
+        logits = self.engine.output_logits(output) if self.logprobs is not None else None
         if grammar is not None:
             wait = self._wait
             free = None if wait is None or wait.holding else self._free
-            return self.event(grammar.sample(self._sampler, self.engine._ctx, output, free))
-        return self.event(self.engine.sample(self._sampler, output))
+            token = grammar.sample(self._sampler, self.engine._ctx, output, free)
+        else:
+            token = self.engine.sample(self._sampler, output)
+        if logits is None:
+            return self.event(token)
+        return self.event(token, self.engine.token_logprobs(logits, token, self.logprobs or 0))
 
     def _free(self, token: int) -> bool:
         """Whether the grammar lets token through as reasoning (ReasoningWait)."""
@@ -766,9 +813,10 @@ class SequenceStep:
         its probabilities)."""
         return self._sampler
 
-    def event(self, token: int) -> StreamEvent:
-        """The event of a token chosen for this sequence: by sample, or by speculative
-        decoding's acceptance test, which has told the sampler chain already."""
+    def event(self, token: int, scored: TokenLogprobs | None = None) -> StreamEvent:
+        """The event of a token chosen for this sequence: by sample (with its logprobs when
+        asked), or by speculative decoding's acceptance test, which has told the sampler chain
+        already."""
         engine = self.engine
         grammar = self._grammar
         now = time.perf_counter()
@@ -778,7 +826,8 @@ class SequenceStep:
             if self.prefill_s is None:
                 self.prefill_s = now - self.started
         text = self.text
-        if engine.is_end_of_generation(token):
+        end_of_generation = engine.is_end_of_generation(token)
+        if end_of_generation:
             released, finish = text.finish(), "stop"
         else:
             released, finish = text.push(engine.piece(token)), None
@@ -786,6 +835,10 @@ class SequenceStep:
                 finish = "stop"
             elif self.generated >= self.max_tokens or engine.cached_count(self.seq) >= engine.n_ctx:
                 released, finish = released + text.finish(), "length"
+        logprobs = None
+        if self.logprobs is not None:
+            # The end-of-generation token is no text of the reply: it has no entry.
+            logprobs = self._release(None if end_of_generation else scored, released, finish)
         return StreamEvent(
             text=released,
             token=token,
@@ -800,7 +853,32 @@ class SequenceStep:
             peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
             grammar_s=grammar.seconds if grammar is not None else 0.0,
             grammar_resampled=grammar.resampled if grammar is not None else 0,
+            logprobs=logprobs,
         )
+
+    def _release(
+        self, scored: TokenLogprobs | None, released: str, finish: str | None
+    ) -> tuple[TokenLogprobs, ...]:
+        """The entries of the tokens whose text is now out: each token's, once the end of its
+        text is released; at a stop string, those that released any text before it (the stop
+        string's own tokens never are); at any other finish, all."""
+        if scored is not None:
+            start = self._decoded_chars
+            self._decoded_chars += len(self._chars.decode(scored.chosen.piece))
+            self._unreleased.append((start, self._decoded_chars, scored))
+        self._released_chars += len(released)
+        out = []
+        pending = self._unreleased
+        if finish is not None and self.text.matched_stop is not None:
+            out = [entry for start, _, entry in pending if start < self._released_chars]
+            pending.clear()
+        elif finish is not None:
+            out = [entry for _, _, entry in pending]
+            pending.clear()
+        else:
+            while pending and pending[0][1] <= self._released_chars:
+                out.append(pending.popleft()[2])
+        return tuple(out)
 
     def close(self) -> None:
         if getattr(self, "_grammar", None) is not None:

@@ -4,6 +4,32 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# OpenAI's bound on top_logprobs (chat) and logprobs (completions); quill run --logprobs too.
+MAX_TOP_LOGPROBS = 20
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One token and its log-probability under the model's distribution at one step."""
+
+    token: int  # the vocabulary id (-1 where a server did not say)
+    piece: bytes  # the token's bytes (part of a UTF-8 character, for some)
+    logprob: float
+
+    @property
+    def text(self) -> str:
+        return self.piece.decode("utf-8", "replace")
+
+
+@dataclass(frozen=True)
+class TokenLogprobs:
+    """The log-probability of a generated token and the most likely tokens at its step, most
+    likely first: log-softmax of the raw logits the token was sampled from (before penalties,
+    temperature, top-k/top-p/min-p and any grammar), as llama-server and vLLM report them."""
+
+    chosen: Candidate
+    top: tuple[Candidate, ...]
+
 
 @dataclass(frozen=True)
 class StreamEvent:
@@ -32,6 +58,10 @@ class StreamEvent:
 
     grammar_s: float = 0.0  # time this sequence spent in its grammar (cli/engine/grammar.py)
     grammar_resampled: int = 0  # tokens the grammar rejected, sampled again under its mask
+    # When logprobs were asked for (None otherwise): the tokens whose text this step released
+    # (held-back text releases its tokens later; a stop string's tokens and the end-of-generation
+    # token are never released), so that the logprobs follow the text event by event.
+    logprobs: tuple[TokenLogprobs, ...] | None = None
 
     @property
     def prefill_tokens_per_s(self) -> float:
