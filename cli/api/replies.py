@@ -9,9 +9,12 @@ as it closes, the formats that are one JSON value when the reply ends.
 
 from __future__ import annotations
 
+import codecs
 import re
+from collections.abc import Iterable
 from typing import Any
 
+from cli.engine.events import Candidate, StreamEvent, TokenLogprobs
 from cli.engine.reasoning import ReasoningSplitter, prompt_opens_thinking
 from cli.engine.toolcalls import (
     HERMES_CLOSE,
@@ -110,3 +113,65 @@ class ChatReply:
         if self.calls:
             message["tool_calls"] = [c.as_openai() for c in self.calls]
         return message
+
+
+def _candidate(candidate: Candidate) -> dict[str, Any]:
+    return {
+        "token": candidate.text,
+        "logprob": candidate.logprob,
+        "bytes": list(candidate.piece),
+    }
+
+
+def chat_logprob(entry: TokenLogprobs) -> dict[str, Any]:
+    """One token of OpenAI's chat logprobs.content: its text, logprob and UTF-8 bytes (a token
+    that ends inside a character shows U+FFFD in its text; its bytes are exact), and the most
+    likely tokens at its step."""
+    return {**_candidate(entry.chosen), "top_logprobs": [_candidate(c) for c in entry.top]}
+
+
+def chat_logprobs(entries: Iterable[TokenLogprobs]) -> dict[str, Any]:
+    """A chat choice's logprobs object."""
+    return {"content": [chat_logprob(entry) for entry in entries], "refusal": None}
+
+
+def event_logprobs(events: Iterable[StreamEvent]) -> list[TokenLogprobs] | None:
+    """The logprobs entries of a whole reply, in order; None where none were asked for."""
+    entries: list[TokenLogprobs] | None = None
+    for event in events:
+        if event.logprobs is not None:
+            entries = (entries or []) + list(event.logprobs)
+    return entries
+
+
+class CompletionLogprobs:
+    """The legacy logprobs object of /v1/completions, chunk by chunk: tokens, token_logprobs,
+    top_logprobs (one object per token, text to logprob: the N most likely and the chosen token,
+    as OpenAI's legacy API gives up to logprobs+1) and text_offset, the character where each
+    token's text starts in the choice's text, counted on across the chunks of a stream."""
+
+    def __init__(self) -> None:
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._offset = 0
+
+    def shape(self, entries: Iterable[TokenLogprobs]) -> dict[str, Any]:
+        tokens: list[str] = []
+        token_logprobs: list[float] = []
+        top_logprobs: list[dict[str, float]] = []
+        text_offset: list[int] = []
+        for entry in entries:
+            chosen = entry.chosen
+            tokens.append(chosen.text)
+            token_logprobs.append(chosen.logprob)
+            top: dict[str, float] = {}
+            for candidate in (*entry.top, chosen):  # two tokens of one text: the likelier
+                top.setdefault(candidate.text, candidate.logprob)
+            top_logprobs.append(top)
+            text_offset.append(self._offset)
+            self._offset += len(self._decoder.decode(chosen.piece))
+        return {
+            "tokens": tokens,
+            "token_logprobs": token_logprobs,
+            "top_logprobs": top_logprobs,
+            "text_offset": text_offset,
+        }

@@ -225,12 +225,60 @@ def parse_request(body: dict, state: ServerState, chat: bool) -> tuple[list[int]
     cache_prompt = body.get("cache_prompt", True)  # llama-server's extension, on by default
     if not isinstance(cache_prompt, bool):
         raise bad_request("'cache_prompt' must be true or false", "cache_prompt")
+    logprobs = _logprobs_request(body, chat)
     if chat:
         request: BatchRequest = ChatBatchRequest(
             tokens, max_tokens, sampling, stop, cache_prompt=cache_prompt, reply=reply
         )
+        request.logprobs = logprobs
         return tokens, request
-    return tokens, BatchRequest(tokens, max_tokens, sampling, stop, cache_prompt=cache_prompt)
+    return tokens, BatchRequest(
+        tokens, max_tokens, sampling, stop, cache_prompt=cache_prompt, logprobs=logprobs
+    )
+
+
+def _logprobs_request(body: dict, chat: bool) -> int | None:
+    """How many alternatives each token's logprobs list (None: no logprobs): chat's logprobs
+    (true/false) and top_logprobs, completions' logprobs (a count), or llama-server's n_probs
+    on either (0: none)."""
+    from cli.engine.events import MAX_TOP_LOGPROBS as most
+
+    asked = body.get("logprobs")
+    if chat:
+        if asked is not None and not isinstance(asked, bool):
+            raise bad_request(
+                "'logprobs' must be true or false on /v1/chat/completions ('top_logprobs' says "
+                "how many alternatives)",
+                "logprobs",
+            )
+        top = _number(body, "top_logprobs", int, 0, most, None)
+        if top is not None and not asked:
+            raise bad_request("'top_logprobs' needs 'logprobs': true", "top_logprobs")
+        wanted = (top or 0) if asked else None
+    else:
+        if "top_logprobs" in body:
+            raise bad_request(
+                "'top_logprobs' is a field of /v1/chat/completions; on /v1/completions "
+                "'logprobs' is the number of alternatives",
+                "top_logprobs",
+            )
+        if isinstance(asked, bool):
+            raise bad_request(
+                "'logprobs' on /v1/completions is the number of alternatives per token "
+                f"(0 to {most}), not true or false",
+                "logprobs",
+            )
+        wanted = _number(body, "logprobs", int, 0, most, None)
+    n_probs = _number(body, "n_probs", int, 0, most, None)  # llama-server's name
+    if n_probs:
+        if wanted is not None and wanted != n_probs:
+            raise bad_request(
+                f"'n_probs' ({n_probs}) and the logprobs fields ({wanted} alternatives) "
+                "disagree; send one of them",
+                "n_probs",
+            )
+        wanted = n_probs
+    return wanted
 
 
 @dataclass
