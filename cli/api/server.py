@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any
 
-from cli.api.replies import ChatReply
+from cli.api.replies import ChatReply, CompletionLogprobs, chat_logprobs
 from cli.engine.batching import BatchRequest, BatchScheduler
-from cli.engine.events import StreamEvent
+from cli.engine.events import MAX_TOP_LOGPROBS, StreamEvent, TokenLogprobs
 from cli.engine.sampling import SamplingParams
 from cli.engine.toolcalls import ToolsError, call_format, check_tools, forcing_grammar
 from cli.errors import ChatTemplateError
@@ -241,8 +241,7 @@ def _logprobs_request(body: dict, chat: bool) -> int | None:
     """How many alternatives each token's logprobs list (None: no logprobs): chat's logprobs
     (true/false) and top_logprobs, completions' logprobs (a count), or llama-server's n_probs
     on either (0: none)."""
-    from cli.engine.events import MAX_TOP_LOGPROBS as most
-
+    most = MAX_TOP_LOGPROBS
     asked = body.get("logprobs")
     if chat:
         if asked is not None and not isinstance(asked, bool):
@@ -409,9 +408,12 @@ def completion_body(
     last: StreamEvent,
     queued_s: float,
     reply: ChatReply | None = None,
+    logprobs: list[TokenLogprobs] | None = None,
 ) -> dict[str, Any]:
-    """The whole reply of a request that did not ask to stream."""
+    """The whole reply of a request that did not ask to stream (logprobs: its tokens' entries,
+    None where the request asked for none)."""
     choice: dict[str, Any] = {"index": 0, "finish_reason": last.finish_reason}
+    choice["logprobs"] = _choice_logprobs(chat, logprobs, CompletionLogprobs())
     if chat and reply is not None:
         reply.feed(text, finished=True)
         choice["message"] = reply.message()
@@ -431,14 +433,28 @@ def completion_body(
     }
 
 
+def _choice_logprobs(
+    chat: bool, entries: list[TokenLogprobs] | None, legacy: CompletionLogprobs
+) -> dict[str, Any] | None:
+    if entries is None:
+        return None
+    return chat_logprobs(entries) if chat else legacy.shape(entries)
+
+
 class ChunkMaker:
     """The chunks of one streamed reply, as Server-Sent Events: a first one with the role (chat),
-    one per piece of text, a last one with finish_reason, usage and timings, then [DONE]."""
+    one per piece of text, a last one with finish_reason, usage and timings, then [DONE].
+
+    Logprobs: hold(event) keeps the entries each event releases; the next chunk carries them
+    (an event whose text is all held back, by the reply shaper too, adds its entries to a
+    later chunk, the last one at the latest)."""
 
     DONE = b"data: [DONE]\n\n"
 
     def __init__(self, ident: str, chat: bool, model_name: str) -> None:
         self.chat = chat
+        self._held: list[TokenLogprobs] = []
+        self._legacy = CompletionLogprobs()
         self.base = {
             "id": ident,
             "object": "chat.completion.chunk" if chat else "text_completion",
@@ -460,7 +476,13 @@ class ChunkMaker:
             choice = {"index": 0, "delta": content, "finish_reason": finish}
         else:
             choice = {"index": 0, "text": delta or "", "finish_reason": finish}
+        held, self._held = self._held, []
+        choice["logprobs"] = _choice_logprobs(self.chat, held or None, self._legacy)
         return {**self.base, "choices": [choice]}
+
+    def hold(self, event: StreamEvent) -> None:
+        """Keep the logprobs entries event released, for the next chunk."""
+        self._held.extend(event.logprobs or ())
 
     def final(self, last: StreamEvent, queued_s: float, finish: str | None = None) -> dict:
         payload = self.chunk(None if self.chat else "", finish or last.finish_reason)
