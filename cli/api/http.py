@@ -49,7 +49,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from cli.api.replies import ChatReply
+from cli.api.replies import ChatReply, event_logprobs
 from cli.api.server import (
     ApiError,
     ChunkMaker,
@@ -566,7 +566,7 @@ class QuillApp:
 
         watcher = asyncio.ensure_future(watch_disconnect())
         try:
-            pieces: list[str] = []
+            pieces: list[StreamEvent] = []
             while True:
                 item = await events.get()
                 if isinstance(item, Disconnected):
@@ -577,7 +577,7 @@ class QuillApp:
                 if isinstance(item, BaseException):
                     outcome[0] = "500"
                     return error_response(_request_failed(item))
-                pieces.append(item.text)
+                pieces.append(item)
                 if item.finish_reason is not None:
                     break
         finally:
@@ -585,9 +585,11 @@ class QuillApp:
         last: StreamEvent = item
         queued_s = time.perf_counter() - received - last.prefill_s - last.decode_s
         outcome[0] = "200"
+        text = "".join(piece.text for piece in pieces)
+        logprobs = event_logprobs(pieces)
         return JsonResponse(
             completion_body(
-                ident, chat, self.state.model_name, "".join(pieces), last, queued_s, reply
+                ident, chat, self.state.model_name, text, last, queued_s, reply, logprobs
             )
         )
 
@@ -612,6 +614,7 @@ class QuillApp:
             if first_at is None:
                 first_at = time.perf_counter()
             finished = item.finish_reason is not None
+            maker.hold(item)  # its logprobs ride on the next chunk
             if reply is not None:
                 for delta in reply.feed(item.text, finished):
                     yield sse(maker.chunk(delta, None))
