@@ -14,7 +14,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from cli.engine.events import StreamEvent
+from cli.engine.events import Candidate, StreamEvent, TokenLogprobs
 from cli.engine.sampling import SamplingParams
 from cli.errors import EndpointError, ModelNotFoundError, QuillError, UsageError
 
@@ -36,6 +36,7 @@ class RemoteModel:
     gpu_layers: int = 0
     has_chat_template: bool = True  # the server applies its own
     cached_tokens: int = 0
+    logprobs: int | None = None  # ask the server for logprobs with this many alternatives
 
     @property
     def location(self) -> str:
@@ -51,7 +52,16 @@ class RemoteModel:
         sampling: SamplingParams,
         stop: Sequence[str] = (),
     ) -> Iterator[StreamEvent]:
-        return stream_chat(self.url, messages, self.model, max_tokens, sampling, stop, self.api_key)
+        return stream_chat(
+            self.url,
+            messages,
+            self.model,
+            max_tokens,
+            sampling,
+            stop,
+            self.api_key,
+            logprobs=self.logprobs,
+        )
 
     def stream_text(
         self,
@@ -109,6 +119,7 @@ def stream_chat(
     stop: Sequence[str] = (),
     api_key: str | None = None,
     timeout_s: float = 600,
+    logprobs: int | None = None,
 ) -> Iterator[StreamEvent]:
     """Send the request now (a refusal or an unreachable server raises here, before any reply),
     and return the events of the reply as they arrive."""
@@ -133,6 +144,8 @@ def stream_chat(
         body["ignore_eos"] = True
     if sampling.grammar:  # llama-server's field, which quill serve takes too
         body["grammar"] = sampling.grammar
+    if logprobs is not None:
+        body["logprobs"], body["top_logprobs"] = True, logprobs
     headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
     if api_key:
         headers["Authorization"] = f"Bearer {api_key}"
@@ -146,15 +159,19 @@ def stream_chat(
     except (urllib.error.URLError, OSError) as error:
         reason = getattr(error, "reason", error)
         raise EndpointError(f"cannot reach {url}: {reason}; is the server running?") from None
-    return _events(response, started, sampling)
+    return _events(response, started, sampling, logprobs is not None)
 
 
-def _events(response: Any, started: float, sampling: SamplingParams) -> Iterator[StreamEvent]:
-    """One event per content chunk of the SSE stream, then the last with the server's usage."""
+def _events(
+    response: Any, started: float, sampling: SamplingParams, logprobs: bool = False
+) -> Iterator[StreamEvent]:
+    """One event per content chunk of the SSE stream, then the last with the server's usage;
+    with logprobs, each event carries the entries that came since the last one."""
     first_at: float | None = None
     generated = 0
     finish: str | None = None
     usage: dict = {}
+    entries: list[TokenLogprobs] = []
     with response:
         for raw in response:
             line = raw.decode("utf-8").strip()
@@ -171,6 +188,8 @@ def _events(response: Any, started: float, sampling: SamplingParams) -> Iterator
                 # DeepSeek's API, llama-server and quill serve send reasoning apart.
                 reasoning = delta.get("reasoning_content") or ""
                 finish = choice.get("finish_reason") or finish
+                if logprobs:
+                    entries += _entries(choice.get("logprobs"))
                 if not text and not reasoning:
                     continue
                 now = time.perf_counter()
@@ -180,10 +199,13 @@ def _events(response: Any, started: float, sampling: SamplingParams) -> Iterator
                 event = _event(text, generated, first_at - started, now - first_at)
                 if reasoning:
                     event = dataclasses.replace(event, reasoning=reasoning, thinking=True)
+                if logprobs:
+                    event = dataclasses.replace(event, logprobs=tuple(entries))
+                    entries = []
                 yield event
     now = time.perf_counter()
     ttft = (first_at or now) - started  # as the client saw it: queueing and the network included
-    yield _event(
+    last = _event(
         "",
         int(usage.get("completion_tokens") or generated),
         ttft,
@@ -193,6 +215,32 @@ def _events(response: Any, started: float, sampling: SamplingParams) -> Iterator
         finish_reason=finish or "stop",
         seed=sampling.seed if sampling.seed is not None else -1,
     )
+    yield dataclasses.replace(last, logprobs=tuple(entries)) if logprobs else last
+
+
+def _entries(logprobs: Any) -> list[TokenLogprobs]:
+    """A chunk's choice.logprobs.content as entries (the server does not say the token ids);
+    what is not shaped as OpenAI's chat logprobs is skipped."""
+    content = logprobs.get("content") if isinstance(logprobs, dict) else None
+    entries = []
+    for item in content if isinstance(content, list) else []:
+        chosen = _candidate(item)
+        if chosen is None:
+            continue
+        top = item.get("top_logprobs") if isinstance(item.get("top_logprobs"), list) else []
+        alternatives = tuple(c for c in map(_candidate, top) if c is not None)
+        entries.append(TokenLogprobs(chosen, alternatives))
+    return entries
+
+
+def _candidate(item: Any) -> Candidate | None:
+    if not isinstance(item, dict) or not isinstance(item.get("logprob"), (int, float)):
+        return None
+    token = item.get("token") if isinstance(item.get("token"), str) else ""
+    raw = item.get("bytes")
+    valid = isinstance(raw, list) and all(isinstance(b, int) and 0 <= b < 256 for b in raw)
+    piece = bytes(raw) if valid else token.encode("utf-8", "replace")
+    return Candidate(-1, piece, float(item["logprob"]))
 
 
 def _event(

@@ -53,12 +53,13 @@ from cli.commands.templating import (
     apply_template_choice,
     check_template_file,
 )
+from cli.engine.events import MAX_TOP_LOGPROBS
 from cli.engine.sampling import SamplingParams
 from cli.errors import EXIT_INTERRUPTED, EXIT_OK, QuillError, UsageError
 
 if TYPE_CHECKING:
     from cli.engine.backend import Backend
-    from cli.engine.events import StreamEvent
+    from cli.engine.events import StreamEvent, TokenLogprobs
     from cli.engine.metrics import MetricsRecorder
     from cli.engine.options import LoadOptions
     from cli.engine.structured import Constraint
@@ -89,6 +90,7 @@ class RunRequest:
     spec: str = "off"  # speculative decoding: off, ngram or draft (cli/engine/speculative.py)
     draft: str | None = None
     draft_tokens: int | None = None
+    logprobs: int | None = None  # alternatives per token in the JSON's logprobs; None: none
 
 
 def run(
@@ -187,11 +189,28 @@ def run(
     spec: SpecMode = "off",
     draft: DraftModel = None,
     draft_tokens: DraftTokens = None,
+    logprobs: Annotated[
+        int | None,
+        typer.Option(
+            "--logprobs",
+            min=0,
+            max=MAX_TOP_LOGPROBS,
+            metavar="N",
+            help="With --json: a 'logprobs' list, each generated token's log-probability and "
+            f"the N (0-{MAX_TOP_LOGPROBS}) most likely tokens at its step, shaped as OpenAI's "
+            "chat logprobs.content. Without --json nothing more is printed.",
+        ),
+    ] = None,
 ) -> None:
     """Generate a reply to PROMPT, streamed to stdout; reasoning and timing go to stderr."""
     constraint = build_constraint(schema, schema_multi, json_format, grammar, strict)
     check_spec_flags(spec, draft, draft_tokens, endpoint)
     spec, draft, draft_tokens = spec_under_grammar(spec, draft, draft_tokens, constraint)
+    if logprobs is not None and spec != "off":
+        raise UsageError(
+            f"--logprobs cannot go with --spec {spec}: logprobs are read from each token's own "
+            "logits, which speculative decoding skips; drop one of them"
+        )
     request = RunRequest(
         prompt=read_prompt(prompt),
         model=model,
@@ -219,6 +238,7 @@ def run(
         spec=spec,
         draft=draft,
         draft_tokens=draft_tokens,
+        logprobs=logprobs,
     )
     if endpoint and (chat_template or think is not None or think_budget is not None):
         raise UsageError(
@@ -238,7 +258,9 @@ def open_backend(request: RunRequest, options: LoadOptions | None) -> tuple[str,
         from cli.api.client import RemoteModel, first_model
 
         name = request.model or first_model(request.endpoint, request.api_key) or "default"
-        return name, RemoteModel(request.endpoint, name, request.api_key)
+        remote = RemoteModel(request.endpoint, name, request.api_key)
+        remote.logprobs = _logprobs_wanted(request)
+        return name, remote
     from cli.engine.engine import Engine
 
     assert options is not None
@@ -254,6 +276,7 @@ def open_backend(request: RunRequest, options: LoadOptions | None) -> tuple[str,
     from cli.store.registry import load_registry
 
     engine = Engine(path, options, request.verbose)
+    engine.logprobs = _logprobs_wanted(request)
     apply_template_choice(
         engine,
         request.model,
@@ -275,6 +298,16 @@ def open_backend(request: RunRequest, options: LoadOptions | None) -> tuple[str,
         engine.close()
         raise
     return request.model or load_registry().default, engine
+
+
+def _logprobs_wanted(request: RunRequest) -> int | None:
+    """The alternatives to compute per token: none unless --json prints them."""
+    if request.logprobs is None or request.json_output:
+        return request.logprobs
+    from cli.ui import render
+
+    render.warning_line("--logprobs shows only in --json output; none are computed without it")
+    return None
 
 
 def run_once(request: RunRequest, options: LoadOptions | None = None) -> int:
@@ -334,12 +367,14 @@ def _stream(
 
     pieces: list[str] = []
     thoughts: list[str] = []
+    logprobs: list[TokenLogprobs] = []
     thought_open = False  # reasoning was written to stderr without its closing newline
     finish_override = None
     try:
         for event in events:
             pieces.append(event.text)
             thoughts.append(event.reasoning)
+            logprobs.extend(event.logprobs or ())
             if not request.json_output:
                 if not request.hide_thinking:
                     render.write_reasoning(event.reasoning)
@@ -355,8 +390,9 @@ def _stream(
     text = "".join(pieces)
     if request.json_output:
         reasoning = "".join(thoughts)
+        shown = logprobs if request.logprobs is not None else None
         render.write_stdout(
-            render.run_json(model_name, backend.location, text, metrics, reasoning) + "\n"
+            render.run_json(model_name, backend.location, text, metrics, reasoning, shown) + "\n"
         )
     else:
         if text and not text.endswith("\n"):  # a reply is a line, on a terminal or in a file

@@ -178,12 +178,23 @@ def grammar_line(metrics: RunMetrics) -> str:
 
 
 def run_json(
-    model: str, path: str, text: str, metrics: RunMetrics, reasoning: str | None = None
+    model: str,
+    path: str,
+    text: str,
+    metrics: RunMetrics,
+    reasoning: str | None = None,
+    logprobs: Sequence[Any] | None = None,
 ) -> str:
+    """quill run --json's document; logprobs (TokenLogprobs, with --logprobs) as OpenAI's chat
+    logprobs.content list."""
     result: dict[str, Any] = {"model": model, "path": path, "text": text}
     if reasoning is not None:
         result["reasoning"] = reasoning
     result.update(metrics.as_dict())
+    if logprobs is not None:
+        from cli.api.replies import chat_logprob
+
+        result["logprobs"] = [chat_logprob(entry) for entry in logprobs]
     return json.dumps(result, ensure_ascii=False)
 
 
