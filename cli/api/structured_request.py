@@ -7,10 +7,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from cli.engine.gbnf import GrammarBudgetError
 from cli.engine.structured import (
     Constraint,
     SchemaError,
     check_schema,
+    grammar_constraint,
     json_object_constraint,
     schema_constraint,
 )
@@ -34,11 +36,11 @@ def constraint_from_body(body: dict[str, Any], bad_request) -> Constraint | None
             if not isinstance(grammar, str):
                 raise bad_request("'grammar' must be a GBNF string", "grammar")
             _bounded(grammar, "grammar", bad_request)
-            return Constraint("grammar", grammar)
+            return grammar_constraint(grammar)
         if key == "json_schema":
             return _schema(body["json_schema"], "json_schema", False, bad_request)
         return _response_format(body["response_format"], bad_request)
-    except SchemaError as error:
+    except (SchemaError, GrammarBudgetError) as error:
         raise bad_request(str(error), key) from None
 
 

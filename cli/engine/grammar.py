@@ -18,28 +18,60 @@ when fewer pass is the whole vocabulary masked.
 from __future__ import annotations
 
 import ctypes
+import functools
+import os
+import resource
+import signal
 import time
 from collections.abc import Callable
 
 import llama_cpp as llama
 import numpy as np
 
+from cli.engine.gbnf import GrammarBudgetError, safe_grammar
 from cli.engine.llamalog import llama_log
-from cli.errors import UsageError
+from cli.errors import InvalidOutputError, UsageError
 
 _TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])
 assert _TOKEN_DATA.itemsize == ctypes.sizeof(llama.llama_token_data)
 
 
 class GrammarError(UsageError):
-    """llama.cpp cannot parse a grammar (its log says where)."""
+    """llama.cpp cannot parse a grammar (its log says where), or quill refuses it first."""
+
+
+class GrammarDeadEnd(InvalidOutputError):
+    """The grammar allows no token of the vocabulary at this point: llama.cpp would abort the
+    process on the next accept, so the reply ends here instead."""
+
+
+# How long a trial build of a grammar in a child process may take, and how much memory it may
+# add (the server's check_grammar): a grammar quill's checks let through that still crashes or
+# swells llama.cpp costs that child, not the server.
+TRIAL_SECONDS = 10.0
+TRIAL_MEMORY_BYTES = 1 << 30
+
+
+@functools.lru_cache(maxsize=64)
+def _checked(grammar: str) -> str:
+    return safe_grammar(grammar)
+
+
+def checked_grammar(grammar: str) -> str:
+    """The grammar as quill hands it to llama.cpp (cli/engine/gbnf.py), or GrammarError."""
+    try:
+        return _checked(grammar)
+    except GrammarBudgetError as error:
+        raise GrammarError(str(error)) from None
 
 
 def grammar_sampler(vocab: object, grammar: str) -> object:
-    """llama.cpp's grammar sampler for GBNF text with a root rule, or GrammarError."""
+    """llama.cpp's grammar sampler for GBNF text with a root rule, or GrammarError. The text
+    goes through quill's checks first: llama.cpp never sees a grammar over the budget."""
+    text = checked_grammar(grammar)
     log = llama_log()
     log.drain()
-    sampler = llama.llama_sampler_init_grammar(vocab, grammar.encode("utf-8"), b"root")
+    sampler = llama.llama_sampler_init_grammar(vocab, text.encode("utf-8"), b"root")
     if not sampler:
         problems = [line for line in log.drain() if line.strip()]
         reason = "; ".join(problems[-2:]) or "llama.cpp gave no reason"
@@ -48,8 +80,51 @@ def grammar_sampler(vocab: object, grammar: str) -> object:
 
 
 def check_grammar(vocab: object, grammar: str) -> None:
-    """GrammarError unless llama.cpp parses grammar (a server checks before queueing)."""
-    llama.llama_sampler_free(grammar_sampler(vocab, grammar))
+    """GrammarError unless llama.cpp builds the grammar (a server checks before queueing).
+    The build is tried first in a forked child: should llama.cpp crash, hang or swell on a
+    grammar quill's checks let through, the child dies and the request gets a 400."""
+    text = checked_grammar(grammar)
+    problem = _trial_in_child(vocab, text)
+    if problem is not None:
+        raise GrammarError(problem)
+    llama.llama_sampler_free(grammar_sampler(vocab, text))
+
+
+def _trial_in_child(vocab: object, text: str) -> str | None:
+    """Why building text's grammar failed in a child process, or None when it was built."""
+    pid = os.fork()
+    if pid == 0:  # the child: build, report by exit status, never return into the server
+        status = 2
+        try:
+            quiet = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(quiet, 1)
+            os.dup2(quiet, 2)
+            with open("/proc/self/statm") as statm:
+                size = int(statm.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+            limit = size + TRIAL_MEMORY_BYTES
+            resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+            sampler = llama.llama_sampler_init_grammar(vocab, text.encode("utf-8"), b"root")
+            status = 0 if sampler else 1
+        finally:
+            os._exit(status)
+    deadline = time.monotonic() + TRIAL_SECONDS
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            return f"llama.cpp took over {TRIAL_SECONDS:.0f} s to build the grammar: refused"
+        time.sleep(0.002)
+    if os.WIFSIGNALED(status):
+        name = signal.Signals(os.WTERMSIG(status)).name
+        return f"llama.cpp crashed ({name}) building the grammar, in a trial process: refused"
+    if os.WEXITSTATUS(status) == 0:
+        return None
+    if os.WEXITSTATUS(status) == 1:
+        return None  # llama.cpp refuses it: grammar_sampler says why, from its log
+    return "llama.cpp could not build the grammar within the trial's memory: refused"
 
 
 class GrammarGate:
@@ -117,6 +192,13 @@ class GrammarGate:
             if token is None:
                 self._fill(ctx, output)
                 llama.llama_sampler_apply(self._sampler, ctypes.byref(self._array))
+                if not np.isfinite(self._candidates["logit"]).any():
+                    # Accepting any token now would throw out of llama.cpp's C API: abort.
+                    raise GrammarDeadEnd(
+                        "the grammar reached a point that no token of the model can continue "
+                        "(it needs a character the vocabulary cannot write): the reply ends "
+                        "unfinished"
+                    )
                 llama.llama_sampler_apply(chain, ctypes.byref(self._array))
                 token = self._chosen()
         llama.llama_sampler_accept(self._sampler, token)

@@ -233,14 +233,29 @@ def json_object_constraint() -> Constraint:
     return Constraint("json", schema_to_gbnf({"type": "object"}, []))
 
 
+def grammar_constraint(text: str, path: Path | None = None) -> Constraint:
+    """A GBNF grammar of the user's own, checked and written as quill hands it to llama.cpp."""
+    from cli.engine.gbnf import safe_grammar
+
+    return Constraint(
+        "grammar", safe_grammar(text), grammar_file=str(path) if path is not None else None
+    )
+
+
 def grammar_file_constraint(path: Path) -> Constraint:
+    from cli.engine.gbnf import MAX_GRAMMAR_CHARS
+
     try:
+        if path.stat().st_size > 4 * MAX_GRAMMAR_CHARS:  # read no more than the budget allows
+            raise SchemaError(
+                f"the grammar file {path} is over {MAX_GRAMMAR_CHARS} characters (quill's budget)"
+            )
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as error:
         raise SchemaError(f"cannot read the grammar file {path}: {error}") from None
     if not re.search(r"^\s*root\s*::=", text, re.MULTILINE):
         raise SchemaError(f"the grammar file {path} has no 'root ::= ...' rule")
-    return Constraint("grammar", text, grammar_file=str(path))
+    return grammar_constraint(text, path)
 
 
 def constraint_from_options(
@@ -308,7 +323,10 @@ def unenforced_keywords(schema: Any, where: str = "#") -> list[str]:
 
 def schema_to_gbnf(schema: dict[str, Any], unenforced: list[str]) -> str:
     """GBNF for schema; keywords given up on (a pattern the converter cannot read) are added
-    to unenforced."""
+    to unenforced. The grammar is checked and written as quill hands it to llama.cpp
+    (cli/engine/gbnf.py): within the budget, large bounds counted compactly."""
+    from cli.engine.gbnf import GrammarBudgetError, safe_grammar
+
     converter = _converter_class()(unenforced)
     try:
         resolved = converter.resolve_refs(json.loads(json.dumps(schema)), "input")
@@ -317,7 +335,48 @@ def schema_to_gbnf(schema: dict[str, Any], unenforced: list[str]) -> str:
         raise
     except (AssertionError, ValueError, KeyError, TypeError, RecursionError) as error:
         raise SchemaError(f"cannot turn the schema into a grammar: {error}") from None
-    return converter.format_grammar()
+    try:
+        return safe_grammar(converter.format_grammar())
+    except GrammarBudgetError as error:
+        raise SchemaError(f"the schema's grammar is refused: {error}") from None
+
+
+def _bounds(low: int, high: int | None) -> str:
+    """GBNF's own repetition operator for low to high copies (None: no upper bound)."""
+    if (low, high) == (0, None):
+        return "*"
+    if (low, high) == (1, None):
+        return "+"
+    if (low, high) == (0, 1):
+        return "?"
+    if high is None:
+        return f"{{{low},}}"
+    if low == high:
+        return f"{{{low}}}"
+    return f"{{{low},{high}}}"
+
+
+def _repetition(
+    item_rule: str,
+    min_items: int,
+    max_items: int | None,
+    separator_rule: str | None = None,
+    item_rule_is_literal: bool = False,
+) -> str:
+    """What the upstream converter's _build_repetition means, in GBNF's x{m,n} instead of m
+    copies of x and n - m nested optional groups: upstream writes maxLength 30000 as 30000
+    nested groups (llama.cpp's parser recurses through them: SIGSEGV) and minLength 10^9 as a
+    string of 10^9 copies (memory runs out before any grammar exists). quill's gbnf.py then
+    writes a large bound as a few rules that count it."""
+    if max_items is not None and max_items < min_items:
+        raise SchemaError(f"a repetition of {min_items} to {max_items} items can match nothing")
+    if max_items == 0:
+        return '""'
+    if not separator_rule:
+        return f"({item_rule}){_bounds(min_items, max_items)}"
+    rest = _bounds(max(min_items - 1, 0), None if max_items is None else max_items - 1)
+    both = f"({item_rule} ({separator_rule} {item_rule}){rest})"
+    return both if min_items > 0 else both + "?"
 
 
 # A calendar-correct date: jsonschema's date format rejects 2024-02-31, and year 0000.
@@ -337,6 +396,9 @@ def _converter_class():
     need it)."""
     from llama_cpp import llama_grammar as upstream
 
+    # The upstream converter's methods call this module function; quill's writes the same
+    # repetitions in GBNF's own operators (set once: the same meaning, only compact).
+    upstream._build_repetition = _repetition
     fixed_rules = {
         id(upstream.PRIMITIVE_RULES["char"]): upstream.BuiltinRule(_CHAR, []),
         id(upstream.STRING_FORMAT_RULES["date"]): upstream.BuiltinRule(_DATE, []),
