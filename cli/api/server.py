@@ -354,7 +354,10 @@ def _chat_prompt(
     _text(prompt, "the prompt the template made (from messages and tools)", "tools")
     template = engine.chat_template
     fmt = call_format(template.family if template is not None else "unknown")
-    grammar = forcing_grammar(tools, required, fmt) if tools and required else None
+    try:
+        grammar = forcing_grammar(tools, required, fmt) if tools and required else None
+    except ToolsError as error:
+        raise bad_request(str(error), error.param) from None
     return ChatReply(prompt, tools, fmt), prompt, grammar
 
 
@@ -365,6 +368,11 @@ def _with_constraint(body: dict, sampling: SamplingParams, engine) -> SamplingPa
 
     constraint = constraint_from_body(body, bad_request)
     if constraint is None:
+        if sampling.grammar:  # a forced tool call's: checked (and tried) as any other
+            try:
+                check_grammar(engine._vocab, sampling.grammar)
+            except GrammarError as error:
+                raise bad_request(str(error), "tools") from None
         return sampling
     if sampling.ignore_eos:
         raise bad_request("ignore_eos cannot go with a grammar: the reply ends where it does")

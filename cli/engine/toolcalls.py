@@ -200,8 +200,9 @@ def check_tools(tools: Any, tool_choice: Any) -> tuple[list[dict] | None, str | 
 
 def forcing_grammar(tools: Sequence[Mapping[str, Any]], required: str, fmt: str) -> str:
     """GBNF for one call in the family's format to a tool (any, or the one named), its arguments
-    following the tool's JSON schema, through llama.cpp's JSON-schema converter."""
-    from llama_cpp.llama_grammar import json_schema_to_gbnf
+    following the tool's JSON schema, through quill's JSON-schema converter (llama.cpp's, made
+    safe: cli/engine/structured.py); ToolsError when a tool's schema cannot become a grammar."""
+    from cli.engine.structured import SchemaError, schema_to_gbnf
 
     key = "parameters" if fmt == "llama3" else "arguments"
     choices = []
@@ -220,7 +221,10 @@ def forcing_grammar(tools: Sequence[Mapping[str, Any]], required: str, fmt: str)
             }
         )
     schema = choices[0] if len(choices) == 1 else {"anyOf": choices}
-    call = json_schema_to_gbnf(json.dumps(schema)).replace("root ::=", "tc-call ::=", 1)
+    try:
+        call = schema_to_gbnf(schema, []).replace("root ::=", "tc-call ::=", 1)
+    except SchemaError as error:
+        raise ToolsError(f"a tool's parameters cannot become a grammar: {error}", "tools") from None
     if fmt == "hermes":
         outer = f'root ::= "{HERMES_OPEN}\\n" tc-call "\\n{HERMES_CLOSE}"'
     elif fmt == "mistral":
