@@ -208,6 +208,12 @@ def test_chat_without_logprobs_has_none(client):
 def test_llama_server_n_probs_asks_for_the_same(client):
     reply = chat(client, extra_body={"n_probs": 2})
     assert all(len(item.top_logprobs) == 2 for item in reply.choices[0].logprobs.content)
+    completion = client.completions.create(
+        model="quill", prompt="Hello", max_tokens=3, temperature=0, extra_body={"n_probs": 1}
+    )
+    legacy = completion.choices[0].logprobs
+    assert legacy.tokens and all(1 <= len(top) <= 2 for top in legacy.top_logprobs)
+    assert chat(client, extra_body={"n_probs": 0}).choices[0].logprobs is None
 
 
 @pytest.mark.parametrize(
