@@ -2,23 +2,36 @@
 but the one model loader (cli/engine/loading.py), through which every load in the project passes
 so that no process meets llama.cpp's AMX crash.
 
-Tests compare quill's output with what this computes on the same tokens.
+Tests compare quill's output with what this computes on the same tokens, through the near-tie
+comparator (tests/neartie.py). QUILL_TEST_PERTURB=1 makes this decoder prefill one token at a time
+instead of in one batch: its rounding then differs from quill's, as another CPU's would, and the
+cross-path tests must still pass (.ci/run runs them that way too).
 """
 
 from __future__ import annotations
 
 import ctypes
+import os
+from collections.abc import Sequence
 from pathlib import Path
 
 import llama_cpp as llama
 import numpy as np
 
 from cli.engine.loading import load_model
+from quant.kv import ggml_type
+
+PERTURBED = os.environ.get("QUILL_TEST_PERTURB") == "1"
 
 
 class Reference:
     def __init__(
-        self, path: Path, n_ctx: int = 4096, threads: int = 2, avoid_amx: bool | None = None
+        self,
+        path: Path,
+        n_ctx: int = 4096,
+        threads: int = 2,
+        avoid_amx: bool | None = None,
+        kv_type: str = "f16",
     ):
         self.loaded = load_model(path, avoid_amx=avoid_amx)
         self.model = self.loaded.model
@@ -30,6 +43,9 @@ class Reference:
         cparams.n_batch = n_ctx
         cparams.n_threads = threads
         cparams.n_threads_batch = threads
+        if kv_type != "f16":  # a quantized V cache needs flash attention (as in quill's engine)
+            cparams.type_k = cparams.type_v = ggml_type(kv_type)
+            cparams.flash_attn_type = llama.LLAMA_FLASH_ATTN_TYPE_ENABLED
         self.ctx = llama.llama_init_from_model(self.model, cparams)
         assert self.ctx
 
@@ -66,21 +82,36 @@ class Reference:
         n = llama.llama_token_to_piece(self.vocab, token, buf, 1024, 0, True)
         return buf.raw[:n].decode()
 
-    def greedy(self, prompt: list[int], max_tokens: int) -> list[int]:
+    def prefill(self, prompt: Sequence[int]) -> None:
+        """An empty cache, then the prompt: in one batch, or one token at a time when perturbed."""
         llama.llama_memory_clear(llama.llama_get_memory(self.ctx), True)
+        chunk = 1 if PERTURBED else len(prompt)
+        for start in range(0, len(prompt), chunk):
+            part = prompt[start : start + chunk]
+            batch = (llama.llama_token * len(part))(*part)
+            assert llama.llama_decode(self.ctx, llama.llama_batch_get_one(batch, len(part))) == 0
+
+    def step(self, token: int) -> None:
+        one = (llama.llama_token * 1)(token)
+        assert llama.llama_decode(self.ctx, llama.llama_batch_get_one(one, 1)) == 0
+
+    def logits(self) -> np.ndarray:
+        """The last decoded position's logits (a copy: the next decode overwrites them)."""
+        row = llama.llama_get_logits_ith(self.ctx, -1)
+        return np.ctypeslib.as_array(row, (self.n_vocab,)).copy()
+
+    def is_eog(self, token: int) -> bool:
+        return bool(llama.llama_vocab_is_eog(self.vocab, token))
+
+    def greedy(self, prompt: list[int], max_tokens: int) -> list[int]:
+        self.prefill(prompt)
         out: list[int] = []
-        batch = (llama.llama_token * len(prompt))(*prompt)
-        assert llama.llama_decode(self.ctx, llama.llama_batch_get_one(batch, len(prompt))) == 0
         while len(out) < max_tokens:
-            logits = np.ctypeslib.as_array(
-                llama.llama_get_logits_ith(self.ctx, -1), (self.n_vocab,)
-            )
-            token = int(np.argmax(logits))
+            token = int(np.argmax(self.logits()))
             out.append(token)
-            if llama.llama_vocab_is_eog(self.vocab, token):
+            if self.is_eog(token):
                 break
-            one = (llama.llama_token * 1)(token)
-            assert llama.llama_decode(self.ctx, llama.llama_batch_get_one(one, 1)) == 0
+            self.step(token)
         return out
 
     def step_logits(self, tokens: list[int]) -> np.ndarray:
@@ -96,7 +127,7 @@ class Reference:
         return np.stack(rows)
 
     def text(self, tokens: list[int]) -> str:
-        visible = [t for t in tokens if not llama.llama_vocab_is_eog(self.vocab, t)]
+        visible = [t for t in tokens if not self.is_eog(t)]
         return b"".join(self.piece(t) for t in visible).decode("utf-8", errors="replace")
 
     def close(self) -> None:

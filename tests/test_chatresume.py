@@ -26,7 +26,9 @@ SYSTEM = "You are a patient writer of short, plain prose. " * 12
 
 def chat(home: Path, model: Path, lines: str, *args: str) -> subprocess.CompletedProcess:
     result = subprocess.run(
-        [QUILL, "chat", "-m", str(model), "--temperature", "0", "-n", "48", "-s", SYSTEM, *args],
+        # One thread count for every chat: a resumed chat and an uninterrupted one take one path.
+        [QUILL, "chat", "-m", str(model), "--temperature", "0", "-n", "48", "-t", "1", "-s", SYSTEM,
+         *args],
         input=lines, capture_output=True, text=True, env=quill_env(home), timeout=300,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
@@ -52,6 +54,7 @@ def test_a_resumed_chat_answers_as_if_it_had_never_stopped(tmp_path, request, mo
     chat(home, path, f"{FIRST}\n", "--transcript", str(split))
     assert len(kv_files(split)) == 1
     resumed = chat(home, path, f"{SECOND}\n", "--resume", "split")
+    # same path: the KV cells come back bit for bit and the new turn prefills as it did straight
     assert replies(split) == replies(straight)
     new, cached = (int(n) for n in STATS.findall(resumed.stderr)[-1])
     assert f"resumed: {cached} tokens of KV cache loaded" in resumed.stderr

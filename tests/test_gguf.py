@@ -22,6 +22,7 @@ def test_the_lazy_header_matches_the_full_reader(request, which):
     path = request.getfixturevalue(which)
     full = GGUFReader(path)
     header = read_header(path, arrays=("tokenizer.ggml.tokens",))
+    # same path: one file's header, read two ways
     assert header.get("tokenizer.ggml.tokens") == full.fields["tokenizer.ggml.tokens"].contents()
     lazy = read_header(path)
     for key, field in full.fields.items():

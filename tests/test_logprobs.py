@@ -185,18 +185,24 @@ def test_chat_logprobs_whole_and_streamed(client):
         check_entry(item.logprob, top, 3)
         assert item.logprob == max(top)
         assert bytes(item.bytes).decode("utf-8", "replace") == item.token
+    # same path: one reply's entries spell that reply
     assert b"".join(bytes(item.bytes) for item in content).decode() == choice.message.content
 
-    streamed = []
-    chunks = chat(client, logprobs=True, top_logprobs=3, stream=True)
+    streamed, streamed_text = [], ""
+    # No prefix cache: the streamed request prefills as the whole one did (one compute path).
+    extra = {"extra_body": {"cache_prompt": False}}
+    chunks = chat(client, logprobs=True, top_logprobs=3, stream=True, **extra)
     for chunk in chunks:
         for part in chunk.choices:
+            streamed_text += part.delta.content or ""
             if part.logprobs is not None and part.logprobs.content:
                 streamed += part.logprobs.content
-    assert len(streamed) == len(content)
-    assert [sorted(item.model_dump()) for item in streamed] == [
-        sorted(item.model_dump()) for item in content
-    ]
+    # same path: the streamed reply's own entries spell it
+    assert b"".join(bytes(item.bytes) for item in streamed).decode() == streamed_text
+    # same path: the keys of the entries, not texts
+    assert {tuple(sorted(item.model_dump())) for item in streamed} == {
+        tuple(sorted(item.model_dump())) for item in content
+    }
     for item in streamed:
         assert item.logprob == max(alternative.logprob for alternative in item.top_logprobs)
 
@@ -252,7 +258,7 @@ def test_completions_legacy_logprobs_whole_and_streamed(client):
     n = len(logprobs.tokens)
     assert n == scored_tokens(reply.usage.completion_tokens, choice.finish_reason)
     assert len(logprobs.token_logprobs) == len(logprobs.top_logprobs) == len(logprobs.text_offset)
-    assert "".join(logprobs.tokens) == choice.text
+    assert "".join(logprobs.tokens) == choice.text  # same path: one reply's entries
     for token, value, top, offset in zip(
         logprobs.tokens, logprobs.token_logprobs, logprobs.top_logprobs, logprobs.text_offset,
         strict=True,

@@ -24,17 +24,19 @@ def run_json(runner, *args: str) -> dict:
 def test_sampling_filters_and_system_by_their_long_names(runner, smollm2_path):
     """--top-k 1 leaves one candidate, so temperature 1 must give the greedy text; --top-p and
     --min-p at non-default values run in the same chain; --ignore-eos runs to the limit."""
-    system = ["--system", "Answer in French."]
+    system = ["--system", "Answer in French.", "-t", "1"]  # one thread count: one compute path
     greedy = run_json(runner, *system, "--temperature", "0", "-n", "12", "--ignore-eos")
     filtered = run_json(
         runner, *system, "--temperature", "1.0", "--seed", "5", "--top-k", "1",
         "--top-p", "0.5", "--min-p", "0.2", "-n", "12", "--ignore-eos",
     )  # fmt: skip
+    # same path: the same logits; only the sampler chain after them differs
     assert filtered["text"] == greedy["text"]
     assert filtered["generation_tokens"] == greedy["generation_tokens"] == 12
     assert filtered["finish_reason"] == "length"
     plain = run_json(runner, "--temperature", "0", "-n", "12", "--ignore-eos")
-    assert plain["text"] != greedy["text"]  # the system prompt reached the model
+    # same path: two prompts on one machine (the system prompt reached the model)
+    assert plain["text"] != greedy["text"]
 
 
 def test_bench_batch_and_gen_tokens_by_their_long_names(runner, tiny32_path):

@@ -1,20 +1,33 @@
-"""The near-tie rule (tests/neartie.py) accepts a reply that took the other side of a real near-tie,
-as another CPU may, and refuses one that took a token this machine clearly would not."""
+"""The near-tie comparator (tests/neartie.py) accepts a reply that took the other side of a real
+near-tie on this machine, as another CPU may, and refuses one that took a token this machine
+clearly would not: for greedy decoding and for seeded sampling."""
 
 from __future__ import annotations
+
+import ctypes
+from collections.abc import Callable
 
 import llama_cpp as llama
 import numpy as np
 import pytest
 
+from cli.engine.engine import sampler_chain
 from cli.engine.sampling import SamplingParams
 
-from neartie import NEAR_TIE_LOGITS, forced_mismatch
+from neartie import (
+    NEAR_TIE_LOGITS,
+    NEAR_TIE_PROBABILITY,
+    TOKEN_DATA,
+    _Mt19937,
+    draw_distance,
+    text_mismatch,
+    token_mismatch,
+)
 from reference import Reference
 
-GREEDY = SamplingParams(temperature=0)
 PROMPTS = ["Write a haiku about the sea.", "Explain in one sentence what a KV cache is.",
            "Name three primary colors.", "Tell me a story about a dog."]  # fmt: skip
+SEEDED = SamplingParams(temperature=1.0, seed=8)
 
 
 @pytest.fixture(scope="module")
@@ -24,48 +37,136 @@ def reference(smollm2_path):
     decoder.close()
 
 
+def prompt_of(reference: Reference, text: str) -> list[int]:
+    return reference.tokenize(reference.chat([("user", text)]), add_special=True)
+
+
 def greedy_with_gaps(reference: Reference, prompt: list[int], steps: int, forced=()):
-    """After the prompt (one batch) and the forced tokens (one at a time, as generation decodes
-    them), this machine's greedy tokens and, at each step, (second-best token, its logit gap)."""
-    llama.llama_memory_clear(llama.llama_get_memory(reference.ctx), True)
-    array = (llama.llama_token * len(prompt))(*prompt)
-    assert llama.llama_decode(reference.ctx, llama.llama_batch_get_one(array, len(prompt))) == 0
+    """After the prompt and the forced tokens, this machine's greedy tokens and, at each step,
+    (second-best token, its logit gap)."""
+    reference.prefill(prompt)
     for token in forced:
-        one = (llama.llama_token * 1)(token)
-        assert llama.llama_decode(reference.ctx, llama.llama_batch_get_one(one, 1)) == 0
+        reference.step(token)
     tokens, runners_up = [], []
     for _ in range(steps):
-        logits = np.ctypeslib.as_array(
-            llama.llama_get_logits_ith(reference.ctx, -1), (reference.n_vocab,)
-        )
+        logits = reference.logits()
         second, best = np.argsort(logits)[-2:]
         tokens.append(int(best))
         runners_up.append((int(second), float(logits[best] - logits[second])))
-        one = (llama.llama_token * 1)(int(best))
-        assert llama.llama_decode(reference.ctx, llama.llama_batch_get_one(one, 1)) == 0
+        reference.step(int(best))
     return tokens, runners_up
 
 
-def test_the_other_side_of_a_near_tie_passes_and_a_clear_loser_fails(reference):
+# A step of seeded sampling: (candidate ids in the chain's order, how far the draw lies from
+# where each could stand on another CPU (neartie.draw_distance), the index the chain picked).
+Step = tuple[np.ndarray, np.ndarray, int]
+
+
+def sample_walk(
+    reference: Reference,
+    prompt: list[int],
+    sampling: SamplingParams,
+    steps: int,
+    choose: Callable[[int, Step], int] = lambda i, s: int(s[0][s[2]]),
+) -> tuple[list[int], list[Step]]:
+    """Seeded sampling on this machine, where choose(step, what the sampler saw) may take another
+    token than the sampler's pick; the draws go on as llama.cpp's would."""
+    reference.prefill(prompt)
+    chain = sampler_chain(sampling, sampling.seed, prompt, (), reference.n_vocab)
+    draws = _Mt19937(sampling.seed)
+    tokens, seen = [], []
+    try:
+        for i in range(steps):
+            data = np.zeros(reference.n_vocab, dtype=TOKEN_DATA)
+            data["id"] = np.arange(reference.n_vocab)
+            data["logit"] = reference.logits()
+            array = llama.llama_token_data_array(
+                data=data.ctypes.data_as(ctypes.POINTER(llama.llama_token_data)),
+                size=reference.n_vocab, selected=-1, sorted=False,
+            )  # fmt: skip
+            llama.llama_sampler_apply(chain, ctypes.byref(array))
+            candidates = data[: array.size].copy()
+            draw = draws.canonical()
+            distance = draw_distance(
+                candidates["logit"], candidates["p"], draw, sampling.temperature
+            )
+            step = (candidates["id"], distance, array.selected)
+            token = choose(i, step)
+            tokens.append(token)
+            seen.append(step)
+            if reference.is_eog(token):
+                break
+            llama.llama_sampler_accept(chain, token)
+            reference.step(token)
+    finally:
+        llama.llama_sampler_free(chain)
+    return tokens, seen
+
+
+def test_the_other_side_of_a_greedy_near_tie_passes_and_a_clear_loser_fails(reference):
     for text in PROMPTS:
-        prompt = reference.tokenize(reference.chat([("user", text)]), add_special=True)
+        prompt = prompt_of(reference, text)
         tokens, runners_up = greedy_with_gaps(reference, prompt, 40)
         ties = [i for i, (_, gap) in enumerate(runners_up) if gap < NEAR_TIE_LOGITS / 2]
         clear = [i for i, (_, gap) in enumerate(runners_up) if gap > 3 * NEAR_TIE_LOGITS]
         if ties and clear:
             break
     else:
-        pytest.skip("no near-tie in these prompts on this machine")
-    assert forced_mismatch(reference, prompt, tokens, GREEDY) is None
+        pytest.fail("no near-tie in these prompts on this machine")
+    assert token_mismatch(reference, prompt, tokens) is None
 
     # Another CPU took the runner-up at the near-tie and followed its own greedy path after it.
     step = ties[0]
     flipped = [*tokens[:step], runners_up[step][0]]
     other_cpu = flipped + greedy_with_gaps(reference, prompt, 8, forced=flipped)[0]
-    assert forced_mismatch(reference, prompt, other_cpu, GREEDY) is None
+    assert token_mismatch(reference, prompt, other_cpu) is None
 
     # A runner-up several logits behind is not a near-tie: that text is not what quill prints.
     step = clear[0]
     wrong = [*tokens[:step], runners_up[step][0], *tokens[step + 1 : step + 4]]
-    problem = forced_mismatch(reference, prompt, wrong, GREEDY)
+    problem = token_mismatch(reference, prompt, wrong)
     assert problem is not None and f"token {step}:" in problem
+
+
+def test_the_other_side_of_a_seeded_near_tie_passes_and_a_clear_loser_fails(reference):
+    for text in PROMPTS:
+        prompt = prompt_of(reference, text)
+        tokens, seen = sample_walk(reference, prompt, SEEDED, 40)
+        # (step, candidate index) of another candidate the draw nearly fell in, and of one far off
+        ties = [(i, j) for i, (_, distance, picked) in enumerate(seen)
+                for j in range(len(distance)) if j != picked
+                and distance[j] < NEAR_TIE_PROBABILITY / 2]  # fmt: skip
+        clear = [(i, j) for i, (_, distance, _) in enumerate(seen)
+                 for j in range(len(distance))
+                 if distance[j] > 3 * NEAR_TIE_PROBABILITY]  # fmt: skip
+        if ties and clear:
+            break
+    else:
+        pytest.fail("no seeded near-tie in these prompts on this machine")
+    assert token_mismatch(reference, prompt, tokens, SEEDED) is None
+
+    # Another CPU's boundary moved and the same draw fell in the neighbouring candidate (or one
+    # across tiny ones); sampling went on from there with the same draws.
+    at, index = ties[0]
+    other_cpu, _ = sample_walk(
+        reference, prompt, SEEDED, at + 8,
+        choose=lambda i, s: int(s[0][index] if i == at else s[0][s[2]]),
+    )  # fmt: skip
+    assert token_mismatch(reference, prompt, other_cpu, SEEDED) is None
+
+    # A candidate whose interval is far from the draw is not what the seed picks anywhere.
+    at, index = clear[0]
+    wrong = [*tokens[:at], int(seen[at][0][index])]
+    problem = token_mismatch(reference, prompt, wrong, SEEDED)
+    assert problem is not None and f"token {at}:" in problem
+
+
+def test_an_end_of_reply_is_checked_when_the_reply_ended(reference):
+    prompt = prompt_of(reference, "Name three primary colors.")
+    tokens = reference.greedy(prompt, 200)
+    assert reference.is_eog(tokens[-1]), "the reply should end by itself within 200 tokens"
+    assert token_mismatch(reference, prompt, tokens) is None
+    text = reference.text(tokens)
+    # Cut short and said to have ended there: this machine would go on, and says so.
+    problem = text_mismatch(reference, prompt, text[: len(text) // 2], ended=True)
+    assert problem is not None and "this machine picks" in problem

@@ -27,10 +27,12 @@ def as_line(text: str) -> str:
 
 
 def test_stdout_is_only_the_text_and_stats_go_to_stderr(quill_home, smollm2_path):
-    plain = quill(quill_home, "--temperature", "0", "-n", "30", PROMPT)
-    as_json = quill(quill_home, "--temperature", "0", "-n", "30", "--json", PROMPT)
+    pinned = ("--temperature", "0", "-t", "1", "-n", "30")  # one thread count: one compute path
+    plain = quill(quill_home, *pinned, PROMPT)
+    as_json = quill(quill_home, *pinned, "--json", PROMPT)
     assert plain.returncode == as_json.returncode == 0
     # The text, ending with a newline as a line of output should (--json keeps it exact).
+    # same path: one command, printed two ways
     assert plain.stdout.decode() == as_line(json.loads(as_json.stdout)["text"])
     stderr = plain.stderr.decode()
     assert stderr.count("\n") == 1 and "TTFT" in stderr  # one stats line, nothing else
@@ -50,10 +52,11 @@ def test_output_is_utf8_whatever_the_locale(quill_home, smollm2_path):
     # Plain ChatML, sent raw: SmolLM2's own template adds a default system prompt, after which
     # the model (greedy) no longer repeats the characters this test needs.
     chatml = "<|im_start|>user\nRepeat exactly: 你好,世界 🌍🚀<|im_end|>\n<|im_start|>assistant\n"
-    args = ("--temperature", "0", "-n", "30", "--raw", chatml)
+    args = ("--temperature", "0", "-t", "1", "-n", "30", "--raw", chatml)
     result = quill(quill_home, *args, LANG="C", LC_ALL="C", PYTHONIOENCODING="ascii")
     as_json = quill(quill_home, *args, "--json")
     assert result.returncode == 0, result.stderr
+    # same path: one command (one thread count), printed two ways
     assert result.stdout.decode("utf-8") == as_line(json.loads(as_json.stdout)["text"])
     assert "你好" in result.stdout.decode("utf-8")
 

@@ -26,7 +26,7 @@ from cli.engine.options import LoadOptions
 from cli.engine.sampling import SamplingParams
 from cli.engine.speculative import NgramDrafter, SpecOptions, WouldBeCheck, attach
 
-from neartie import forced_mismatch
+from neartie import assert_near, assert_near_tokens
 from reference import Reference
 from tinymodel import write_tiny_llama
 
@@ -50,6 +50,13 @@ def tiny(tiny_path: Path) -> Iterator[Engine]:
 @pytest.fixture(scope="module")
 def smollm2_reference(smollm2_path: Path) -> Iterator[Reference]:
     reference = Reference(smollm2_path, threads=1)
+    yield reference
+    reference.close()
+
+
+@pytest.fixture(scope="module")
+def tiny_reference(tiny_path: Path) -> Iterator[Reference]:
+    reference = Reference(tiny_path, n_ctx=2048, threads=1)
     yield reference
     reference.close()
 
@@ -81,20 +88,6 @@ def prompt_tokens(engine: Engine, text: str, raw: bool) -> list[int]:
     return engine.tokenize(text if raw else engine.conversation_text([("user", text)])[0])
 
 
-def assert_same_greedy(
-    engine: Engine,
-    plain: list[int],
-    speculated: list[int],
-    prompt: list[int],
-    reference: Reference | None,
-) -> None:
-    if speculated == plain:
-        return
-    assert reference is not None, f"speculated {speculated} != plain {plain}"
-    why = forced_mismatch(reference, prompt, speculated, GREEDY)
-    assert why is None, f"speculation changed greedy output beyond a near-tie: {why}"
-
-
 MODES = [
     pytest.param("ngram", None, id="ngram-adaptive"),
     pytest.param("ngram", 6, id="ngram-k6"),
@@ -118,19 +111,18 @@ def test_smollm2_greedy_is_plain_greedy(
         tokens, text, last = generate(smollm2, COPY, 96, raw=raw)
         stats = speculator.last_stats
     prompt = prompt_tokens(smollm2, COPY, raw)
-    assert_same_greedy(smollm2, plain, tokens, prompt, smollm2_reference)
+    assert_near_tokens(smollm2_reference, prompt, plain, tokens)
     assert last.generation_tokens == len(tokens) <= 96
     assert stats.drafted > 0 and stats.verify_steps > 0  # speculation really ran
     assert stats.accepted <= stats.drafted
     if mode == "draft":
         assert stats.accepted > stats.drafted // 2  # the model agrees with itself
-    if tokens == plain:
-        assert text == plain_text
+    assert_near(smollm2_reference, prompt, plain_text, text)
 
 
 @pytest.mark.parametrize("raw", [False, True], ids=["templated", "raw"])
 @pytest.mark.parametrize("mode", ["ngram", "draft"])
-def test_tiny_greedy_is_plain_greedy(tiny, tiny_path, mode, raw):
+def test_tiny_greedy_is_plain_greedy(tiny, tiny_path, tiny_reference, mode, raw):
     # Random weights seldom repeat: prompt lookup's guesses fail (the rejection path), while
     # the model drafting for itself is mostly right (the acceptance path).
     plain, _, _ = generate(tiny, COPY, 120, raw=raw)
@@ -138,48 +130,55 @@ def test_tiny_greedy_is_plain_greedy(tiny, tiny_path, mode, raw):
     with speculating(tiny, SpecOptions(mode, 5), draft) as speculator:
         tokens, _, _ = generate(tiny, COPY, 120, raw=raw)
         stats = speculator.last_stats
-    assert tokens == plain
+    assert_near_tokens(tiny_reference, prompt_tokens(tiny, COPY, raw), plain, tokens)
     assert stats.drafted > 0
     if mode == "draft":
         assert stats.accepted > stats.drafted // 2
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 7, 16])
-def test_max_tokens_is_never_passed(tiny, n):
+def test_max_tokens_is_never_passed(tiny, tiny_reference, n):
     """k=8 guesses would run past small limits; the limit trims them."""
     plain, plain_text, _ = generate(tiny, COPY, n, raw=True)
     with speculating(tiny, SpecOptions("ngram", 8)):
         tokens, text, last = generate(tiny, COPY, n, raw=True)
         after = tiny.cached()
-    assert tokens == plain and text == plain_text
+    prompt = prompt_tokens(tiny, COPY, raw=True)
+    assert_near_tokens(tiny_reference, prompt, plain, tokens)
+    assert_near(tiny_reference, prompt, plain_text, text)
     assert len(tokens) == last.generation_tokens <= n
     # The cache holds what plain decoding leaves: the prompt and every token but the last.
-    prompt = prompt_tokens(tiny, COPY, raw=True)
     assert after == prompt + tokens[:-1]
 
 
-def test_stop_strings_end_where_plain_ends(smollm2):
+def test_stop_strings_end_where_plain_ends(smollm2, smollm2_reference):
     _, plain_text, _ = generate(smollm2, COPY, 80)
     words = plain_text.split()
     assert len(words) > 12, plain_text
     stop = " ".join(words[8:10])  # a stop string from the middle of the plain reply
-    expected_tokens, expected_text, expected_last = generate(smollm2, COPY, 80, stop=[stop])
+    _, expected_text, expected_last = generate(smollm2, COPY, 80, stop=[stop])
     with speculating(smollm2, SpecOptions("ngram", 8)):
         tokens, text, last = generate(smollm2, COPY, 80, stop=[stop])
         after = smollm2.cached()
-    assert tokens == expected_tokens and text == expected_text
-    assert last.finish_reason == expected_last.finish_reason == "stop"
-    assert last.stop_string == stop and stop not in text
-    assert after == prompt_tokens(smollm2, COPY, raw=False) + tokens[:-1]
+    prompt = prompt_tokens(smollm2, COPY, raw=False)
+    assert_near(smollm2_reference, prompt, expected_text, text)
+    assert expected_last.finish_reason == "stop" and stop not in text
+    # Where a near-tie took speculation another way before the stop string, it may never come.
+    assert last.finish_reason in ("stop", "length")
+    if last.finish_reason == "stop":
+        assert last.stop_string == stop
+    assert after == prompt + tokens[:-1]
 
 
-def test_end_of_generation_ends_the_reply(smollm2):
+def test_end_of_generation_ends_the_reply(smollm2, smollm2_reference):
     question = "What is the capital of France? One word."
-    plain, plain_text, plain_last = generate(smollm2, question, 64)
+    plain, _, plain_last = generate(smollm2, question, 64)
     with speculating(smollm2, SpecOptions("draft", 4), draft_for(smollm2, smollm2.path)):
-        tokens, text, last = generate(smollm2, question, 64)
+        tokens, _, last = generate(smollm2, question, 64)
     assert plain_last.finish_reason == "stop" and smollm2.is_end_of_generation(plain[-1])
-    assert tokens == plain and text == plain_text and last.finish_reason == "stop"
+    prompt = prompt_tokens(smollm2, question, raw=False)
+    assert_near_tokens(smollm2_reference, prompt, plain, tokens)
+    assert smollm2.is_end_of_generation(tokens[-1]) and last.finish_reason == "stop"
 
 
 def test_q8_0_kv_cache(smollm2_path, smollm2_reference):
@@ -190,10 +189,16 @@ def test_q8_0_kv_cache(smollm2_path, smollm2_reference):
             tokens, _, _ = generate(engine, COPY, 64)
             assert speculator.last_stats.drafted > 0
         prompt = prompt_tokens(engine, COPY, raw=False)
-    assert_same_greedy(engine, plain, tokens, prompt, smollm2_reference)
+    reference = Reference(smollm2_path, threads=1, kv_type="q8_0")
+    try:
+        assert_near_tokens(reference, prompt, plain, tokens)
+    finally:
+        reference.close()
 
 
-def test_chat_turns_reuse_the_cache_and_match_plain(runner, smollm2_path, tmp_path):
+def test_chat_turns_reuse_the_cache_and_match_plain(
+    runner, smollm2_path, smollm2_reference, tmp_path
+):
     """Three turns through quill chat, speculating and not: the same replies, and the later
     turns prefill only what is new (the speculative turns left no stray cells behind)."""
     lines = "Count from 1 to 12.\nNow count down from 12 to 1.\nSay the first line again.\n"
@@ -208,13 +213,20 @@ def test_chat_turns_reuse_the_cache_and_match_plain(runner, smollm2_path, tmp_pa
 
     plain, _ = chat()
     speculated, stderr = chat("--spec", "ngram", "--draft-tokens", "4")
-    assert len(plain) == 3 and speculated == plain
+    assert len(plain) == len(speculated) == 3
+    for replies in (plain, speculated):  # each turn after that run's own history
+        turns: list[tuple[str, str]] = []
+        for line, reply in zip(lines.splitlines(), replies, strict=True):
+            turns.append(("user", line))
+            prompt = smollm2_reference.tokenize(smollm2_reference.chat(turns), add_special=True)
+            assert_near(smollm2_reference, prompt, reply)
+            turns.append(("assistant", reply))
     assert stderr.count("spec ngram accepted") == 3
     cached = [int(c) for c in re.findall(r"\((\d+) cached\)", stderr)]
     assert len(cached) == 3 and cached[1] > 0 and cached[2] > cached[1]
 
 
-def test_run_cli_json_reports_speculation(runner, smollm2_path):
+def test_run_cli_json_reports_speculation(runner, smollm2_path, smollm2_reference):
     args = ["run", "--json", "--temperature", "0", "-n", "48", "--raw", COPY]
     plain = json.loads(runner.invoke(app, args).stdout)
     result = runner.invoke(app, [*args, "--spec", "ngram", "--draft-tokens", "3"])
@@ -222,17 +234,21 @@ def test_run_cli_json_reports_speculation(runner, smollm2_path):
     speculated = json.loads(result.stdout)
     spec = speculated["speculation"]
     assert plain["speculation"] is None
-    assert speculated["text"] == plain["text"]
+    prompt = smollm2_reference.tokenize(COPY, add_special=True)
+    assert_near(smollm2_reference, prompt, plain["text"], speculated["text"])
     assert spec["mode"] == "ngram" and 0 < spec["drafted"] <= 3 * spec["verify_steps"]
     assert spec["acceptance_rate"] == spec["accepted"] / spec["drafted"]
 
 
-def test_run_cli_draft_model_stats_line(runner, smollm2_path):
+def test_run_cli_draft_model_stats_line(runner, smollm2_path, smollm2_reference):
     args = ["run", "--temperature", "0", "-n", "24", "Name three colors."]
     plain = runner.invoke(app, args)
     result = runner.invoke(app, [*args, "--spec", "draft", "--draft", str(smollm2_path)])
     assert result.exit_code == 0, result.stderr
-    assert result.stdout == plain.stdout
+    prompt = smollm2_reference.tokenize(
+        smollm2_reference.chat([("user", "Name three colors.")]), add_special=True
+    )
+    assert_near(smollm2_reference, prompt, plain.stdout.rstrip("\n"), result.stdout.rstrip("\n"))
     assert "spec draft accepted" in result.stderr
 
 
@@ -292,9 +308,10 @@ def test_sampling_with_speculation_keeps_the_distribution(tiny, tiny_path):
 
 def test_seeded_sampling_with_speculation_repeats(runner, smollm2_path):
     args = ["run", "--json", "--temperature", "0.8", "--seed", "7", "-n", "32", "--raw", COPY]
-    args += ["--spec", "ngram", "--draft-tokens", "4"]
+    args += ["--spec", "ngram", "--draft-tokens", "4", "-t", "1"]
     first, second = (json.loads(runner.invoke(app, args).stdout) for _ in range(2))
-    assert first["text"] == second["text"] and first["speculation"]["drafted"] > 0
+    assert first["text"] == second["text"]  # same path: one command, run twice
+    assert first["speculation"]["drafted"] > 0
 
 
 def test_draft_of_another_vocabulary_is_refused(runner, smollm2_path, tmp_path):
@@ -367,11 +384,12 @@ def test_verbose_memory_plan_counts_the_draft_model(runner, tiny_path):
 def test_spec_under_a_schema_says_it_is_off(runner, smollm2_path, tiny_path):
     """A grammar judges each token before the next is guessed: --spec is turned off in one
     line, no draft model is loaded, and the reply is the one without --spec."""
-    args = ["run", "--temperature", "0", "-n", "40", "--format", "json", "A point as JSON."]
+    args = ["run", "--temperature", "0", "-n", "40", "-t", "1", "--format", "json", "A point"]
     plain = runner.invoke(app, args)
     for spec in (["--spec", "ngram"], ["--spec", "draft", "--draft", str(tiny_path)]):
         result = runner.invoke(app, [*args, *spec, "--json"])
         assert result.exit_code == plain.exit_code, result.stderr
+        # same path: speculation is off, so both decode one token at a time alike
         assert json.loads(result.stdout)["text"] + "\n" == plain.stdout
         assert json.loads(result.stdout)["speculation"] is None
         warning = [line for line in result.stderr.splitlines() if "is off under" in line]
@@ -437,7 +455,7 @@ def test_cost_model_reads_batch_costs_per_size_and_guesses_in_runs():
     assert stalled.plain == pytest.approx(0.012)
 
 
-def test_adaptive_speculation_pauses_and_keeps_the_text(tiny_path):
+def test_adaptive_speculation_pauses_and_keeps_the_text(tiny_path, tiny_reference):
     """Over 300 tokens of the tiny model the adaptive switch speculates, may pause and try again;
     the text is plain greedy's throughout."""
     with Engine(tiny_path, LoadOptions(n_ctx=1024, threads=1)) as engine:
@@ -448,7 +466,7 @@ def test_adaptive_speculation_pauses_and_keeps_the_text(tiny_path):
         attach(engine, SpecOptions("ngram"))
         events = list(engine.stream_generate(prompt, 300, SamplingParams(temperature=0)))
         stats = engine.speculator.last_stats
-    assert [e.token for e in events] == plain
+    assert_near_tokens(tiny_reference, prompt, plain, [e.token for e in events])
     assert stats.verify_steps > 0
     # Pausing depends on the measured costs; either way the record is consistent.
     assert (stats.pauses == 0) == (stats.switched_off_after is None)
@@ -512,7 +530,7 @@ class ScriptedDrafter:
         pass
 
 
-def test_a_paused_speculation_resumes_on_would_be_checks_that_hold(tiny_path):
+def test_a_paused_speculation_resumes_on_would_be_checks_that_hold(tiny_path, tiny_reference):
     """Guesses that miss pause speculation; while paused, the free drafter's would-be checks are
     followed without a decode, and speculation resumes only once they hold. On a clock that
     charges each decode a fixed cost by size (the benchmark's replay seam), so the switch's
@@ -541,7 +559,7 @@ def test_a_paused_speculation_resumes_on_would_be_checks_that_hold(tiny_path):
             del engine.decode
         stats = engine.speculator.last_stats
         engine.speculator = None
-    assert [e.token for e in events] == plain
+    assert_near_tokens(tiny_reference, prompt, plain, [e.token for e in events])
     assert stats.pauses >= 1 and stats.switched_off_after is not None
     assert stats.switched_off_after < right_from  # the wrong guesses paused it early
     assert stats.watched > 0
