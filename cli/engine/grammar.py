@@ -45,10 +45,18 @@ class GrammarDeadEnd(InvalidOutputError):
     process on the next accept, so the reply ends here instead."""
 
 
+class GrammarTooSlow(InvalidOutputError):
+    """One token's grammar work took longer than GRAMMAR_STEP_SECONDS: an ambiguous grammar
+    multiplies llama.cpp's parse stacks with every token, and the next steps would be slower."""
+
+
+# The longest one token's grammar work may take (a schema's grammar takes well under 10 ms).
+GRAMMAR_STEP_SECONDS = 1.0
+
 # How long a trial build of a grammar in a child process may take, and how much memory it may
 # add (the server's check_grammar): a grammar quill's checks let through that still crashes or
 # swells llama.cpp costs that child, not the server.
-TRIAL_SECONDS = 10.0
+TRIAL_SECONDS = 3.0
 TRIAL_MEMORY_BYTES = 1 << 30
 
 
@@ -84,16 +92,57 @@ def check_grammar(vocab: object, grammar: str) -> None:
     The build is tried first in a forked child: should llama.cpp crash, hang or swell on a
     grammar quill's checks let through, the child dies and the request gets a 400."""
     text = checked_grammar(grammar)
-    problem = _trial_in_child(vocab, text)
-    if problem is not None:
-        raise GrammarError(problem)
+    tried_grammar(vocab, text)
     llama.llama_sampler_free(grammar_sampler(vocab, text))
 
 
+# The trial's walk: steps of tokens the grammar allows among a sample of the vocabulary. An
+# ambiguous grammar (.* beside recursion) multiplies llama.cpp's parse stacks with each token:
+# one such grammar took 3 s for a token's mask, then 17 s for one accept. The walk finds that
+# while the cost is still small, and the grammar is refused.
+TRIAL_STEPS = 12
+TRIAL_SAMPLE = 256
+_tried: dict[str, str | None] = {}
+
+
+def tried_grammar(vocab: object, text: str) -> None:
+    """GrammarError unless a trial child builds text's grammar and walks it in time (once per
+    grammar text: a server's many requests with one schema pay once)."""
+    if text not in _tried:
+        if len(_tried) > 256:
+            _tried.clear()
+        _tried[text] = _trial_in_child(vocab, text)
+    problem = _tried[text]
+    if problem is not None:
+        raise GrammarError(problem)
+
+
+def _trial_walk(vocab: object, sampler: object) -> None:
+    """A few tokens through the grammar, as sampling would take them (in the trial child)."""
+    n_vocab = llama.llama_vocab_n_tokens(vocab)
+    sample = (llama.llama_token_data * TRIAL_SAMPLE)()
+    array = llama.llama_token_data_array(
+        data=ctypes.cast(sample, llama.llama_token_data_p), size=0, selected=-1, sorted=False
+    )
+    for step in range(TRIAL_STEPS):
+        size = min(TRIAL_SAMPLE, n_vocab)
+        for i in range(size):
+            sample[i].id = (i * 7919 + step * 104729) % n_vocab
+            sample[i].logit, sample[i].p = 0.0, 0.0
+        array.size, array.selected = size, -1
+        llama.llama_sampler_apply(sampler, ctypes.byref(array))
+        allowed = [sample[i].id for i in range(size) if sample[i].logit != float("-inf")]
+        allowed = [t for t in allowed if not llama.llama_vocab_is_eog(vocab, t)]
+        if not allowed:
+            return
+        llama.llama_sampler_accept(sampler, allowed[(step * 31) % len(allowed)])
+
+
 def _trial_in_child(vocab: object, text: str) -> str | None:
-    """Why building text's grammar failed in a child process, or None when it was built."""
+    """Why building text's grammar (and walking it a few tokens) failed in a child process,
+    or None when it was built (or llama.cpp refused it: grammar_sampler then says why)."""
     pid = os.fork()
-    if pid == 0:  # the child: build, report by exit status, never return into the server
+    if pid == 0:  # the child: build, report by exit status, never return into the parent
         status = 2
         try:
             quiet = os.open(os.devnull, os.O_WRONLY)
@@ -104,6 +153,8 @@ def _trial_in_child(vocab: object, text: str) -> str | None:
             limit = size + TRIAL_MEMORY_BYTES
             resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
             sampler = llama.llama_sampler_init_grammar(vocab, text.encode("utf-8"), b"root")
+            if sampler:
+                _trial_walk(vocab, sampler)
             status = 0 if sampler else 1
         finally:
             os._exit(status)
@@ -115,16 +166,18 @@ def _trial_in_child(vocab: object, text: str) -> str | None:
         if time.monotonic() > deadline:
             os.kill(pid, signal.SIGKILL)
             os.waitpid(pid, 0)
-            return f"llama.cpp took over {TRIAL_SECONDS:.0f} s to build the grammar: refused"
+            return (
+                f"the grammar is too ambiguous: llama.cpp took over {TRIAL_SECONDS:.0f} s on its "
+                f"first {TRIAL_STEPS} tokens in a trial (its parse states multiply with each "
+                "token): refused"
+            )
         time.sleep(0.002)
     if os.WIFSIGNALED(status):
         name = signal.Signals(os.WTERMSIG(status)).name
-        return f"llama.cpp crashed ({name}) building the grammar, in a trial process: refused"
-    if os.WEXITSTATUS(status) == 0:
+        return f"llama.cpp crashed ({name}) on the grammar, in a trial process: refused"
+    if os.WEXITSTATUS(status) in (0, 1):
         return None
-    if os.WEXITSTATUS(status) == 1:
-        return None  # llama.cpp refuses it: grammar_sampler says why, from its log
-    return "llama.cpp could not build the grammar within the trial's memory: refused"
+    return "llama.cpp ran out of the trial's memory on the grammar: refused"
 
 
 class GrammarGate:
@@ -134,7 +187,10 @@ class GrammarGate:
 
     def __init__(self, vocab: object, grammar: str, n_vocab: int, top_k: int | None = None) -> None:
         """top_k: the tokens the chain keeps after the mask (1 when greedy), None when the
-        chain may keep more or reorders logits (penalties): then no shortlist."""
+        chain may keep more or reorders logits (penalties): then no shortlist. The grammar is
+        tried in a child process first (once per grammar text): a crash or a runaway costs
+        the child."""
+        tried_grammar(vocab, checked_grammar(grammar))
         self._sampler = grammar_sampler(vocab, grammar)
         self._n_vocab = n_vocab
         self._top_k = top_k
@@ -202,7 +258,13 @@ class GrammarGate:
                 llama.llama_sampler_apply(chain, ctypes.byref(self._array))
                 token = self._chosen()
         llama.llama_sampler_accept(self._sampler, token)
-        self.seconds += time.perf_counter() - started
+        took = time.perf_counter() - started
+        self.seconds += took
+        if took > GRAMMAR_STEP_SECONDS:
+            raise GrammarTooSlow(
+                f"the grammar took {took:.1f} s on one token (at most {GRAMMAR_STEP_SECONDS:.0f} "
+                "s): it is too ambiguous, and each token would take longer; the reply ends here"
+            )
         llama.llama_sampler_accept(chain, token)
         return token
 

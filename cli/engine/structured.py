@@ -215,6 +215,9 @@ def check_schema(schema: dict[str, Any]) -> None:
         validator_class.check_schema(schema)
     except jsonschema.exceptions.SchemaError as error:
         raise SchemaError(f"the schema is not a valid JSON Schema: {error.message}") from None
+    except (OverflowError, RecursionError, re.error) as error:
+        # A pattern Python's re cannot compile ({10^12}: "the repetition number is too large").
+        raise SchemaError(f"the schema is not a valid JSON Schema: {error}") from None
 
 
 # --- constraints ------------------------------------------------------------------------------
