@@ -61,7 +61,7 @@ from cli.api.server import (
 )
 from cli.engine.batching import SchedulerStoppedError
 from cli.engine.events import StreamEvent
-from cli.errors import QueueFullError
+from cli.errors import InvalidOutputError, QueueFullError, UsageError
 
 LISTEN_BACKLOG = 2048
 KEEP_ALIVE_S = 5  # an idle keep-alive connection is closed after this
@@ -665,6 +665,8 @@ def _shutting_down() -> ApiError:
 
 
 def _request_failed(error: BaseException) -> ApiError:
+    if isinstance(error, (UsageError, InvalidOutputError)):  # the request's grammar, say
+        return ApiError(HTTPStatus.BAD_REQUEST, str(error), "invalid_request_error")
     return ApiError(
         HTTPStatus.INTERNAL_SERVER_ERROR,
         f"the server failed on this request: {error}",
