@@ -38,11 +38,18 @@ CacheMax = Annotated[
 
 
 def parse_size(text: str, option: str = "--cache-max") -> int:
-    """'2GiB', '500M', '1.5g', '1048576' -> bytes (binary units); UsageError otherwise."""
+    """'2GiB', '500M', '1.5g', '1048576' -> bytes (binary units); UsageError otherwise, and for
+    sizes past 1 EiB (a 400-digit number would overflow a float)."""
+    from quant.memory import MAX_SIZE
+
+    shown = repr(text) if len(text) <= 40 else repr(text[:37] + "...")
     match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([bkmgt]?)(?:i?b)?\s*", text.lower())
     if not match:
-        raise UsageError(f"{option} takes a size such as 500MiB or 2GiB, not {text!r}")
-    return int(float(match.group(1)) * _UNITS[match.group(2)])
+        raise UsageError(f"{option} takes a size such as 500MiB or 2GiB, not {shown}")
+    value = float(match.group(1)) * _UNITS[match.group(2)]
+    if value > MAX_SIZE:  # inf too
+        raise UsageError(f"{option} {shown} is more than 1 EiB: give a size such as 2GiB")
+    return int(value)
 
 
 def cache_key(engine: Engine) -> dict:
@@ -110,8 +117,15 @@ def cache(
 
     folder = cache_dir(quill_home())
     if action == "clear":
-        count, total = clear(folder)
-        render.info_line(f"removed {count} prompt caches, {human_bytes(total)}, from {folder}")
+        cleared = clear(folder)
+        removed = f"removed {cleared.count} prompt caches, {human_bytes(cleared.bytes)}"
+        if cleared.failed:
+            path, why = cleared.failed[0]
+            raise UsageError(
+                f"{removed}, but could not remove {len(cleared.failed)} in {folder} "
+                f"({path.name}: {why}): check the directory's permissions"
+            )
+        render.info_line(f"{removed}, from {folder}")
         return
     if action != "list":
         raise UsageError(f"quill cache takes list or clear, not {action!r}")

@@ -20,10 +20,11 @@ import functools
 import hashlib
 import json
 import os
+import re
 import struct
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from quant.partfiles import partial_path, remove_stale_parts
@@ -33,6 +34,10 @@ SUFFIX = ".kv"
 MIN_TOKENS = 512  # shorter prompts prefill in about a second on a laptop: not worth a file
 DEFAULT_MAX_BYTES = 2 << 30
 _LENGTH = struct.Struct("<I")
+MAX_HEADER_BYTES = 64 << 20  # some 5 million tokens of JSON: far past any context window
+MAX_TOKEN = 2**31 - 1  # llama_token is an int32
+MAX_FILE_BYTES = 1 << 60
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 class CacheFileError(Exception):
@@ -76,23 +81,67 @@ def encode(key: dict, tokens: Sequence[int], state: bytes) -> bytes:
 
 
 def read_header(path: Path) -> CacheEntry:
-    """The header of a cache file (the state is not read); CacheFileError if it is not one."""
+    """The header of a cache file (the state is not read); CacheFileError if it is not one.
+
+    The file is untrusted input: every field is checked for its type and range here, so that
+    nothing later (the name's digest, the size sum, the state's slice, quill cache list) can
+    fail on a crafted header."""
     try:
         with path.open("rb") as file:
+            stat = os.fstat(file.fileno())
             if file.read(len(MAGIC)) != MAGIC:
                 raise CacheFileError("not a quill prompt cache")
             (length,) = _LENGTH.unpack(file.read(_LENGTH.size))
+            if length > min(MAX_HEADER_BYTES, stat.st_size - len(MAGIC) - _LENGTH.size):
+                raise CacheFileError(f"a header of {length} bytes in a file of {stat.st_size}")
             header = json.loads(file.read(length))
-            stat = os.fstat(file.fileno())
-        key, tokens = header["key"], header["tokens"]
-        state_bytes, state_sha256 = header["state_bytes"], header["state_sha256"]
-        if not isinstance(key, dict) or not all(isinstance(t, int) for t in tokens):
-            raise CacheFileError("a header without a key or tokens")
-    except (struct.error, ValueError, KeyError, TypeError) as error:
-        raise CacheFileError(f"a damaged header ({error})") from None
+    except (struct.error, ValueError, RecursionError) as error:
+        raise CacheFileError(f"a damaged header ({_short(error)})") from None
+    if not isinstance(header, dict):
+        raise CacheFileError("a damaged header (not a JSON object)")
+    key, tokens = header.get("key"), header.get("tokens")
+    state_bytes, state_sha256 = header.get("state_bytes"), header.get("state_sha256")
+    if not _valid_key(key):
+        raise CacheFileError("a header whose key is not a map of names to short values")
+    if not isinstance(tokens, list) or not all(_is_token(t) for t in tokens):
+        raise CacheFileError(f"a header whose tokens are not token ids (0 to {MAX_TOKEN})")
+    if not _is_count(state_bytes):
+        raise CacheFileError("a header whose state_bytes is not a byte count")
+    if not isinstance(state_sha256, str) or not _SHA256.fullmatch(state_sha256):
+        raise CacheFileError("a header whose state_sha256 is not a sha256")
     if len(MAGIC) + _LENGTH.size + length + state_bytes != stat.st_size:
         raise CacheFileError(f"{stat.st_size} bytes, not the {state_bytes} of state it declares")
     return CacheEntry(path, key, tokens, state_bytes, state_sha256, stat.st_size, stat.st_mtime)
+
+
+def _is_count(value: object) -> bool:
+    # bool is an int to Python, and JSON's 1.0 is a float: neither counts bytes.
+    return type(value) is int and 0 <= value <= MAX_FILE_BYTES
+
+
+def _is_token(value: object) -> bool:
+    return type(value) is int and 0 <= value <= MAX_TOKEN
+
+
+def _valid_key(key: object) -> bool:
+    """A key as cache_key writes one: a small map of names to strings or integers."""
+    if not isinstance(key, dict) or len(key) > 64:
+        return False
+    for name, value in key.items():
+        if not isinstance(name, str) or len(name) > 64:
+            return False
+        if type(value) is int:
+            if not -MAX_FILE_BYTES <= value <= MAX_FILE_BYTES:
+                return False
+        elif not (isinstance(value, str) and len(value) <= 256):
+            return False
+    return True
+
+
+def _short(error: Exception) -> str:
+    """An exception's text cut to one short line: a crafted file can make it long."""
+    text = " ".join(str(error).split())
+    return text if len(text) <= 120 else text[:117] + "..."
 
 
 def read_state(entry: CacheEntry) -> bytes:
@@ -245,9 +294,21 @@ class PromptCacheStore:
                 fcntl.flock(lock, fcntl.LOCK_UN)
 
     def _discard(self, path: Path, why: str) -> None:
+        """Remove a file that cannot be trusted, and say so; where it cannot be removed (a
+        read-only directory), say that instead: the next run will meet it again."""
+        try:
+            try:
+                with self._lock():
+                    path.unlink(missing_ok=True)
+            except OSError:  # the lock file cannot be made: the unlink alone may still work
+                path.unlink(missing_ok=True)
+        except OSError as error:
+            self.warnings.append(
+                f"prompt cache {path.name} ignored: {why}; it could not be removed "
+                f"({error.strerror or error}), so remove it from {self.folder} by hand"
+            )
+            return
         self.warnings.append(f"prompt cache {path.name} ignored and removed: {why}")
-        with contextlib.suppress(OSError), self._lock():
-            path.unlink(missing_ok=True)
 
 
 def files(folder: Path) -> list[Path]:
@@ -268,25 +329,59 @@ def list_entries(folder: Path) -> list[CacheEntry | tuple[Path, str]]:
     return found
 
 
-def clear(folder: Path) -> tuple[int, int]:
-    """Remove every cache file: (files, bytes) removed."""
-    count = total = 0
+@dataclass
+class Cleared:
+    """What quill cache clear did: the files and bytes it removed, and those it could not."""
+
+    count: int = 0
+    bytes: int = 0
+    failed: list[tuple[Path, str]] = field(default_factory=list)
+
+
+def clear(folder: Path) -> Cleared:
+    """Remove every cache file; a file that cannot be removed is listed with why, not hidden."""
+    cleared = Cleared()
     for path in files(folder):
         try:
             size = path.stat().st_size
             path.unlink()
         except FileNotFoundError:
             continue
-        count += 1
-        total += size
-    return count, total
+        except OSError as error:
+            cleared.failed.append((path, error.strerror or str(error)))
+            continue
+        cleared.count += 1
+        cleared.bytes += size
+    return cleared
+
+
+SAMPLE_HEAD = 1 << 16  # the GGUF header and its metadata, where an in-place edit often lands
+SAMPLE_BLOCK = 1 << 12
+SAMPLE_BLOCKS = 64
+
+
+def content_sample(path: Path) -> str:
+    """A cheap fingerprint of what the file holds: a digest of its size, its first 64 KiB and
+    64 blocks of 4 KiB spread evenly over the rest (some 320 KiB read, whatever the size)."""
+    digest = hashlib.sha256()
+    with path.open("rb") as file:
+        size = os.fstat(file.fileno()).st_size
+        digest.update(str(size).encode())
+        digest.update(file.read(SAMPLE_HEAD))
+        span = max(size - SAMPLE_HEAD - SAMPLE_BLOCK, 0)
+        for n in range(SAMPLE_BLOCKS):
+            file.seek(SAMPLE_HEAD + span * n // (SAMPLE_BLOCKS - 1))
+            digest.update(file.read(SAMPLE_BLOCK))
+    return digest.hexdigest()
 
 
 def model_sha256(path: Path, folder: Path) -> str:
     """The model file's sha256, hashed once and remembered beside the caches against the
-    file's size, mtime and inode: a replaced file is hashed again."""
+    file's size, mtime, ctime and inode and a sample of its content: a file replaced, or
+    edited in place with its mtime set back, is hashed again (a stale prompt cache of the old
+    weights would otherwise be loaded)."""
     stat = path.stat()
-    stamp = [stat.st_size, stat.st_mtime_ns, stat.st_ino]
+    stamp = [stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_ino, content_sample(path)]
     memo_path = folder / "models.json"
     where = str(path.resolve())
     try:
