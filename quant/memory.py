@@ -209,16 +209,23 @@ def largest_context(
     return cells
 
 
+MAX_SIZE = 1 << 60  # 1 EiB: more than any disk or memory, and far from a float's limits
+
+
 def parse_size(text: str) -> int:
-    """'4GiB', '512MiB', '2G', '1.5GB', '1000000' -> bytes; G and GB count as GiB."""
+    """'4GiB', '512MiB', '2G', '1.5GB', '1000000' -> bytes; G and GB count as GiB. ValueError
+    for anything else, including sizes that are not finite or pass 1 EiB."""
     units = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+    shown = repr(text) if len(text) <= 40 else repr(text[:37] + "...")
     cleaned = text.strip().upper().replace("IB", "").replace("B", "")
     number = cleaned.rstrip("KMGT")
     unit = cleaned[len(number) :]
     try:
         value = float(number)
     except ValueError:
-        raise ValueError(f"not a size: {text!r}; write it like 4GiB or 512MiB") from None
-    if unit not in units or value <= 0:
-        raise ValueError(f"not a size: {text!r}; write it like 4GiB or 512MiB")
+        raise ValueError(f"not a size: {shown}; write it like 4GiB or 512MiB") from None
+    if unit not in units or not value > 0:  # NaN too
+        raise ValueError(f"not a size: {shown}; write it like 4GiB or 512MiB")
+    if value * units[unit] > MAX_SIZE:  # inf too
+        raise ValueError(f"{shown} is more than 1 EiB; write a size like 4GiB or 512MiB")
     return int(value * units[unit])

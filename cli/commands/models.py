@@ -147,7 +147,7 @@ def inspect(
     import json
 
     from cli.commands.cache import parse_size as parse_cache_size
-    from cli.commands.options import kv_types
+    from cli.commands.options import MAX_CTX, check_at_most, kv_types
     from cli.store.models import local_path, parse_model_name, read_model_header
     from cli.store.registry import load_registry
     from cli.ui import render
@@ -160,6 +160,7 @@ def inspect(
     if draft is not None:
         draft_shape = read_model_header(local_path(parse_model_name(draft, registry)))[1]
     parked = parse_cache_size(cache_ram, "--cache-ram")
+    check_at_most("--ctx", ctx, MAX_CTX, "past any model's trained context")
     type_k, type_v = kv_types(kv_type, kv_k, kv_v)
     try:
         budget = parse_size(mem) if mem is not None else None

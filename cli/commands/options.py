@@ -78,6 +78,25 @@ def model_name(argument: str | None, option: str | None) -> str | None:
     return option if option is not None else argument
 
 
+# llama.cpp's own limits on what the options become: past them a number is silently cut to
+# 32 bits (another seed, another top-k) or crashes the process (threads past ggml's 512).
+MAX_TOP_K = 2**31 - 1  # an int32
+MAX_SEED = 2**32 - 2  # a uint32, and 2**32 - 1 is LLAMA_DEFAULT_SEED: a random seed
+MAX_THREADS = 512  # GGML_MAX_N_THREADS
+MAX_CTX = 1 << 24  # past any model's trained context (the longest, 10M tokens)
+
+
+def shown_number(value: int | str) -> str:
+    """A number as an error message shows it: a 400-digit one cut to a readable length."""
+    text = str(value)
+    return text if len(text) <= 24 else f"{text[:12]}... ({len(text)} digits)"
+
+
+def check_at_most(option: str, value: int | None, most: int, why: str) -> None:
+    if value is not None and value > most:
+        raise UsageError(f"{option} {shown_number(value)} is more than {most} ({why})")
+
+
 def sampling_params(
     temperature: float,
     top_k: int,
@@ -87,6 +106,8 @@ def sampling_params(
     seed: int | None,
     ignore_eos: bool = False,
 ) -> SamplingParams:
+    check_at_most("--top-k", top_k, MAX_TOP_K, "llama.cpp's top-k is a 32-bit integer")
+    check_at_most("--seed", seed, MAX_SEED, "llama.cpp's seeds are 32-bit")
     return SamplingParams(
         temperature=temperature,
         top_k=top_k,
@@ -103,8 +124,13 @@ def parse_gpu_layers(value: str | None) -> int | None:
         return None
     if value == "all":
         return ALL_LAYERS
-    if value.isdigit():
-        return int(value)
+    if value.isdecimal() and value.isascii():
+        digits = value.lstrip("0") or "0"
+        if len(digits) > 9:  # an int32 to llama.cpp, and far past any model's layer count
+            raise UsageError(
+                f"--gpu-layers {shown_number(value)} is more layers than any model has: use all"
+            )
+        return int(digits)
     raise UsageError(f"--gpu-layers takes a number of layers or 'all', not {value!r}")
 
 
@@ -148,6 +174,16 @@ def load_options(
     **more: int,
 ) -> LoadOptions:
     """The engine's LoadOptions from the options run, chat, serve and perplexity share."""
+    check_at_most("--threads", threads, MAX_THREADS, "llama.cpp runs at most 512 threads")
+    parallel = more.get("parallel", 1)
+    if ctx is not None and ctx * parallel > MAX_CTX:
+        what = f"--ctx {shown_number(ctx)}"
+        if parallel != 1:
+            what += f" × --parallel {parallel}"
+        raise UsageError(
+            f"{what} is more than {MAX_CTX} tokens, past any model's trained context: "
+            "give a smaller --ctx"
+        )
     type_k, type_v = kv_types(kv_type, kv_k, kv_v)
     return LoadOptions(
         n_ctx=ctx,
