@@ -135,7 +135,13 @@ def _trial_walk(vocab: object, sampler: object) -> None:
         allowed = [t for t in allowed if not llama.llama_vocab_is_eog(vocab, t)]
         if not allowed:
             return
-        llama.llama_sampler_accept(sampler, allowed[(step * 31) % len(allowed)])
+        # The longest piece: the most characters through the grammar's stacks at once, where
+        # an ambiguous grammar multiplies them fastest.
+        buffer = ctypes.create_string_buffer(256)
+        longest = max(
+            allowed, key=lambda t: llama.llama_token_to_piece(vocab, t, buffer, 256, 0, True)
+        )
+        llama.llama_sampler_accept(sampler, longest)
 
 
 def _trial_in_child(vocab: object, text: str) -> str | None:
