@@ -291,9 +291,14 @@ def render_jinja(
         raise ChatTemplateError(f"the chat template was stopped: {error}") from None
     except RecursionError:
         raise ChatTemplateError("the chat template was stopped: it recursed too deep") from None
+    except MemoryError:  # one C call asked for it all at once ("{:>99999999999}".format)
+        raise ChatTemplateError(
+            "the chat template was stopped: it built a value larger than memory"
+        ) from None
     except jinja2.TemplateError as error:
         raise ChatTemplateError(f"the chat template raised: {error}") from None
-    except (TypeError, ValueError, KeyError, AttributeError, IndexError) as error:
+    except (TypeError, ValueError, LookupError, AttributeError, ArithmeticError) as error:
+        # ArithmeticError: the sandbox's OverflowError for range(1000000000), 1/0.
         raise ChatTemplateError(
             f"the chat template failed: {type(error).__name__}: {error}"
         ) from None
@@ -381,16 +386,17 @@ def render_conversation(
             raise ChatTemplateError(f"llama.cpp cannot render the {template.family} family")
         return Rendered(text)
     try:
-        return Rendered(
-            render_jinja(
-                source,
-                messages,
-                bos_token=bos_token,
-                eos_token=eos_token,
-                tools=tools or None,
-                extra=extra,
-            )
+        text = render_jinja(
+            source,
+            messages,
+            bos_token=bos_token,
+            eos_token=eos_token,
+            tools=tools or None,
+            extra=extra,
         )
+        if not text:  # nothing to prefill: the model would have no prompt at all
+            raise ChatTemplateError("the chat template rendered nothing for this conversation")
+        return Rendered(text)
     except ChatTemplateError as error:
         fallback = render_with_llama(source, role_content(messages))
         if fallback is None:
@@ -429,6 +435,8 @@ def template_from_file(path: str) -> ChatTemplate:
             source = handle.read()
     except (OSError, UnicodeDecodeError) as error:
         raise UsageError(f"cannot read the chat template {path}: {error}") from None
+    if not source.strip():
+        raise UsageError(f"the chat template {path} is empty: give a Jinja chat template file")
     try:
         _compile(source)
     except jinja2.TemplateError as error:
