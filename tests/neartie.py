@@ -18,8 +18,9 @@ pick only where this machine's logits leave the choice open:
   many tiny candidates sit between it and this machine's pick.
 
 Everywhere else the text must be exactly what this machine picks, so an edited reply, a broken
-cache or a wrong batch still fails. The text is followed as bytes, not re-tokenized: the tokens a
-reply was generated as need not be the tokens its text tokenizes to.
+cache or a wrong batch still fails. The text is followed as quill prints it (token pieces through
+an incremental UTF-8 decoder), not re-tokenized: the tokens a reply was generated as need not be
+the tokens its text tokenizes to.
 
 Strictness for a clear view of what the rule excuses: QUILL_TEST_STRICT=1 sets both margins to
 zero (the comparator removed: only this machine's own pick passes). With QUILL_TEST_PERTURB=1
@@ -29,6 +30,7 @@ from quill's; .ci/run runs the cross-path tests that way too.
 
 from __future__ import annotations
 
+import codecs
 import ctypes
 import math
 import os
@@ -60,37 +62,37 @@ TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])
 def text_mismatch(
     reference: Reference,
     prompt_tokens: Sequence[int],
-    text: str | bytes,
+    text: str,
     sampling: SamplingParams = GREEDY,
     *,
     ended: bool = False,
 ) -> str | None:
     """None when this machine, after prompt_tokens, prints text (or a near-tie of it at every
     step where it differs); else which step differs and by how much. ended: the text was
-    followed by an end-of-generation token (the reply stopped by itself), which is checked too."""
-    expected = text.encode("utf-8") if isinstance(text, str) else bytes(text)
+    followed by an end-of-generation token (the reply stopped by itself), which is checked too.
+    The text may end inside a token (a stop string cut it there)."""
     reference.prefill(prompt_tokens)
     greedy = sampling.temperature <= 0
     chain = sampler_chain(sampling, sampling.seed or 0, prompt_tokens, (), reference.n_vocab)
     draws = _Mt19937(sampling.seed or 0)
-    done, step = 0, 0
+    follow = _Follow(reference, text)
+    step = 0
     try:
-        while done < len(expected) or ended:
-            rest = expected[done:]
+        while not follow.done or ended:
             logits = reference.logits()
             if greedy:
-                token, problem = _greedy_step(reference, logits, rest)
+                token, problem = _greedy_step(follow, logits)
             else:
                 token, problem = _sampled_step(
-                    reference, chain, logits, rest, draws.canonical(), sampling.temperature
+                    follow, chain, logits, draws.canonical(), sampling.temperature
                 )
             if problem is not None:
                 return f"token {step}: {problem}"
-            if not rest:  # the end-of-generation token this machine also picks
+            if follow.done:  # the end-of-generation token this machine also picks
                 return None
             if not greedy:
                 llama.llama_sampler_accept(chain, token)
-            done += len(reference.piece(token))
+            follow.take(token)
             step += 1
             reference.step(token)
     finally:
@@ -106,10 +108,9 @@ def token_mismatch(
 ) -> str | None:
     """text_mismatch for a reply given as tokens (the first end-of-generation token ends it)."""
     ends = [i for i, token in enumerate(tokens) if reference.is_eog(token)]
-    ended = bool(ends)
-    visible = tokens[: ends[0]] if ended else tokens
-    text = b"".join(reference.piece(t) for t in visible)
-    return text_mismatch(reference, prompt_tokens, text, sampling, ended=ended)
+    visible = tokens[: ends[0]] if ends else tokens
+    text = _decoder().decode(b"".join(reference.piece(t) for t in visible), final=True)
+    return text_mismatch(reference, prompt_tokens, text, sampling, ended=bool(ends))
 
 
 def assert_near(
@@ -139,35 +140,73 @@ def assert_near_tokens(
         assert problem is None, f"{problem}\nthe tokens: {list(reply)}"
 
 
-def _continues(reference: Reference, token: int, rest: bytes) -> bool:
-    if not rest:
-        return reference.is_eog(token)
-    piece = reference.piece(token)
-    return bool(piece) and rest.startswith(piece)
+def _decoder() -> codecs.IncrementalDecoder:
+    # As quill streams text (cli/engine/textstream.py): bytes that are not UTF-8 become U+FFFD.
+    return codecs.getincrementaldecoder("utf-8")(errors="replace")
 
 
-def _greedy_step(reference: Reference, logits: np.ndarray, rest: bytes) -> tuple[int, str | None]:
+class _Follow:
+    """Where the forced walk stands in the expected text, decoding token pieces as quill does."""
+
+    def __init__(self, reference: Reference, text: str) -> None:
+        self.reference = reference
+        self.text = text
+        self.at = 0  # characters of text printed so far
+        self.decoder = _decoder()
+
+    @property
+    def done(self) -> bool:
+        return self.at >= len(self.text)
+
+    def _printed(self, token: int) -> str | None:
+        """What the token would add to the text, or None for a token that prints nothing."""
+        piece = self.reference.piece(token)
+        if not piece:
+            return None
+        state = self.decoder.getstate()
+        printed = self.decoder.decode(piece)
+        self.decoder.setstate(state)
+        return printed
+
+    def continues(self, token: int) -> bool:
+        """Whether the token goes on printing the text: its output is the text's next
+        characters (or bytes of a character still incomplete), or the rest of the text is its
+        output's start (the text was cut inside it); at the end, an end-of-generation token."""
+        if self.done:
+            return self.reference.is_eog(token)
+        printed = self._printed(token)
+        if printed is None:
+            return False
+        rest = self.text[self.at :]
+        return rest.startswith(printed) or printed.startswith(rest)
+
+    def take(self, token: int) -> None:
+        self.at += len(self.decoder.decode(self.reference.piece(token)))
+
+    def why(self, picked: int, detail: str) -> str:
+        shown = repr(self.text[self.at : self.at + 24]) if not self.done else "<end of reply>"
+        eog = self.reference.is_eog(picked)
+        chosen = "<end of reply>" if eog else repr(self.reference.piece(picked))
+        return f"the text goes on {shown}, this machine picks {chosen} ({detail})"
+
+
+def _greedy_step(follow: _Follow, logits: np.ndarray) -> tuple[int, str | None]:
     best = int(np.argmax(logits))
-    if _continues(reference, best, rest):
+    if follow.continues(best):
         return best, None
     shortlist = np.argpartition(logits, -_SHORTLIST)[-_SHORTLIST:]
     for token in sorted(shortlist.tolist(), key=lambda t: -logits[t]):
         gap = float(logits[best] - logits[token])
         if gap > NEAR_TIE_LOGITS:
             break
-        if _continues(reference, token, rest):
+        if follow.continues(token):
             return token, None
-    return best, _why(reference, best, rest, "no token that continues the text within "
-                      f"{NEAR_TIE_LOGITS} logits of the best")  # fmt: skip
+    detail = f"no token that continues the text within {NEAR_TIE_LOGITS} logits of the best"
+    return best, follow.why(best, detail)
 
 
 def _sampled_step(
-    reference: Reference,
-    chain: object,
-    logits: np.ndarray,
-    rest: bytes,
-    draw: float,
-    temperature: float,
+    follow: _Follow, chain: object, logits: np.ndarray, draw: float, temperature: float
 ) -> tuple[int, str | None]:
     """The token the seeded chain would pick with this draw, or the text's token if the draw could
     have fallen in its interval on another CPU (sampled_reach)."""
@@ -192,18 +231,20 @@ def _sampled_step(
         f"the replayed draw {draw:.6f} is not in the pick's interval "
         f"[{lower[array.selected]:.6f}, {upper[array.selected]:.6f}]"
     )
-    if _continues(reference, picked, rest):
+    if follow.continues(picked):
         return picked, None
     distance = draw_distance(candidates["logit"], candidates["p"], draw, temperature)
     for index in np.argsort(distance, kind="stable"):
         if distance[index] > NEAR_TIE_PROBABILITY:
             break
         token = int(candidates["id"][index])
-        if _continues(reference, token, rest):
+        if follow.continues(token):
             return token, None
-    return picked, _why(reference, picked, rest, f"the draw {draw:.4f} lies more than "
-                        f"{NEAR_TIE_PROBABILITY} from where any candidate that continues the "
-                        "text could stand")  # fmt: skip
+    detail = (
+        f"the draw {draw:.4f} lies more than {NEAR_TIE_PROBABILITY} from where any candidate "
+        "that continues the text could stand"
+    )
+    return picked, follow.why(picked, detail)
 
 
 def draw_distance(
@@ -223,12 +264,6 @@ def draw_distance(
     earliest = (clearly_above * p[None, :]).sum(axis=1)
     latest = earliest + (near * p[None, :]).sum(axis=1)  # near includes the candidate itself
     return np.maximum(np.maximum(earliest - draw, draw - latest), 0.0)
-
-
-def _why(reference: Reference, picked: int, rest: bytes, detail: str) -> str:
-    shown = rest[:24] if rest else "<end of reply>"
-    chosen = "<end of reply>" if reference.is_eog(picked) else reference.piece(picked)
-    return f"the text goes on {shown!r}, this machine picks {chosen!r} ({detail})"
 
 
 class _Mt19937:

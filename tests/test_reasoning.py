@@ -95,7 +95,8 @@ def r1_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_run_splits_stdout_stderr_and_json_with_a_think_budget(runner, r1_path: Path) -> None:
     from cli.app import app
 
-    args = ["run", "-m", str(r1_path), "hi", "-n", "10", "--seed", "4", "--think"]
+    # one thread count: one compute path for the three runs
+    args = ["run", "-m", str(r1_path), "hi", "-n", "10", "--seed", "4", "-t", "1", "--think"]
     as_json = runner.invoke(app, [*args, "--think-budget", "3", "--json"])
     assert as_json.exit_code == 0, as_json.stderr
     out = json.loads(as_json.stdout)
@@ -105,12 +106,13 @@ def test_run_splits_stdout_stderr_and_json_with_a_think_budget(runner, r1_path: 
 
     plain = runner.invoke(app, [*args, "--think-budget", "3"])
     assert plain.exit_code == 0, plain.stderr
-    assert plain.stdout == out["text"] + "\n"  # the answer alone on stdout
+    # same path: one command, printed two ways; the answer alone on stdout
+    assert plain.stdout == out["text"] + "\n"
     assert plain.stderr.startswith(out["reasoning"] + "\n")  # the reasoning first on stderr
     assert "thinking 3 tok, answer 7 tok" in plain.stderr
 
     hidden = runner.invoke(app, [*args, "--think-budget", "3", "--hide-thinking"])
-    assert hidden.stdout == plain.stdout
+    assert hidden.stdout == plain.stdout  # same path: only what stderr shows differs
     assert out["reasoning"] not in hidden.stderr
 
     # Without a budget the block never closes: everything is reasoning, stdout stays empty.

@@ -96,7 +96,7 @@ ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 def test_formats_parse_into_tool_calls(text: str, fmt: str, content, calls) -> None:
     got_content, got = parse_tool_calls(text, fmt)
     assert [(c.name, json.loads(c.arguments)) for c in got] == calls
-    assert got_content == (text if content is None else content)
+    assert got_content == (text if content is None else content)  # same path: no model here
     assert len({c.id for c in got}) == len(got)
 
 
@@ -278,7 +278,10 @@ def test_serve_sends_reasoning_content_apart(
     )
     try:
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
-        ask = {"model": "quill", "messages": ASK, "max_tokens": 8, "seed": 3}
+        # No prefix cache: each request prefills in full, one batch, so the three requests take
+        # one compute path and give one text.
+        ask = {"model": "quill", "messages": ASK, "max_tokens": 8, "seed": 3,
+               "extra_body": {"cache_prompt": False}}  # fmt: skip
         whole = client.chat.completions.create(**ask).model_dump()
         message = whole["choices"][0]["message"]
         assert message["reasoning_content"] and not message["content"]
@@ -287,15 +290,18 @@ def test_serve_sends_reasoning_content_apart(
             delta = chunk.choices[0].delta.model_dump()
             streamed += delta.get("reasoning_content") or ""
             content += delta.get("content") or ""
-        assert streamed == message["reasoning_content"] and content == ""
+        assert streamed == message["reasoning_content"]  # same path: no prefix cache
+        assert content == ""
         with Engine(path, LoadOptions(n_ctx=512)) as engine:
             prompt = engine.chat_prompt(ASK, enable_thinking=True)
-        raw = client.completions.create(model="quill", prompt=prompt, max_tokens=8, seed=3)
-        assert raw.choices[0].text == streamed
+        raw = client.completions.create(
+            model="quill", prompt=prompt, max_tokens=8, seed=3, extra_body={"cache_prompt": False}
+        )
+        assert raw.choices[0].text == streamed  # same path: no prefix cache
         # chat_template_kwargs turns the switch per request: the block is closed in the prompt
-        off = client.chat.completions.create(
-            extra_body={"chat_template_kwargs": {"enable_thinking": False}}, **ask
-        ).model_dump()["choices"][0]["message"]
+        switch = {"chat_template_kwargs": {"enable_thinking": False}, "cache_prompt": False}
+        off = client.chat.completions.create(**{**ask, "extra_body": switch})
+        off = off.model_dump()["choices"][0]["message"]
         assert off["content"] and not off.get("reasoning_content")
     finally:
         process.terminate()
