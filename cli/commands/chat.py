@@ -73,7 +73,7 @@ from cli.engine.chatsession import (
 )
 from cli.engine.events import StreamEvent
 from cli.engine.options import LoadOptions
-from cli.errors import QuillError, UsageError
+from cli.errors import EXIT_CONTEXT_OVERFLOW, EXIT_OK, QuillError, UsageError
 from cli.ui import render
 
 DEFAULTS = DEFAULT_SAMPLING
@@ -223,6 +223,8 @@ def chat(
         repl.run()
     finally:
         report.finish(session.backend)
+    if repl.exit_code != EXIT_OK:  # each refusal had its error line when it happened
+        raise typer.Exit(repl.exit_code)
 
 
 def open_chat_backend(
@@ -267,6 +269,9 @@ class Repl:
         self.lines_read = 0
         self.after_turn: Callable[[], None] | None = None  # the resumed KV cache's report
         self.constraint = None  # --schema and co.: each reply is checked against it
+        # A turn refused because the conversation does not fit: the chat goes on, and ends
+        # with exit 4, so that a script piping messages in can tell.
+        self.exit_code = EXIT_OK
 
     # --- input ------------------------------------------------------------------------------
 
@@ -295,6 +300,8 @@ class Repl:
                         self._stream(lambda text=message: session.send(text))
                 except (QuillError, ValueError) as error:
                     render.error_line(str(error))
+                    if getattr(error, "exit_code", None) == EXIT_CONTEXT_OVERFLOW:
+                        self.exit_code = EXIT_CONTEXT_OVERFLOW
         except Quit:
             pass
         finally:
