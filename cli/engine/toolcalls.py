@@ -151,9 +151,23 @@ class ToolsError(ValueError):
         self.param = param
 
 
+# OpenAI's ^[a-zA-Z0-9_-]{1,64}$, with the '.' and ':' of namespaced (MCP) tools: a name is
+# written into the forcing grammar's literals and the template's text, where a quote, a
+# backslash or a newline would change what they mean.
+TOOL_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
 def check_tools(tools: Any, tool_choice: Any) -> tuple[list[dict] | None, str | None]:
     """The request's tools (None when absent or tool_choice is "none") and the function a call
-    must name: "*" for any (required), a name, or None (the model decides)."""
+    must name: "*" for any (required), a name, or None (the model decides). Every name and
+    every parameters schema is checked here, whatever tool_choice says."""
+    from cli.engine.structured import SchemaError, check_schema
+
     if tools is None:
         if tool_choice not in (None, "none", "auto"):
             raise ToolsError("'tool_choice' needs 'tools'", "tool_choice")
@@ -174,9 +188,19 @@ def check_tools(tools: Any, tool_choice: Any) -> tuple[list[dict] | None, str | 
                 "object that has a name",
                 "tools",
             )
+        if not TOOL_NAME.fullmatch(function["name"]):
+            raise ToolsError(
+                f"tools[{index}].function.name must be 1 to 64 letters, digits, '_', '-', '.' "
+                f"or ':' (OpenAI's rule, with '.' and ':'), not {_shown(function['name'])}",
+                "tools",
+            )
         parameters = function.get("parameters", {})
         if not isinstance(parameters, dict):
             raise ToolsError(f"tools[{index}].function.parameters must be an object", "tools")
+        try:
+            check_schema(parameters)
+        except SchemaError as error:
+            raise ToolsError(f"tools[{index}].function.parameters: {error}", "tools") from None
         names.append(function["name"])
     if tool_choice in (None, "auto"):
         return tools or None, None
@@ -185,11 +209,12 @@ def check_tools(tools: Any, tool_choice: Any) -> tuple[list[dict] | None, str | 
     if tool_choice == "required":
         return tools, "*"
     if isinstance(tool_choice, dict):
-        name = (tool_choice.get("function") or {}).get("name")
-        if name in names:
+        function = tool_choice.get("function")
+        name = function.get("name") if isinstance(function, dict) else None
+        if isinstance(name, str) and name in names:
             return tools, name
         raise ToolsError(
-            f"tool_choice names '{name}', which is not one of the tools", "tool_choice"
+            f"tool_choice names {_shown(name)}, which is not one of the tools", "tool_choice"
         )
     raise ToolsError(
         '\'tool_choice\' must be "none", "auto", "required" or '
