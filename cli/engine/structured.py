@@ -336,7 +336,14 @@ def schema_to_gbnf(schema: dict[str, Any], unenforced: list[str]) -> str:
         converter.visit(resolved, "")
     except SchemaError:
         raise
-    except (AssertionError, ValueError, KeyError, TypeError, RecursionError) as error:
+    except (
+        AssertionError,
+        ValueError,
+        KeyError,
+        TypeError,
+        RecursionError,
+        OverflowError,
+    ) as error:
         raise SchemaError(f"cannot turn the schema into a grammar: {error}") from None
     try:
         return safe_grammar(converter.format_grammar())
