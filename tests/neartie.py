@@ -297,3 +297,27 @@ class _Mt19937:
         low, high = self._next(), self._next()
         value = (low + high * 2.0**32) / 2.0**64
         return value if value < 1.0 else math.nextafter(1.0, 0.0)
+
+
+def uses_the_comparator(function: object, depth: int = 4) -> bool:
+    """Whether a test (or fixture, or helper) reaches this module's functions or the reference
+    decoder, directly or through the helpers it calls: a cross-path test. conftest marks such
+    tests `crosspath`, and .ci/run runs them again with QUILL_TEST_PERTURB=1."""
+    code = getattr(function, "__code__", None)
+    if code is None or depth == 0:
+        return False
+    namespace = getattr(function, "__globals__", {})
+    codes = [code]
+    while codes:
+        current = codes.pop()
+        codes += [const for const in current.co_consts if hasattr(const, "co_names")]
+        if {"neartie", "Reference"} & set(current.co_names):  # imported where it is used
+            return True
+        for name in current.co_names:
+            target = namespace.get(name)
+            if target is Reference or getattr(target, "__module__", None) == __name__:
+                return True
+            local = getattr(target, "__module__", None) == function.__module__
+            if local and target is not function and uses_the_comparator(target, depth - 1):
+                return True
+    return False
