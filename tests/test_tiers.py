@@ -30,7 +30,7 @@ def test_the_tiny_vocabulary_tokenizes_through_llama_cpp(tiny_path):
             ids = engine.tokenize(text)
             assert b"".join(engine.piece(i, special=True) for i in ids) == text.encode()
         for special, token in zip(SPECIAL_TOKENS, range(3), strict=True):
-            assert engine.tokenize(special) == [token]
+            assert engine.tokenize(special) == [token]  # same path: the tokenizer, no model
         for word in PROMPT_WORDS.split():  # the pieces it was fitted to are one token each
             assert len(engine.tokenize(" " + word)) == 1, word
         for piece in JSON_PIECES.split("|"):

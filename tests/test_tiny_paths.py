@@ -1,0 +1,99 @@
+"""Paths the slow tier takes on SmolLM2, taken on the tiny model, so that the fast tier
+(`pytest -m "not slow"`) runs every module of cli/ and quant/: quill tokenize, the --endpoint
+client of run, chat and bench against quill serve with structured output, `python -m cli`, and
+quant's names loaded on first use. Properties only: no text is compared across two paths."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import pytest
+from test_serve import KEY, start_server
+
+import quant
+from cli.app import app
+
+from conftest import quill_env
+from reference import Reference
+
+TEXT = 'Tokens are not characters: 一个常用汉字, {"a": 1}, 🦙'
+
+
+def test_tokenize_on_the_tiny_model_matches_llama_cpp(runner, tiny_path):
+    result = runner.invoke(app, ["tokenize", "-m", str(tiny_path), TEXT, "--json"])
+    assert result.exit_code == 0, result.stderr
+    shown = json.loads(result.stdout)
+    reference = Reference(tiny_path, n_ctx=256)
+    try:
+        ids = reference.tokenize(TEXT, add_special=True)
+        rebuilt = b"".join(reference.piece(t) for t in ids)
+    finally:
+        reference.close()
+    assert shown["ids"] == ids
+    assert rebuilt == TEXT.encode("utf-8")
+    assert shown["characters"] == len(TEXT) and shown["bytes"] == len(TEXT.encode())
+    plain = runner.invoke(app, ["tokenize", "-m", str(tiny_path), "a\nb"])
+    assert [line.split()[-1] for line in plain.stdout.splitlines()] == ['"a"', '"\\n"', '"b"']
+    assert "3 tokens for 3 characters" in plain.stderr
+
+
+@pytest.fixture(scope="module")
+def tiny_server(tiny_path, quill_home, tmp_path_factory) -> Iterator[str]:
+    process, url = start_server(
+        quill_home, tmp_path_factory.mktemp("serve-tiny"), str(tiny_path),
+        "--parallel", "2", "--ctx", "1024", "--api-key", KEY,
+    )  # fmt: skip
+    yield f"{url}/v1"
+    process.terminate()
+    process.wait(timeout=30)
+
+
+def test_run_endpoint_on_the_tiny_server_reports_the_reply(runner, tiny_server):
+    args = ["run", "--endpoint", tiny_server, "--api-key", KEY, "--seed", "1", "-n", "8"]
+    result = runner.invoke(app, [*args, "--json", "hello there"])
+    assert result.exit_code == 0, result.stderr
+    reply = json.loads(result.stdout)
+    assert reply["path"] == tiny_server and reply["generation_tokens"] > 0 and reply["text"]
+    assert reply["ttft_s"] > 0 and reply["prompt_tokens"] > 2
+    # The schema goes to the server as response_format; its grammar holds the tiny model.
+    held = runner.invoke(app, [*args[:-1], "60", "--schema", "ok bool", "--no-stats", "Say."])
+    assert held.exit_code == 0, held.stderr
+    assert isinstance(json.loads(held.stdout)["ok"], bool)
+    refused = runner.invoke(app, ["run", "--endpoint", tiny_server, "hi"])
+    assert refused.exit_code == 2 and "pass --api-key" in refused.stderr
+
+
+def test_chat_and_bench_endpoint_on_the_tiny_server(runner, tiny_server, quill_home, tmp_path):
+    transcript = tmp_path / "remote.json"
+    # python -m cli: the module entry point (cli/__main__.py), which the console script mirrors.
+    result = subprocess.run(
+        [sys.executable, "-m", "cli", "chat", "--endpoint", tiny_server, "--api-key", KEY,
+         "--seed", "2", "-n", "6", "--transcript", str(transcript)],
+        input="hello there\nthanks\n", capture_output=True, text=True,
+        env=quill_env(quill_home), timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    messages = json.loads(transcript.read_text())["messages"]
+    assert [m["role"] for m in messages] == ["user", "assistant"] * 2
+    assert len(re.findall(r"prefill \d+ new tokens", result.stderr)) == 2
+    bench = runner.invoke(
+        app, ["bench", "--endpoint", tiny_server, "--api-key", KEY, "-p", "32", "-n", "4",
+              "-r", "1", "--json"],
+    )  # fmt: skip
+    assert bench.exit_code == 0, bench.stderr
+    rows = {row["test"]: row for row in json.loads(bench.stdout)["rows"]}
+    assert set(rows) == {"pp32", "tg4"} and rows["tg4"]["tokens_per_s"] > 0
+
+
+def test_quant_names_load_on_first_use():
+    """`from quant import plan` works without importing every submodule up front."""
+    assert "plan" in dir(quant) and "quantize" in quant.__all__
+    from quant import memory
+
+    assert quant.plan is memory.plan and quant.parse_size("1KiB") == 1024
+    with pytest.raises(AttributeError, match="no attribute 'nothing'"):
+        _ = quant.nothing
