@@ -94,17 +94,21 @@ def test_inspect_shows_the_plan_and_the_budget(runner, smollm2_path):
     assert "largest context that fits 300.0 MiB" in text.stdout
 
 
-def test_inspect_counts_parked_caches_and_a_draft_model(runner, smollm2_path, tiny_path):
+def test_inspect_counts_parked_caches_and_a_draft_model(
+    runner, smollm2_path, tiny_smollm2_vocab_path
+):
     """serve --cache-ram's parked caches and --spec draft's second model are in the plan, its
     total and the budget's largest context."""
     base = ["inspect", "smollm2-135m", "--ctx", "2048", "--mem", "600MiB", "--json"]
     alone = json.loads(runner.invoke(app, base).stdout)
-    extras = ["--cache-ram", "200MiB", "--draft", str(tiny_path)]
+    extras = ["--cache-ram", "200MiB", "--draft", str(tiny_smollm2_vocab_path)]
     result = runner.invoke(app, [*base, *extras])
     assert result.exit_code == 0, result.stderr
     both = json.loads(result.stdout)
     draft = json.loads(
-        runner.invoke(app, ["inspect", str(tiny_path), "--ctx", "2048", "--json"]).stdout
+        runner.invoke(
+            app, ["inspect", str(tiny_smollm2_vocab_path), "--ctx", "2048", "--json"]
+        ).stdout
     )
     memory = both["memory"]
     assert memory["parked_bytes"] == 200 * 2**20
@@ -116,7 +120,7 @@ def test_inspect_counts_parked_caches_and_a_draft_model(runner, smollm2_path, ti
     assert both["memory_budget"]["largest_context"] < alone["memory_budget"]["largest_context"]
     shape = ModelShape.from_gguf(smollm2_path)
     largest = both["memory_budget"]["largest_context"]
-    draft_shape = ModelShape.from_gguf(tiny_path)
+    draft_shape = ModelShape.from_gguf(tiny_smollm2_vocab_path)
     fits = plan(shape, largest, parked_bytes=200 * 2**20, draft=draft_shape).total_bytes
     more = plan(shape, largest + 256, parked_bytes=200 * 2**20, draft=draft_shape).total_bytes
     assert fits <= 600 * 2**20 < more
