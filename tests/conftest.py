@@ -41,13 +41,14 @@ _running: list[pytest.Item] = []  # the test being set up, run or torn down
 def needs_a_real_model(item: pytest.Item) -> bool:
     """Whether a test loads SmolLM2 or Gemma: it requests their fixture (fixturenames is the
     closure, so one requested through another fixture counts), or is parametrized over one by
-    name (tests that pass "smollm2_path" to request.getfixturevalue, or pick it by "smollm2")."""
+    name (a parameter "smollm2_path" passed to request.getfixturevalue, or "smollm2" or "gemma"
+    picking it; a tiny model with Gemma's template is no real model)."""
     if set(REAL_MODEL_FIXTURES) & set(getattr(item, "fixturenames", ())):
         return True
     callspec = getattr(item, "callspec", None)
     params = callspec.params.values() if callspec is not None else ()
-    names = [name.removesuffix("_path") for name in REAL_MODEL_FIXTURES]
-    return any(isinstance(v, str) and any(n in v for n in names) for v in params)
+    names = {*REAL_MODEL_FIXTURES, *(name.removesuffix("_path") for name in REAL_MODEL_FIXTURES)}
+    return any(isinstance(value, str) and value in names for value in params)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
