@@ -229,6 +229,9 @@ def test_the_model_hash_memo_checks_a_sample_of_the_content(tiny_path, tmp_path)
         (["run", "--ctx", "99999999999", "hi"], "--ctx"),
         (["run", "--gpu-layers", HUGE, "hi"], "--gpu-layers"),
         (["run", "--threads", "513", "hi"], "--threads"),
+        (["run", "--temperature", "nan", "hi"], "--temperature"),
+        (["run", "--top-p", "nan", "hi"], "--top-p"),
+        (["run", "--repeat-penalty", "inf", "hi"], "--repeat-penalty"),
         (["chat", "--ctx", HUGE], "--ctx"),
         (["chat", "--seed", HUGE], "--seed"),
         (["chat", "--threads", "99999"], "--threads"),
@@ -398,3 +401,47 @@ def test_serve_answers_400_for_bad_templates_and_tools_and_keeps_serving(home, t
         process.terminate()
         process.wait(timeout=30)
     assert "failed:" not in process.stderr.read()  # no request ended in the 500 handler
+
+
+@pytest.mark.parametrize(
+    ("setting", "needle"),
+    [
+        ("temperature nan", "temperature takes 0 to"),
+        ("temperature -1", "temperature takes 0 to"),
+        ("top_p 5", "top_p takes 0 to 1"),
+        ("min_p -1", "min_p takes 0 to 1"),
+        ("seed 99999999999999", "seed takes 0 to 4294967294"),
+        ("top_k 99999999999", "top_k takes 0 to 2147483647"),
+        ("repeat_penalty inf", "repeat_penalty takes 0 to"),
+    ],
+)
+def test_chat_set_refuses_values_out_of_range(runner, home, tiny_path, setting, needle):
+    result = runner.invoke(
+        app, ["chat", "-m", str(tiny_path), "-n", "2", "--temperature", "0"],
+        input=f"/set {setting}\n",
+    )  # fmt: skip
+    assert result.exit_code == 0, (result.stderr, result.exception)
+    one_error_line(result.stderr, needle)
+    key = setting.split()[0]
+    assert f"{key} = " not in result.stderr  # not taken: no confirmation line
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"messages": ' + "[" * 100_000 + "]" * 100_000 + "}",
+        json.dumps({"messages": [{"role": "user", "content": "hi", "interrupted": "yes"}]}),
+        json.dumps({"messages": [{"role": "user", "content": "hi", "finish_reason": 5}]}),
+    ],
+    ids=["nested deep", "interrupted a string", "finish_reason a number"],
+)
+def test_a_crafted_transcript_is_refused_in_one_line(runner, home, tiny_path, tmp_path, text):
+    transcript = tmp_path / "chat.json"
+    transcript.write_text(text)
+    result = runner.invoke(
+        app, ["chat", "-m", str(tiny_path), "-n", "2", "--transcript", str(transcript)],
+        input="hello\n",
+    )  # fmt: skip
+    assert result.exit_code == 2, (result.stderr, result.exception)
+    one_error_line(result.stderr, "is not a quill chat transcript")
+    assert transcript.read_text() == text  # never written over

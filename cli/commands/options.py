@@ -6,6 +6,7 @@ Importing this is cheap (typer only); whatever a builder needs is imported when 
 
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -106,6 +107,15 @@ def sampling_params(
     seed: int | None,
     ignore_eos: bool = False,
 ) -> SamplingParams:
+    floats = {
+        "--temperature": temperature,
+        "--top-p": top_p,
+        "--min-p": min_p,
+        "--repeat-penalty": repeat_penalty,
+    }
+    for option, number in floats.items():
+        if not math.isfinite(number):  # nan passes typer's range checks: every comparison fails
+            raise UsageError(f"{option} takes a finite number, not {number}")
     check_at_most("--top-k", top_k, MAX_TOP_K, "llama.cpp's top-k is a 32-bit integer")
     check_at_most("--seed", seed, MAX_SEED, "llama.cpp's seeds are 32-bit")
     return SamplingParams(

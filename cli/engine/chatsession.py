@@ -271,9 +271,17 @@ def read_transcript(path: Path, advice: str) -> SavedConversation:
         for message in [*messages, *earlier]:
             if not isinstance(message.content, str) or message.role not in ("user", "assistant"):
                 raise TypeError("a message without a role and text")
+            if not isinstance(message.interrupted, bool):
+                raise TypeError("a message whose 'interrupted' is not true or false")
+            if not isinstance(message.finish_reason, (str, type(None))):
+                raise TypeError("a message whose 'finish_reason' is not text")
             check_text(message.content)
     except OSError as error:
         raise TranscriptError(f"cannot read {path}: {error.strerror}") from None
+    except RecursionError:
+        raise TranscriptError(
+            f"{path} is not a quill chat transcript (JSON nested too deep); {advice}"
+        ) from None
     except (ValueError, KeyError, TypeError, AttributeError) as error:
         raise TranscriptError(
             f"{path} is not a quill chat transcript ({error}); {advice}"
@@ -312,6 +320,18 @@ def write_json_atomically(path: Path, data: dict[str, Any]) -> None:
         partial.unlink(missing_ok=True)  # whatever went wrong, no part file stays behind
 
 
+# What /set accepts, as the command-line options do (llama.cpp's top-k is an int32 and its seeds
+# a uint32 whose largest value means "random"); float("inf") and float("nan") fail these too.
+SETTING_RANGES: dict[str, tuple[float, float]] = {
+    "temperature": (0, 1e6),  # "0 means greedy"; past a few it is noise, but not an error
+    "top_p": (0, 1),
+    "top_k": (0, 2**31 - 1),
+    "min_p": (0, 1),
+    "repeat_penalty": (0, 1e6),
+    "seed": (0, 2**32 - 2),
+}
+
+
 def with_setting(settings: ChatSettings, key: str, value: str) -> ChatSettings:
     """settings with one `/set KEY VALUE` applied; ValueError says what is accepted."""
     numeric = {
@@ -327,6 +347,10 @@ def with_setting(settings: ChatSettings, key: str, value: str) -> ChatSettings:
             number = numeric[key](value)
         except ValueError:
             raise ValueError(f"{key} takes a number, not {value!r}") from None
+        low, high = SETTING_RANGES[key]
+        if not low <= number <= high:  # NaN too
+            most = f"{high:g}" if isinstance(high, float) else str(high)
+            raise ValueError(f"{key} takes {low} to {most}, not {value!r}")
         return replace(settings, sampling=replace(settings.sampling, **{key: number}))
     if key == "max_tokens":
         if not value.isdigit() or int(value) < 1:
