@@ -214,6 +214,20 @@ def test_the_model_hash_memo_checks_a_sample_of_the_content(tiny_path, tmp_path)
     assert after == model_sha256(model, tmp_path / "fresh-memo")
 
 
+@pytest.mark.parametrize(
+    "memo",
+    ["[" * 100_000, '{"%s": 5}', '{"%s": {"stamp": "x", "sha256": [1]}}', "not json"],
+    ids=["nested deep", "an entry that is a number", "a sha256 that is a list", "not JSON"],
+)
+def test_a_damaged_model_hash_memo_costs_a_hash_not_the_run(runner, home, tiny_path, memo):
+    run_json(runner, tiny_path)
+    memo_path = cache_dir(home) / "models.json"
+    memo_path.write_text(memo.replace("%s", str(tiny_path.resolve())))
+    again, stderr = run_json(runner, tiny_path)
+    assert again["cached_prompt_tokens"] > 0 and "warning" not in stderr
+    assert json.loads(memo_path.read_text())[str(tiny_path.resolve())]["sha256"]
+
+
 # --- every number a user types -----------------------------------------------------------------
 
 

@@ -388,11 +388,13 @@ def model_sha256(path: Path, folder: Path) -> str:
         memo = json.loads(memo_path.read_text(encoding="utf-8"))
         if not isinstance(memo, dict):
             memo = {}
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # unreadable or damaged: hash again
         memo = {}
     known = memo.get(where)
-    if isinstance(known, dict) and known.get("stamp") == stamp and known.get("sha256"):
-        return str(known["sha256"])
+    if isinstance(known, dict) and known.get("stamp") == stamp:
+        remembered = known.get("sha256")
+        if isinstance(remembered, str) and _SHA256.fullmatch(remembered):
+            return remembered
     digest = hashlib.sha256()
     with path.open("rb") as file:
         while chunk := file.read(1 << 20):
