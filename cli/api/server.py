@@ -207,7 +207,7 @@ def parse_request(body: dict, state: ServerState, chat: bool) -> tuple[list[int]
         repeat_penalty=_number(body, "repeat_penalty", float, 0, 10, defaults.repeat_penalty),
         frequency_penalty=_number(body, "frequency_penalty", float, -2, 2, 0.0),
         presence_penalty=_number(body, "presence_penalty", float, -2, 2, 0.0),
-        seed=_number(body, "seed", int, 0, 2**63, None),
+        seed=_number(body, "seed", int, 0, 2**32 - 2, None),  # llama.cpp: uint32, max = random
         ignore_eos=bool(body.get("ignore_eos", False)),  # llama-server's extension
         grammar=grammar,
     )
