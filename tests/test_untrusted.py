@@ -346,7 +346,7 @@ def _tool(name: str = "f", parameters: object = None) -> dict:
     return {"type": "function", "function": function}
 
 
-BAD_TOOL_REQUESTS = {
+BAD_REQUESTS = {
     "$ref #": {"tools": [_tool(parameters={"$ref": "#"})], "tool_choice": "required"},
     "a $ref to nothing": {
         "tools": [_tool(parameters={"type": "object", "properties": {"a": {"$ref": "#/x"}}})],
@@ -374,6 +374,7 @@ BAD_TOOL_REQUESTS = {
         "tools": [_tool()],
         "tool_choice": {"type": "function", "function": "f"},
     },
+    "a seed past 32 bits": {"seed": 2**32},
     "response_format bound 1e400": {
         "response_format": {
             "type": "json_schema",
@@ -383,7 +384,9 @@ BAD_TOOL_REQUESTS = {
 }
 
 
-def test_serve_answers_400_for_bad_templates_and_tools_and_keeps_serving(home, tiny_path, tmp_path):
+def test_serve_answers_400_for_bad_templates_tools_and_seeds_and_keeps_serving(
+    home, tiny_path, tmp_path
+):
     template = tmp_path / "range.jinja"
     template.write_text(RANGE_TEMPLATE)
     hello = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
@@ -400,7 +403,7 @@ def test_serve_answers_400_for_bad_templates_and_tools_and_keeps_serving(home, t
         process.wait(timeout=30)
     process, url = start_server(home, tmp_path, "-m", str(tiny_path), "--ctx", "512")
     try:
-        for name, extra in BAD_TOOL_REQUESTS.items():
+        for name, extra in BAD_REQUESTS.items():
             # json.dumps writes 1e400 as Infinity, which is not JSON: send the number itself.
             body = json.dumps({**hello, **extra}).replace("Infinity", "1e400")
             response = httpx.post(
