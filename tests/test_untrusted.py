@@ -384,9 +384,7 @@ BAD_REQUESTS = {
 }
 
 
-def test_serve_answers_400_for_bad_templates_tools_and_seeds_and_keeps_serving(
-    home, tiny_path, tmp_path
-):
+def test_serve_answers_400_for_bad_templates_and_tools_and_keeps_serving(home, tiny_path, tmp_path):
     template = tmp_path / "range.jinja"
     template.write_text(RANGE_TEMPLATE)
     hello = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
