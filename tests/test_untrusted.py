@@ -270,6 +270,30 @@ def test_a_number_past_its_range_is_one_line_and_exit_2(tiny_path, home, args, n
     assert result.stdout == ""
 
 
+@pytest.mark.parametrize(
+    ("args", "code", "needle"),
+    [
+        (["chat", "--transcript", "/"], 2, "is a directory"),
+        (["chat", "--transcript", "."], 2, "is a directory"),
+        (["chat", "--resume", "a" * 5000 + ".json"], 2, "no saved chat"),
+        (["run", "--chat-template", "/dev/zero", "hi"], 2, "is not a regular file"),
+        (["run", "--chat-template", "big", "hi"], 2, "characters: not a chat template"),
+        (["run", "-m", "a" * 5000, "hi"], 3, "cannot be a model path"),
+        (["cache", "x" * 5000], 2, "takes list or clear"),
+    ],
+)
+def test_a_path_that_cannot_be_one_is_one_line(tiny_path, home, tmp_path, args, code, needle):
+    (tmp_path / "big").write_text("{# a comment #}" * 100_000)  # 1.5 million characters
+    if "-m" not in args and args[0] != "cache":
+        args = [args[0], "-m", str(tiny_path), *args[1:]]
+    result = subprocess.run(
+        [QUILL, *args], capture_output=True, text=True, env=quill_env(home), timeout=120,
+        stdin=subprocess.DEVNULL, cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == code, result.stderr
+    one_error_line(result.stderr, needle)
+
+
 # --- exit codes --------------------------------------------------------------------------------
 
 

@@ -128,7 +128,8 @@ def cache(
         render.info_line(f"{removed}, from {folder}")
         return
     if action != "list":
-        raise UsageError(f"quill cache takes list or clear, not {action!r}")
+        shown = repr(action) if len(action) <= 40 else repr(action[:37] + "...")
+        raise UsageError(f"quill cache takes list or clear, not {shown}")
     entries = list_entries(folder)
     if not entries:
         render.info_line(f"no prompt caches in {folder}")
@@ -170,16 +171,20 @@ def resolve_resume(value: str) -> Path:
         if not saved:
             raise UsageError(f"no saved chats in {folder} to resume")
         return saved[-1]
-    path = Path(value).expanduser()
-    if path.suffix == ".json" and path.is_file():
-        return path
+    try:
+        path = Path(value).expanduser()
+        if path.suffix == ".json" and path.is_file():
+            return path
+    except (OSError, ValueError, RuntimeError):  # too long, a NUL, ~user that is no user
+        pass  # not a file: an ID, or nothing
     matches = [p for p in saved if p.stem == value] or [
         p for p in saved if p.stem.startswith(value)
     ]
     if len(matches) == 1:
         return matches[0]
     if not matches:
-        raise UsageError(f"no saved chat {value!r} in {folder}: --resume last, or an ID from there")
+        shown = repr(value) if len(value) <= 80 else repr(value[:77] + "...")
+        raise UsageError(f"no saved chat {shown} in {folder}: --resume last, or an ID from there")
     names = ", ".join(p.stem for p in matches[:4])
     raise UsageError(f"--resume {value!r} matches {len(matches)} chats ({names}); give more of it")
 

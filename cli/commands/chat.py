@@ -199,6 +199,8 @@ def chat(
     if not endpoint:
         apply_template_choice(backend, chosen, chat_template, think, None, render.warning_line)
         attach_speculation(backend, *speculation, offline, verbose)
+    if transcript is not None and (not transcript.name or transcript.is_dir()):
+        raise UsageError(f"--transcript {transcript} is a directory: give a file such as chat.json")
     if transcript is None:
         stamp = time.strftime("%Y%m%d-%H%M%S")
         transcript = quill_home() / "chats" / f"{stamp}-{label.replace('/', '_')}.json"

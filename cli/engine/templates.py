@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import ctypes
 import json
+import os
+import stat
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -33,6 +35,7 @@ Message = tuple[str, str] | Mapping[str, Any]
 # Bounds on one rendering: a template is code shipped inside a downloaded file.
 RENDER_SECONDS = 2.0
 RENDER_CHARS = 8 << 20
+TEMPLATE_FILE_CHARS = 1 << 20  # real chat templates are tens of kilobytes
 
 
 # The families quill knows: llama.cpp's C helper accepts each name. What each supports is what
@@ -432,9 +435,16 @@ def template_from_file(path: str) -> ChatTemplate:
 
     try:
         with open(path, encoding="utf-8") as handle:
-            source = handle.read()
+            if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+                raise UsageError(f"the chat template {path} is not a regular file")
+            source = handle.read(TEMPLATE_FILE_CHARS + 1)  # /dev/zero would never end
     except (OSError, UnicodeDecodeError) as error:
         raise UsageError(f"cannot read the chat template {path}: {error}") from None
+    if len(source) > TEMPLATE_FILE_CHARS:
+        raise UsageError(
+            f"the chat template {path} is over {TEMPLATE_FILE_CHARS} characters: not a chat "
+            "template (real ones are tens of kilobytes)"
+        )
     if not source.strip():
         raise UsageError(f"the chat template {path} is empty: give a Jinja chat template file")
     try:

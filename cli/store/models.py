@@ -59,20 +59,29 @@ def parse_model_name(name: str, registry: Registry) -> ModelRequest:
             )
         repo = "/".join(parts[:2])
         return ModelRequest(name, hub_source=HubSource(repo), hub_file="/".join(parts[2:]))
-    path = Path(name).expanduser()
-    if name.endswith(".gguf") or name.startswith((".", "/", "~")) or path.exists():
-        if not path.is_file():
-            raise ModelNotFoundError(f"no model file at {path}: check the path")
-        return ModelRequest(name, path=path)
+    shown = repr(name) if len(name) <= 80 else repr(name[:77] + "...")
+    try:
+        path = Path(name).expanduser()
+        if name.endswith(".gguf") or name.startswith((".", "/", "~")) or path.exists():
+            if not path.is_file():
+                raise ModelNotFoundError(f"no model file at {path}: check the path")
+            return ModelRequest(name, path=path)
+    except OSError as error:  # a name too long for a path, say
+        raise ModelNotFoundError(
+            f"{shown} cannot be a model path ({error.strerror or error}): check the name"
+        ) from None
+    except (ValueError, RuntimeError):  # a NUL in the name; ~user for no such user
+        raise ModelNotFoundError(f"{shown} cannot be a model name or path") from None
     base, _, tag = name.partition(":")
     if REPO_NAME.match(base):
         return ModelRequest(name, hub_source=HubSource(base), hub_quant=tag or "Q4_K_M")
     entry = registry.models.get(base)
     if entry is None:
         known = ", ".join(sorted(registry.models))
+        base_shown = repr(base) if len(base) <= 80 else repr(base[:77] + "...")
         raise ModelNotFoundError(
-            f"unknown model {base!r}: use one of {known}, OWNER/REPO[:QUANT] for a Hugging Face "
-            "GGUF repository, hf://OWNER/REPO/FILE.gguf, or a .gguf path"
+            f"unknown model {base_shown}: use one of {known}, OWNER/REPO[:QUANT] for a Hugging "
+            "Face GGUF repository, hf://OWNER/REPO/FILE.gguf, or a .gguf path"
         )
     tag = tag or entry.default_tag
     made = made_model(f"{base}:{tag}")
