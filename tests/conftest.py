@@ -20,6 +20,7 @@ from typer.testing import CliRunner
 from cli.store.models import obtain, parse_model_name
 from cli.store.registry import load_registry
 
+from neartie import uses_the_comparator
 from tinymodel import write_tiny_llama
 
 SMOLLM2 = "smollm2-135m"
@@ -95,6 +96,17 @@ def _function_id(item: pytest.Item) -> str:
     return f"{item.path.name}::{getattr(item, 'originalname', item.name)}"
 
 
+def is_cross_path(item: pytest.Item) -> bool:
+    """A test that compares texts of two compute paths through the near-tie comparator or the
+    reference decoder, in its body, its helpers or its fixtures (.ci/run runs these again with
+    the reference decoder's rounding perturbed: tests/reference.py)."""
+    function = getattr(item, "function", None)
+    if function is not None and uses_the_comparator(function):
+        return True
+    fixtures = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
+    return any(uses_the_comparator(d.func) for defs in fixtures.values() for d in defs)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         # docs_long examples run the default model for minutes: never part of the fast tier
@@ -105,6 +117,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             or _function_id(item) in SLOW_BY_DESIGN
         ):
             item.add_marker(pytest.mark.slow)
+        if is_cross_path(item):
+            item.add_marker(pytest.mark.crosspath)
     # A renamed test would drop out of the table silently: name the entry that matches nothing.
     collected_files = {item.path.name for item in items}
     collected = {_function_id(item) for item in items}
