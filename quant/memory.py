@@ -16,6 +16,7 @@ The arithmetic follows what llama.cpp (the version quill ships with) allocates o
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -210,22 +211,19 @@ def largest_context(
 
 
 MAX_SIZE = 1 << 60  # 1 EiB: more than any disk or memory, and far from a float's limits
+_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
 
 def parse_size(text: str) -> int:
-    """'4GiB', '512MiB', '2G', '1.5GB', '1000000' -> bytes; G and GB count as GiB. ValueError
-    for anything else, including sizes that are not finite or pass 1 EiB."""
-    units = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+    """'4GiB', '512MiB', '2G', '1.5gb', '1048576' -> bytes: binary units (G and GB count as GiB),
+    0 allowed (it means none: no parked caches, no prompt cache, a budget nothing fits).
+    ValueError for anything else, and for sizes past 1 EiB (a 400-digit number overflows a
+    float)."""
     shown = repr(text) if len(text) <= 40 else repr(text[:37] + "...")
-    cleaned = text.strip().upper().replace("IB", "").replace("B", "")
-    number = cleaned.rstrip("KMGT")
-    unit = cleaned[len(number) :]
-    try:
-        value = float(number)
-    except ValueError:
-        raise ValueError(f"not a size: {shown}; write it like 4GiB or 512MiB") from None
-    if unit not in units or not value > 0:  # NaN too
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([bkmgt]?)(?:i?b)?\s*", text.lower())
+    if not match:
         raise ValueError(f"not a size: {shown}; write it like 4GiB or 512MiB")
-    if value * units[unit] > MAX_SIZE:  # inf too
+    value = float(match.group(1)) * _UNITS[match.group(2)]
+    if value > MAX_SIZE:
         raise ValueError(f"{shown} is more than 1 EiB; write a size like 4GiB or 512MiB")
-    return int(value * units[unit])
+    return int(value)

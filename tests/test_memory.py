@@ -64,9 +64,12 @@ def test_largest_context_fits_and_one_step_more_does_not(smollm2_path):
 def test_parse_size():
     assert parse_size("4GiB") == 4 * 2**30 == parse_size("4G") == parse_size("4 gb")
     assert parse_size("512MiB") == 512 * 2**20 and parse_size("1.5K") == 1536
-    for bad in ("lots", "-1G", "4XB"):
+    assert parse_size("0") == 0 == parse_size("0GiB")  # none, for every option that takes a size
+    for bad in ("lots", "-1G", "4XB", "nan", "inf", "1e3"):
         with pytest.raises(ValueError, match="write it like 4GiB"):
             parse_size(bad)
+    with pytest.raises(ValueError, match="more than 1 EiB"):
+        parse_size("9" * 400)
 
 
 def test_inspect_shows_the_plan_and_the_budget(runner, smollm2_path):
@@ -131,7 +134,7 @@ def test_inspect_counts_parked_caches_and_a_draft_model(
 @pytest.mark.parametrize(
     ("args", "needle"),
     [
-        (["--cache-ram", "lots"], "--cache-ram takes a size"),
+        (["--cache-ram", "lots"], "--cache-ram: not a size"),
         (["--kv-type", "q3_k"], "unknown K cache type 'q3_k'"),
         (["--kv-v", "int4"], "unknown V cache type 'int4'"),
         (["--mem", "lots"], "--mem: not a size"),

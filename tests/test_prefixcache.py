@@ -280,4 +280,4 @@ def test_serve_refuses_a_cache_ram_that_is_not_a_size(quill_home, tmp_path):
         [quill, "serve", "--cache-ram", "plenty", "--port", "0"], capture_output=True,
         text=True, env=quill_env(quill_home), timeout=60,
     )  # fmt: skip
-    assert result.returncode == 2 and "--cache-ram takes a size" in result.stderr
+    assert result.returncode == 2 and "--cache-ram: not a size" in result.stderr

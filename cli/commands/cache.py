@@ -3,7 +3,6 @@ cache directory, and `quill cache` (list / clear)."""
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -17,7 +16,6 @@ if TYPE_CHECKING:
     from cli.store.promptcache import PromptCacheStore
 
 DEFAULT_CACHE_MAX = "2GiB"
-_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
 NoCache = Annotated[
     bool,
@@ -35,21 +33,6 @@ CacheMax = Annotated[
         "used go first.",
     ),
 ]
-
-
-def parse_size(text: str, option: str = "--cache-max") -> int:
-    """'2GiB', '500M', '1.5g', '1048576' -> bytes (binary units); UsageError otherwise, and for
-    sizes past 1 EiB (a 400-digit number would overflow a float)."""
-    from quant.memory import MAX_SIZE
-
-    shown = repr(text) if len(text) <= 40 else repr(text[:37] + "...")
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([bkmgt]?)(?:i?b)?\s*", text.lower())
-    if not match:
-        raise UsageError(f"{option} takes a size such as 500MiB or 2GiB, not {shown}")
-    value = float(match.group(1)) * _UNITS[match.group(2)]
-    if value > MAX_SIZE:  # inf too
-        raise UsageError(f"{option} {shown} is more than 1 EiB: give a size such as 2GiB")
-    return int(value)
 
 
 def cache_key(engine: Engine) -> dict:

@@ -376,16 +376,15 @@ class Repl:
     # --- output -----------------------------------------------------------------------------
 
     def _stream(self, turn: Callable[[], Iterator[TurnStart | StreamEvent]]) -> None:
+        from cli.engine.metrics import MetricsRecorder
+
         session = self.session
-        started = time.perf_counter()
-        first_at: float | None = None
+        recorder = MetricsRecorder()
         start: TurnStart | None = None
-        last: StreamEvent | None = None
         pieces: list[str] = []
         events = turn()
         text_end = "\n"
         thoughts: list[str] = []
-        thinking_tokens = 0
         folded = False  # the one line that stands for the reasoning has been written
         try:
             for item in events:
@@ -398,13 +397,11 @@ class Repl:
                             "the transcript keeps them; --on-overflow error refuses instead)"
                         )
                     continue
-                if first_at is None:
-                    first_at = time.perf_counter()
-                last = item
+                recorder.observe(item)
                 thoughts.append(item.reasoning)
-                thinking_tokens += item.thinking
-                if not folded and thinking_tokens and (item.text or item.finish_reason):
-                    render.info_line(f"(thought for {thinking_tokens} tokens; /think shows it)")
+                thinking = recorder.thinking_tokens
+                if not folded and thinking and (item.text or item.finish_reason):
+                    render.info_line(f"(thought for {thinking} tokens; /think shows it)")
                     folded = True
                 pieces.append(item.text)
                 render.write_stdout(item.text)
@@ -420,27 +417,17 @@ class Repl:
             raise Quit from None
         render.write_stdout(text_end)
         self.last_reasoning = "".join(thoughts)
-        if last is None or start is None:
+        if recorder.last is None or start is None:
             return
-        ttft = (first_at - started) if first_at else 0.0
-        new = last.prompt_tokens - last.cached_prompt_tokens
-        finish = "interrupted" if session.messages[-1].interrupted else last.finish_reason
-        self.last_stats = (
-            f"prefill {new} new tokens ({last.cached_prompt_tokens} cached), "
-            f"{last.prefill_tokens_per_s:.0f} tok/s · TTFT {ttft * 1000:.0f} ms · "
-            f"decode {last.generation_tokens} tok, {last.decode_tokens_per_s:.1f} tok/s · "
-            f"finish {finish}"
-        )
-        if session.backend.n_ctx:  # a server keeps its own window
-            self.last_stats += f" · context {session.context_used()}/{session.backend.n_ctx}"
-        speculator = getattr(session.backend, "speculator", None)
-        if speculator is not None and speculator.last_stats is not None:
-            spec = speculator.last_stats.as_dict()
-            self.last_stats += f" · spec {render.speculation_text(spec)}"
+        interrupted = "interrupted" if session.messages[-1].interrupted else None
+        metrics = recorder.summary(session.backend, interrupted)
+        used = session.context_used() if session.backend.n_ctx else None
+        self.last_stats = render.turn_stats_line(metrics, used)
         if self.show_stats:
             render.info_line(self.last_stats)
         if self.after_turn is not None:
             self.after_turn()
+        finish = metrics.finish_reason
         problem = self.constraint.problem("".join(pieces), finish) if self.constraint else None
         if problem is not None:  # the chat goes on; the user is told, as run's exit 7 tells
             render.warning_line(f"this reply does not match the schema: {problem}")

@@ -146,12 +146,12 @@ def inspect(
     """Show what a GGUF file holds and the memory it needs at a context, without loading weights."""
     import json
 
-    from cli.commands.cache import parse_size as parse_cache_size
-    from cli.commands.options import MAX_CTX, check_at_most, kv_types
+    from cli.commands.options import MAX_CTX, check_at_most, kv_types, size_option
+    from cli.engine.options import context_size
     from cli.store.models import local_path, parse_model_name, read_model_header
     from cli.store.registry import load_registry
     from cli.ui import render
-    from quant.memory import largest_context, parse_size, plan
+    from quant.memory import largest_context, plan
 
     registry = load_registry()
     path = local_path(parse_model_name(name, registry))
@@ -159,14 +159,11 @@ def inspect(
     draft_shape = None
     if draft is not None:
         draft_shape = read_model_header(local_path(parse_model_name(draft, registry)))[1]
-    parked = parse_cache_size(cache_ram, "--cache-ram")
+    parked = size_option("--cache-ram", cache_ram)
     check_at_most("--ctx", ctx, MAX_CTX, "past any model's trained context")
     type_k, type_v = kv_types(kv_type, kv_k, kv_v)
-    try:
-        budget = parse_size(mem) if mem is not None else None
-    except ValueError as error:
-        raise UsageError(f"--mem: {error}") from None
-    n_ctx = ctx or min(4096, shape.trained_ctx or 4096)
+    budget = size_option("--mem", mem) if mem is not None else None
+    n_ctx = context_size(ctx, shape.trained_ctx)
     memory = plan(shape, n_ctx, type_k, type_v, parked_bytes=parked, draft=draft_shape)
     largest = (
         largest_context(shape, budget, type_k, type_v, parked, draft_shape)

@@ -98,6 +98,16 @@ def check_at_most(option: str, value: int | None, most: int, why: str) -> None:
         raise UsageError(f"{option} {shown_number(value)} is more than {most} ({why})")
 
 
+def size_option(option: str, text: str) -> int:
+    """A size a user typed for option (--cache-max, --cache-ram, --mem), in bytes."""
+    from quant.memory import parse_size
+
+    try:
+        return parse_size(text)
+    except ValueError as error:
+        raise UsageError(f"{option}: {error}") from None
+
+
 def sampling_params(
     temperature: float,
     top_k: int,

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from cli.commands.cache import DEFAULT_CACHE_MAX, CacheMax, NoCache, parse_size
+from cli.commands.cache import DEFAULT_CACHE_MAX, CacheMax, NoCache
 from cli.commands.options import (
     DEFAULT_SAMPLING,
     ApiKey,
@@ -26,6 +26,7 @@ from cli.commands.options import (
     obtain_model,
     read_prompt,
     sampling_params,
+    size_option,
 )
 from cli.commands.speculation import (
     DraftModel,
@@ -229,7 +230,7 @@ def run(
         verbose=verbose,
         endpoint=endpoint,
         api_key=api_key,
-        prompt_cache_max_bytes=None if no_cache else parse_size(cache_max),
+        prompt_cache_max_bytes=None if no_cache else size_option("--cache-max", cache_max),
         chat_template=chat_template,
         think=think,
         think_budget=think_budget,
@@ -266,11 +267,11 @@ def open_backend(request: RunRequest, options: LoadOptions | None) -> tuple[str,
     assert options is not None
     _, path = obtain_model(request.model, request.offline, request.verbose)
     if request.verbose:
-        from cli.engine.options import DEFAULT_CTX
+        from cli.engine.options import context_size
         from quant.memory import ModelShape, plan
 
         shape = ModelShape.from_gguf(path)
-        n_ctx = options.n_ctx or min(DEFAULT_CTX, shape.trained_ctx or DEFAULT_CTX)
+        n_ctx = context_size(options.n_ctx, shape.trained_ctx)
         kv = (options.kv_type_k, options.kv_type_v)
         render.info_line(render.memory_line(plan(shape, n_ctx, *kv)))
     from cli.store.registry import load_registry

@@ -22,6 +22,7 @@ from cli.commands.options import (
     load_options,
     model_name,
     obtain_model,
+    size_option,
 )
 from cli.commands.templating import (
     ChatTemplateFile,
@@ -120,12 +121,11 @@ def serve(
     """Serve a model over an OpenAI-compatible HTTP API, batching concurrent requests."""
     from cli.api.http import HttpLimits, allowed_hosts_for, listen, run_server
     from cli.api.server import ServerLimits, ServerState
-    from cli.commands.cache import parse_size
     from cli.engine.batching import BatchScheduler
     from cli.engine.engine import Engine
     from cli.ui import render
 
-    park_bytes = parse_size(cache_ram, "--cache-ram")
+    park_bytes = size_option("--cache-ram", cache_ram)
     options = load_options(ctx, threads, gpu_layers, kv_type, kv_k, kv_v, parallel=parallel)
     type_k, type_v = options.kv_type_k, options.kv_type_v
     check_parallel(parallel, ctx)

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from cli.engine.engine import DecodeError, Engine, SequenceStep, StreamEvent
 from cli.engine.sampling import SamplingParams
 from cli.errors import QueueFullError
+from cli.sequence import common_prefix
 
 # A request that would drop fewer of a slot's cached tokens than this (a conversation's next turn
 # re-rendering the end of the last reply) is not worth parking the slot's cache for.
@@ -179,9 +180,9 @@ class BatchScheduler:
         shared = {index: self.engine.common_prefix(index, prompt) for index in idle}
         best = max(idle, key=lambda index: (shared[index], -self._last_used[index]))
         parked = max(
-            self._parked.items(), key=lambda item: _common(item[1][0], prompt), default=None
+            self._parked.items(), key=lambda item: common_prefix(item[1][0], prompt), default=None
         )
-        if parked is not None and _common(parked[1][0], prompt) > shared[best]:
+        if parked is not None and common_prefix(parked[1][0], prompt) > shared[best]:
             serial, (tokens, state) = parked
             target = min(idle, key=lambda index: self._last_used[index])
             del self._parked[serial]
@@ -307,12 +308,3 @@ class BatchScheduler:
         slot.request.events.put(event)
         if event.finish_reason is not None:
             self._free(index)
-
-
-def _common(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n

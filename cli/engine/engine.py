@@ -25,7 +25,7 @@ from cli.engine.freecores import CoreLoad, measure_free_cores
 from cli.engine.grammar import GrammarGate
 from cli.engine.llamalog import llama_log
 from cli.engine.loading import load_model
-from cli.engine.options import ALL_LAYERS, DEFAULT_CTX, LoadOptions
+from cli.engine.options import ALL_LAYERS, DEFAULT_CTX, LoadOptions, context_size
 from cli.engine.reasoning import ReasoningWait, split_reasoning, think_within_budget
 from cli.engine.sampling import SamplingParams
 from cli.engine.templates import (
@@ -37,6 +37,7 @@ from cli.engine.templates import (
 )
 from cli.engine.textstream import TextStream
 from cli.errors import ContextOverflowError, ModelLoadError, UsageError
+from cli.sequence import common_prefix
 from quant.gguf import GGUFError, check_gguf_magic, head_dims
 from quant.kv import QUANTIZED_KV_TYPES, ggml_type, kv_cache_bytes
 
@@ -106,7 +107,7 @@ class Engine:
         self.kv_type_k, self.kv_type_v = options.kv_type_k, options.kv_type_v
         self._refuse_impossible_kv_types()
         self.trained_ctx = llama.llama_model_n_ctx_train(self._model)
-        n_ctx = options.n_ctx or min(DEFAULT_CTX, self.trained_ctx)
+        n_ctx = context_size(options.n_ctx, self.trained_ctx)
         self.core_load: CoreLoad | None = None  # measured only when the thread count is ours
         if options.threads:
             self.threads = options.threads
@@ -508,12 +509,7 @@ class Engine:
 
     def common_prefix(self, seq: int, tokens: Sequence[int]) -> int:
         """How many leading tokens of tokens sequence seq already holds (nothing changes)."""
-        common = 0
-        for old, new in zip(self._cached[seq], tokens, strict=False):
-            if old != new:
-                break
-            common += 1
-        return common
+        return common_prefix(self._cached[seq], tokens)
 
     def keep_prefix(self, seq: int, n: int) -> None:
         """Keep the KV cells of sequence seq's first n positions and free the rest: the one

@@ -8,9 +8,15 @@ ALL_LAYERS = -1  # offload every layer
 DEFAULT_CTX = 4096
 
 
+def context_size(requested: int | None, trained_ctx: int | None) -> int:
+    """The context a model is opened with: the size asked for, else DEFAULT_CTX or the model's
+    trained context if that is less (0 or None: unknown)."""
+    return requested or min(DEFAULT_CTX, trained_ctx or DEFAULT_CTX)
+
+
 @dataclass(frozen=True)
 class LoadOptions:
-    n_ctx: int | None = None  # None: min(DEFAULT_CTX, the model's trained context)
+    n_ctx: int | None = None  # None: context_size's default
     n_batch: int = 512
     threads: int | None = None  # None: physical cores that other work leaves free
     gpu_layers: int = 0  # ALL_LAYERS offloads every layer

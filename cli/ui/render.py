@@ -87,6 +87,22 @@ def stats_parts(metrics: RunMetrics) -> list[tuple[str, str]]:
     return [(label, value) for label, value in parts if label in REMOTE_PARTS]
 
 
+def turn_stats_line(m: RunMetrics, context_used: int | None) -> str:
+    """The line after each chat reply (and /stats): what the turn prefilled next to what was
+    cached, the speeds, the context filled (None: a server keeps its own), speculation."""
+    line = (
+        f"prefill {m.prompt_tokens - m.cached_prompt_tokens} new tokens "
+        f"({m.cached_prompt_tokens} cached), {m.prefill_tokens_per_s:.0f} tok/s · "
+        f"TTFT {_ms(m.ttft_s or 0.0)} · decode {m.generation_tokens} tok, "
+        f"{m.decode_tokens_per_s:.1f} tok/s · finish {m.finish_reason}"
+    )
+    if context_used is not None:
+        line += f" · context {context_used}/{m.n_ctx}"
+    if m.speculation is not None:
+        line += f" · spec {speculation_text(m.speculation)}"
+    return line
+
+
 def speculation_text(spec: dict[str, Any]) -> str:
     """What speculative decoding did: guesses kept, and the plain decode speed it beat (or
     did not)."""
@@ -95,9 +111,9 @@ def speculation_text(spec: dict[str, Any]) -> str:
         text += f" ({spec['acceptance_rate']:.0%})"
     if spec["plain_tokens_per_s"] is not None:
         text += f", plain steps {spec['plain_tokens_per_s']:.1f} tok/s"
-    if spec["switched_off_after"] is not None:
+    if spec["first_paused_at"] is not None:
         times = f" {spec['pauses']} times" if spec["pauses"] > 1 else ""
-        text += f", paused{times} from {spec['switched_off_after']} tok (slower than plain)"
+        text += f", paused{times} from {spec['first_paused_at']} tok (slower than plain)"
     return text
 
 
