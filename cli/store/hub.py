@@ -9,15 +9,79 @@ import os
 import re
 import shutil
 import sys
-from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
-from cli.errors import DiskSpaceError, ModelNotFoundError
-from cli.store.registry import HubSource
+from cli.errors import DiskSpaceError
+from cli.store.sources import Fetch, Fetched, SourceFailed
 from cli.units import human_bytes
 
-Report = Callable[[str], None]
 SPLIT_GGUF = re.compile(r"-\d{5}-of-\d{5}\.gguf$")
+
+
+@dataclass(frozen=True)
+class HubSource:
+    """A file of a Hub repository; with no file named, the one single-file GGUF whose name
+    carries the quant (OWNER/REPO:QUANT, as llama.cpp's -hf)."""
+
+    repo: str
+    file: str | None = None
+    revision: str | None = None
+    quant: str = "Q4_K_M"
+
+    def describe(self) -> str:
+        return f"Hugging Face {self.repo}"
+
+    def cached(self, home: Path) -> Path | None:
+        try:
+            file = self.file or self._file_for_quant(_cached_files(self.repo))
+        except SourceFailed:
+            return None
+        return cached_file(self.repo, file, self.revision)
+
+    def fetch(self, home: Path, how: Fetch) -> Fetched:
+        """Download into the Hugging Face cache."""
+        from huggingface_hub import HfApi
+        from huggingface_hub.utils import logging
+
+        from cli.store import hubdownload
+
+        # HF_HUB_OFFLINE is the Hub's own switch; offline means no network at all.
+        if how.offline or hub_offline():
+            raise SourceFailed(self.describe(), "skipped, offline")
+        unresolvable = _hub_unresolvable()
+        if unresolvable is not None:
+            raise SourceFailed(self.describe(), unresolvable)
+        # Its retry warnings are noise next to quill's own summary unless asked for.
+        logging.set_verbosity_info() if how.verbose else logging.set_verbosity_error()
+        file = self.file or ""
+        try:
+            file = file or self._file_for_quant(HfApi().list_repo_files(self.repo))
+            remote = hubdownload.hub_file(self.repo, file, self.revision)
+            done = hubdownload.resumable_bytes(remote)
+            check_free_space(Path(_hub_cache_dir()), remote.size - done, f"{self.repo}/{file}")
+            resuming = f", resuming at {human_bytes(done)}" if done else ""
+            how.report(
+                f"downloading {file} ({human_bytes(remote.size)}{resuming}) from {self.describe()}"
+            )
+            path = hubdownload.download(remote, how.progress)
+        except _hub_errors() as error:
+            raise SourceFailed(self.describe(), _hub_failure(error, file, self.revision)) from None
+        return Fetched(path, file, "hf", self.repo, _lfs_sha256(path))
+
+    def _file_for_quant(self, files: list[str]) -> str:
+        """The one single-file GGUF in the repository with this quantization."""
+        ggufs = sorted(f for f in files if f.endswith(".gguf") and not SPLIT_GGUF.search(f))
+        wanted = re.compile(rf"(^|[-._/]){re.escape(self.quant)}([-._]|$)", re.IGNORECASE)
+        matches = [f for f in ggufs if wanted.search(f.removesuffix(".gguf"))]
+        if len(matches) == 1:
+            return matches[0]
+        if not ggufs:
+            raise SourceFailed(self.repo, "holds no single-file GGUF model")
+        if matches:
+            raise SourceFailed(f"{self.repo}:{self.quant}", f"ambiguous: {', '.join(matches)}")
+        listing = ", ".join(f"{self.repo}:{_quant_of(f)}" for f in ggufs)
+        raise SourceFailed(self.repo, f"has no {self.quant} file; available: {listing}")
 
 
 def hub_offline() -> bool:
@@ -32,7 +96,7 @@ def cached_file(repo: str, file: str, revision: str | None) -> Path | None:
     """The file in the Hugging Face cache, looked up as huggingface-hub's try_to_load_from_cache
     does (refs/REVISION names the snapshot) but without importing it: importing it takes longer
     than `quill list` may."""
-    folder = Path(cache_root()) / f"models--{repo.replace('/', '--')}"
+    folder = _repo_folder(repo)
     revision = revision or "main"
     ref = folder / "refs" / revision
     try:
@@ -76,31 +140,31 @@ def _hub_unresolvable() -> str | None:
     return None
 
 
-def _hub_failure(error: Exception, where: str, file: str, revision: str | None) -> str:
+def _hub_failure(error: Exception, file: str, revision: str | None) -> str:
     """One phrase for what the Hub answered: huggingface-hub's typed errors mapped once."""
     from huggingface_hub import errors as hub_errors
 
     if isinstance(error, hub_errors.GatedRepoError):
         return (
-            f"{where}: gated; accept its terms on the Hub, then put a token in HF_TOKEN "
-            "or run `hf auth login`"
+            "gated; accept its terms on the Hub, then put a token in HF_TOKEN or run "
+            "`hf auth login`"
         )
     if isinstance(error, hub_errors.RepositoryNotFoundError):
         return (
-            f"{where}: no such repository, or a private one and your token (HF_TOKEN or "
-            "`hf auth login`) is missing or wrong"
+            "no such repository, or a private one and your token (HF_TOKEN or `hf auth login`) "
+            "is missing or wrong"
         )
     if isinstance(error, hub_errors.RevisionNotFoundError):
-        return f"{where}: no revision {revision}"
+        return f"no revision {revision}"
     if isinstance(error, hub_errors.EntryNotFoundError):
-        return f"{where}: has no file {file}"
+        return f"has no file {file}"
     if isinstance(error, hub_errors.OfflineModeIsEnabled):
-        return f"{where}: skipped, offline"
+        return "skipped, offline"
     if isinstance(error, hub_errors.LocalEntryNotFoundError):
-        return f"{where}: cannot reach the Hub (no network?)"
+        return "cannot reach the Hub (no network?)"
     if isinstance(error, hub_errors.HfHubHTTPError):
-        return f"{where}: {str(error).splitlines()[0]}"
-    return f"{where}: {error}"
+        return str(error).splitlines()[0]
+    return str(error)
 
 
 def _hub_errors() -> tuple[type[Exception], ...]:
@@ -108,32 +172,6 @@ def _hub_errors() -> tuple[type[Exception], ...]:
     from huggingface_hub import errors as hub_errors
 
     return (hub_errors.HfHubHTTPError, httpx2.HTTPError, OSError, ValueError)
-
-
-def download_file(
-    source: HubSource, file: str, report: Report, progress: type | None, verbose: bool
-) -> tuple[Path, str | None] | str:
-    """Download into the Hugging Face cache: (path, the Hub's sha256 if it gave one), or why not."""
-    from huggingface_hub.utils import logging
-
-    from cli.store import hubdownload
-
-    where = f"Hugging Face {source.repo}"
-    unresolvable = _hub_unresolvable()
-    if unresolvable is not None:
-        return f"{where}: {unresolvable}"
-    # Its retry warnings are noise next to quill's own summary unless asked for.
-    logging.set_verbosity_info() if verbose else logging.set_verbosity_error()
-    try:
-        remote = hubdownload.hub_file(source.repo, file, source.revision)
-        done = hubdownload.resumable_bytes(remote)
-        check_free_space(Path(_hub_cache_dir()), remote.size - done, f"{source.repo}/{file}")
-        resuming = f", resuming at {human_bytes(done)}" if done else ""
-        report(f"downloading {file} ({human_bytes(remote.size)}{resuming}) from {where}")
-        path = hubdownload.download(remote, progress)
-    except _hub_errors() as error:
-        return _hub_failure(error, where, file, source.revision)
-    return path, _lfs_sha256(path)
 
 
 def _hub_cache_dir() -> str:
@@ -154,22 +192,12 @@ def _quant_of(filename: str) -> str:
     return re.split(r"[-.]", stem)[-1]
 
 
-def _repo_files(repo: str, offline: bool) -> list[str]:
-    from huggingface_hub import HfApi, constants
+def _cached_files(repo: str) -> list[str]:
+    return sorted({p.name for p in _repo_folder(repo).glob("snapshots/*/*") if p.is_file()})
 
-    if offline:
-        folder = Path(constants.HF_HUB_CACHE) / f"models--{repo.replace('/', '--')}" / "snapshots"
-        files = sorted({p.name for p in folder.glob("*/*") if p.is_file()})
-        if not files:
-            raise ModelNotFoundError(f"{repo}: nothing of it in the local cache, and offline")
-        return files
-    unresolvable = _hub_unresolvable()
-    if unresolvable is not None:
-        raise ModelNotFoundError(f"cannot list {repo} on the Hub: {unresolvable}")
-    try:
-        return HfApi().list_repo_files(repo)
-    except _hub_errors() as error:
-        raise ModelNotFoundError(_hub_failure(error, f"Hugging Face {repo}", "", None)) from error
+
+def _repo_folder(repo: str) -> Path:
+    return Path(cache_root()) / f"models--{repo.replace('/', '--')}"
 
 
 def check_free_space(folder: Path, needed: int, what: str) -> None:
@@ -180,19 +208,3 @@ def check_free_space(folder: Path, needed: int, what: str) -> None:
             f"not enough disk space for {what}: it needs {human_bytes(needed)}, {folder} has "
             f"{human_bytes(free)} free; free some space or set HF_HOME to a larger disk"
         )
-
-
-def repo_file_for_quant(repo: str, quant: str, offline: bool) -> str:
-    """OWNER/REPO:QUANT -> the one GGUF file in the repository with that quantization."""
-    files = _repo_files(repo, offline)
-    ggufs = sorted(f for f in files if f.endswith(".gguf") and not SPLIT_GGUF.search(f))
-    wanted = re.compile(rf"(^|[-._/]){re.escape(quant)}([-._]|$)", re.IGNORECASE)
-    matches = [f for f in ggufs if wanted.search(f.removesuffix(".gguf"))]
-    if len(matches) == 1:
-        return matches[0]
-    if not ggufs:
-        raise ModelNotFoundError(f"{repo} holds no single-file GGUF model")
-    listing = ", ".join(f"{repo}:{_quant_of(f)}" for f in ggufs)
-    if matches:
-        raise ModelNotFoundError(f"{repo}:{quant} is ambiguous: {', '.join(matches)}")
-    raise ModelNotFoundError(f"{repo} has no {quant} file; available: {listing}")

