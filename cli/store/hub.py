@@ -59,7 +59,8 @@ class HubSource:
             file = file or self._file_for_quant(HfApi().list_repo_files(self.repo))
             remote = hubdownload.hub_file(self.repo, file, self.revision)
             done = hubdownload.resumable_bytes(remote)
-            check_free_space(Path(_hub_cache_dir()), remote.size - done, f"{self.repo}/{file}")
+            os.makedirs(cache_root(), exist_ok=True)
+            check_free_space(Path(cache_root()), remote.size - done, f"{self.repo}/{file}")
             resuming = f", resuming at {human_bytes(done)}" if done else ""
             how.report(
                 f"downloading {file} ({human_bytes(remote.size)}{resuming}) from {self.describe()}"
@@ -80,7 +81,8 @@ class HubSource:
             raise SourceFailed(self.repo, "holds no single-file GGUF model")
         if matches:
             raise SourceFailed(f"{self.repo}:{self.quant}", f"ambiguous: {', '.join(matches)}")
-        listing = ", ".join(f"{self.repo}:{_quant_of(f)}" for f in ggufs)
+        quants = (re.split(r"[-.]", f.removesuffix(".gguf"))[-1] for f in ggufs)
+        listing = ", ".join(f"{self.repo}:{quant}" for quant in quants)
         raise SourceFailed(self.repo, f"has no {self.quant} file; available: {listing}")
 
 
@@ -174,22 +176,10 @@ def _hub_errors() -> tuple[type[Exception], ...]:
     return (hub_errors.HfHubHTTPError, httpx2.HTTPError, OSError, ValueError)
 
 
-def _hub_cache_dir() -> str:
-    from huggingface_hub import constants
-
-    os.makedirs(constants.HF_HUB_CACHE, exist_ok=True)
-    return constants.HF_HUB_CACHE
-
-
 def _lfs_sha256(path: Path) -> str | None:
     """The Hub names each large file's blob after its sha256; use it when it looks like one."""
     blob = Path(os.path.realpath(path)).name
     return blob if re.fullmatch(r"[0-9a-f]{64}", blob) else None
-
-
-def _quant_of(filename: str) -> str:
-    stem = filename.removesuffix(".gguf")
-    return re.split(r"[-.]", stem)[-1]
 
 
 def _cached_files(repo: str) -> list[str]:

@@ -13,14 +13,8 @@ from pathlib import Path
 
 from cli.engine.llamalog import llama_log
 from cli.errors import ModelLoadError, UsageError
-from cli.store.models import (
-    Download,
-    ModelRequest,
-    file_quant,
-    quill_home,
-    read_model,
-    record,
-)
+from cli.store.home import quill_home
+from cli.store.models import Download, ModelRequest, file_quant, read_model, record
 from cli.store.registry import Registry
 from quant.quantize import (
     QuantizeError,
@@ -81,8 +75,7 @@ def make_quantized(
     def follow(line: str) -> None:
         step = tensor_progress(line)
         if step is not None and on_tensor is not None:
-            step_number, steps, tensor = step
-            on_tensor(step_number, steps, tensor)
+            on_tensor(*step)
 
     log.listener = follow
     try:
@@ -98,18 +91,6 @@ def make_quantized(
         log.listener = None
     made_name = f"{alias}:{target}"
     if in_store or output.resolve().is_relative_to(quill_home().resolve()):
-        record(
-            quill_home(),
-            Download(
-                str(output),
-                made_name,
-                "quantize",
-                None,
-                output.name,
-                result.output_bytes,
-                None,
-                time.time(),
-                file_quant(output),
-            ),
-        )
+        what = (str(output), made_name, "quantize", None, output.name, result.output_bytes, None)
+        record(quill_home(), Download(*what, time.time(), file_quant(output)))
     return Made(made_name, result)

