@@ -15,8 +15,10 @@ import pytest
 from test_serve import KEY, health, start_server
 
 from cli.app import app
+from cli.commands.structured_options import read_schema
 from cli.engine import structured
-from cli.errors import EXIT_INVALID_OUTPUT, EXIT_USAGE
+from cli.engine.schema_grammar import int_range_gbnf
+from cli.errors import EXIT_INVALID_OUTPUT, EXIT_USAGE, UsageError
 
 SEEDS = range(20)
 
@@ -107,6 +109,46 @@ def test_without_the_grammar_the_tiny_model_writes_noise(tiny_smollm2_vocab_path
             assert constraint.problem(text, events[-1].finish_reason) is not None
 
 
+QUOTED = [
+    {"const": 'say "hi" \\ now'},
+    {"enum": ['a"b', "c\\d", "é\n", 3, None]},
+    {"type": "string", "pattern": '^a"b\\\\[\\"x]{2}\\n$'},
+    {"type": "object", "properties": {'k"ey\\': {"const": "\t"}}, "required": ['k"ey\\']},
+]
+
+
+@pytest.mark.parametrize("schema", QUOTED, ids=["const", "enum", "pattern", "key"])
+def test_quotes_and_backslashes_hold_in_consts_enums_patterns_and_keys(schema, tiny_path):
+    """Each is JSON-escaped inside GBNF's own escaping (a const with a quote once made a
+    grammar llama.cpp could not parse)."""
+    from cli.engine.engine import Engine, LoadOptions
+
+    constraint = structured.schema_constraint(schema)
+    assert constraint.unenforced == ()
+    with Engine(tiny_path, LoadOptions(n_ctx=1024)) as engine:
+        for seed in range(3):
+            text, last = _generate(engine, constraint, seed, chat=False)
+            assert last.finish_reason == "stop", text
+            assert structured.schema_violation(schema, json.loads(text)) is None, text
+
+
+ALONE = [
+    {"type": "string", "maxLength": 5}, {"type": "string", "minLength": 2},
+    {"prefixItems": [{"type": "integer"}, {"type": "boolean"}]}, {"type": "number"},
+    {"type": "integer", "minimum": -3}, {"type": "number", "maximum": 2.5},
+    {"type": "string", "format": "date-time"}, {"type": "string", "format": "time"},
+    {"format": "uuid"}, {"pattern": "x+"}, {"additionalProperties": {"type": "integer"}},
+    {"allOf": [{"properties": {"a": {"type": "null"}}}, {"anyOf": [{"properties": {"b": {}}}]}]},
+    {"type": ["integer", "string"], "minimum": 1}, {"items": True}, {}, {"type": "array"},
+    {"description": "anything"},
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("schema", ALONE, ids=range(len(ALONE)))
+def test_each_keyword_alone_makes_a_grammar(schema):
+    assert structured.schema_constraint(schema).grammar.startswith("root ::= ")
+
+
 def _gbnf_to_regex(gbnf: str) -> str:
     """The subset of GBNF the range builder writes (literals, classes, {m,n}, |, groups)."""
     return re.sub(r'"([^"]*)"', lambda m: re.escape(m.group(1)), gbnf).replace(" ", "")
@@ -117,7 +159,7 @@ def _gbnf_to_regex(gbnf: str) -> str:
     [(0, 150), (-5, 5), (18, None), (None, 10), (-100, -3), (7, 1234), (1, 1), (-1, 0)],
 )
 def test_integer_ranges_match_exactly_the_integers_inside(low, high):
-    pattern = re.compile(_gbnf_to_regex(structured._int_range_gbnf(low, high)))
+    pattern = re.compile(_gbnf_to_regex(int_range_gbnf(low, high)))
     start = (low if low is not None else -2000) - 60
     stop = (high if high is not None else 2000) + 60
     for n in range(start, stop):
@@ -127,13 +169,13 @@ def test_integer_ranges_match_exactly_the_integers_inside(low, high):
 
 
 def test_concise_schema_is_llms_syntax():
-    schema = structured.read_schema("name, age int, score float, ok bool, bio: one sentence")
+    schema = read_schema("name, age int, score float, ok bool, bio: one sentence")
     assert schema["required"] == ["name", "age", "score", "ok", "bio"]
     types = {k: v["type"] for k, v in schema["properties"].items()}
     assert types == {"name": "string", "age": "integer", "score": "number", "ok": "boolean",
                      "bio": "string"}  # fmt: skip
     assert schema["properties"]["bio"]["description"] == "one sentence"
-    multi = structured.read_schema("name\nage int", multi=True)
+    multi = read_schema("name\nage int", multi=True)
     assert multi["properties"]["items"]["items"]["required"] == ["name", "age"]
 
 
@@ -141,8 +183,8 @@ def test_concise_schema_is_llms_syntax():
     "spec", ["name, age integer", "a b c", "name, name", "", "{not json", '{"type": "strin"}']
 )
 def test_unreadable_schemas_are_usage_errors(spec):
-    with pytest.raises(structured.SchemaError):
-        structured.read_schema(spec)
+    with pytest.raises(UsageError):
+        read_schema(spec)
 
 
 def test_unenforced_keywords_are_named():

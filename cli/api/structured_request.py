@@ -11,6 +11,7 @@ from cli.engine.gbnf import GrammarBudgetError
 from cli.engine.structured import (
     Constraint,
     SchemaError,
+    UnenforcedError,
     check_schema,
     grammar_constraint,
     json_object_constraint,
@@ -40,6 +41,8 @@ def constraint_from_body(body: dict[str, Any], bad_request) -> Constraint | None
         if key == "json_schema":
             return _schema(body["json_schema"], "json_schema", False, bad_request)
         return _response_format(body["response_format"], bad_request)
+    except UnenforcedError as error:  # only a strict schema raises it
+        raise bad_request(f"strict: {error}", key) from None
     except (SchemaError, GrammarBudgetError) as error:
         raise bad_request(str(error), key) from None
 
@@ -73,12 +76,7 @@ def _schema(schema: Any, param: str, strict: bool, bad_request) -> Constraint:
         raise bad_request("a JSON Schema is a JSON object", param)
     _bounded(json.dumps(schema), param, bad_request)
     check_schema(schema)
-    constraint = schema_constraint(schema)
-    if strict and constraint.unenforced:
-        raise bad_request(
-            "strict: the grammar cannot enforce " + "; ".join(constraint.unenforced), param
-        )
-    return constraint
+    return schema_constraint(schema, strict)
 
 
 def _bounded(text: str, param: str, bad_request) -> None:

@@ -1,12 +1,14 @@
 """The structured-output options run and chat share (--schema, --schema-multi, --format json,
---grammar, --strict), and what they do around a reply: the grammar into the sampling, the schema
+--grammar, --strict): what the user typed read into a constraint (llm's concise schema syntax,
+@file), and what the constraint does around a reply: the grammar into the sampling, the schema
 into the system prompt, the finished text checked against the schema."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -45,6 +47,10 @@ StrictOption = Annotated[
 ]
 
 
+# llm's concise syntax: 'name, age int, bio: one sentence'.
+CONCISE_TYPES = {"str": "string", "int": "integer", "float": "number", "bool": "boolean"}
+
+
 def build_constraint(
     schema: str | None,
     schema_multi: bool,
@@ -52,26 +58,115 @@ def build_constraint(
     grammar: Path | None,
     strict: bool,
 ) -> Constraint | None:
-    """The constraint asked for, checked before any model loads: a schema that cannot become a
-    grammar is a usage error, and so is one with unenforceable keywords under --strict."""
-    if not (schema or schema_multi or json_format or grammar):
-        if strict:
-            raise UsageError("--strict applies to a --schema: give one")
-        return None
-    from cli.engine.structured import constraint_from_options, refuse_unenforced
+    """The constraint asked for (at most one of --schema, --format, --grammar), checked before
+    any model loads: a schema that cannot become a grammar is a usage error, and so is one with
+    unenforceable keywords under --strict."""
+    from cli.engine import structured
     from cli.ui import render
 
-    constraint = constraint_from_options(schema, schema_multi, json_format, grammar)
-    assert constraint is not None
-    if strict:
-        refuse_unenforced(constraint)
-    elif constraint.unenforced:
+    given = [name for name, v in (("--schema", schema), ("--format", json_format),
+                                  ("--grammar", grammar)) if v]  # fmt: skip
+    if len(given) > 1:
+        raise UsageError(f"{' and '.join(given)} both constrain the output: give one")
+    if schema_multi and not schema:
+        raise UsageError("--schema-multi wraps a --schema: give one")
+    if strict and not given:
+        raise UsageError("--strict applies to a --schema: give one")
+    if json_format not in (None, "json"):
+        raise UsageError(f"--format takes json, not {json_format!r}")
+    if grammar:
+        return structured.grammar_constraint(_read_grammar(grammar), grammar)
+    if not schema:
+        return structured.json_object_constraint() if json_format else None
+    try:
+        constraint = structured.schema_constraint(read_schema(schema, schema_multi), strict)
+    except structured.UnenforcedError as error:
+        raise UsageError(
+            f"--strict: {error} (drop those keywords, or leave out --strict to have the output "
+            "checked after)"
+        ) from None
+    if constraint.unenforced:
         render.warning_line(
             "the grammar cannot enforce "
             + "; ".join(constraint.unenforced)
             + ": the reply is checked against them after (exit 7 if it breaks them)"
         )
     return constraint
+
+
+def read_schema(spec: str, multi: bool = False) -> dict[str, Any]:
+    """A JSON Schema from --schema's forms: inline JSON, @file.json, or the concise form;
+    --schema-multi wraps it as {"items": [...]}, as llm does."""
+    from cli.engine.structured import MAX_DEPTH, check_schema
+
+    text = spec.strip()
+    if text.startswith("@"):
+        path = Path(text[1:]).expanduser()
+        try:
+            text = path.read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError) as error:
+            raise UsageError(f"cannot read the schema file {path}: {error}") from None
+        if not text.startswith("{"):
+            raise UsageError(f"the schema file {path} does not hold a JSON object")
+    if text.startswith("{"):
+        try:
+            schema = json.loads(text)
+        except RecursionError:
+            raise UsageError(f"the schema nests deeper than {MAX_DEPTH} levels") from None
+        except ValueError as error:
+            raise UsageError(f"the schema is not valid JSON: {error}") from None
+    else:
+        schema = concise_schema(text)
+    check_schema(schema)
+    if not multi:
+        return schema
+    wrapped = {"type": "object", "properties": {"items": {"type": "array", "items": schema}},
+               "required": ["items"]}  # fmt: skip
+    # $refs inside the item point at the document root: keep its definitions there.
+    return wrapped | {key: schema[key] for key in ("$defs", "definitions") if key in schema}
+
+
+def concise_schema(spec: str) -> dict[str, Any]:
+    """llm's concise syntax: fields split by commas (or newlines when there are any), each
+    'name [type][: description]' with type str (default), int, float or bool."""
+    properties: dict[str, Any] = {}
+    for raw in spec.split("\n" if "\n" in spec else ","):
+        entry = raw.strip()
+        if not entry:
+            continue
+        head, _, description = entry.partition(":")
+        words = head.split()
+        if not words or len(words) > 2:
+            raise UsageError(
+                f"cannot read the field {entry!r}: write 'name', 'name type' or "
+                "'name type: description' (types: str, int, float, bool)"
+            )
+        name, kind = words[0], words[1] if len(words) == 2 else "str"
+        if kind not in CONCISE_TYPES:
+            raise UsageError(
+                f"unknown type {kind!r} for the field {name!r}: use str, int, float or bool"
+            )
+        if name in properties:
+            raise UsageError(f"the field {name!r} is given twice")
+        properties[name] = {"type": CONCISE_TYPES[kind]}
+        if description.strip():
+            properties[name]["description"] = description.strip()
+    if not properties:
+        raise UsageError("the schema names no fields")
+    return {"type": "object", "properties": properties, "required": list(properties)}
+
+
+def _read_grammar(path: Path) -> str:
+    from cli.engine.gbnf import MAX_GRAMMAR_CHARS
+
+    try:
+        if path.stat().st_size > 4 * MAX_GRAMMAR_CHARS:  # read no more than the budget allows
+            raise UsageError(
+                f"the grammar file {path} is over {MAX_GRAMMAR_CHARS} characters (quill's budget)"
+            )
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise UsageError(f"cannot read the grammar file {path}: {error}") from None
 
 
 def constrained_sampling(sampling: SamplingParams, constraint: Constraint | None) -> SamplingParams:
@@ -92,10 +187,15 @@ def system_with_schema(system: str | None, constraint: Constraint | None) -> str
     return f"{system}\n\n{told}" if system else told
 
 
+def output_problem(constraint: Constraint, text: str, finish_reason: str | None) -> str | None:
+    """Why the finished text does not hold, in the options' words (None when it holds)."""
+    if finish_reason == "length":
+        return f"the output was cut by --max-tokens before {constraint.what} was complete"
+    return constraint.problem(text, finish_reason)
+
+
 def check_output(constraint: Constraint | None, text: str, finish_reason: str | None) -> None:
     """InvalidOutputError (exit 7) saying why, when the finished text does not hold."""
-    if constraint is None:
-        return
-    problem = constraint.problem(text, finish_reason)
+    problem = output_problem(constraint, text, finish_reason) if constraint else None
     if problem is not None:
         raise InvalidOutputError(problem)

@@ -604,8 +604,9 @@ def _llama_cost(grammar: Grammar) -> tuple[int, int]:
 # --- writing it back ------------------------------------------------------------------------
 
 
-def _char(value: int, in_class: bool) -> str:
-    if 0x20 <= value < 0x7F and chr(value) not in '"\\[]-':
+def _char(value: int) -> str:
+    # ^ escaped too: first in a class it would negate it.
+    if 0x20 <= value < 0x7F and chr(value) not in '"\\[]-^':
         return chr(value)
     if value in (34, 92, 91, 93, 45):
         return "\\" + chr(value)
@@ -616,19 +617,26 @@ def _char(value: int, in_class: bool) -> str:
     return f"\\U{value:08X}"
 
 
+def literal(text: str) -> str:
+    """A GBNF literal matching text exactly."""
+    return '"' + "".join(_char(ord(c)) for c in text) + '"'
+
+
+def char_class(ranges: list[tuple[int, int]], negated: bool) -> str:
+    """A GBNF character class of the codepoint ranges (or of all others, negated)."""
+    body = "".join(_char(lo) if lo == hi else f"{_char(lo)}-{_char(hi)}" for lo, hi in ranges)
+    return "[" + ("^" if negated else "") + body + "]"
+
+
 def _write_item(item: Item) -> str:
     kind = item.kind
     if kind == "lit":
-        return '"' + "".join(_char(c, False) for c in item.codepoints) + '"'
+        return '"' + "".join(_char(c) for c in item.codepoints) + '"'
     if kind == "cls":
-        body = "".join(
-            _char(lo, True) if lo == hi else f"{_char(lo, True)}-{_char(hi, True)}"
-            for lo, hi in item.ranges
-        )
-        return "[" + ("^" if item.negated else "") + body + "]"
+        return char_class(item.ranges, item.negated)
     if kind == "any":
         return "."
-    if kind in ("tok",):
+    if kind == "tok":
         return item.raw
     if kind == "ref":
         return item.name
@@ -638,18 +646,16 @@ def _write_item(item: Item) -> str:
     inner = _write_item(item.inner)
     if item.inner.kind == "rep":
         inner = f"({inner})"
-    low, high = item.low, item.high
-    if (low, high) == (0, None):
-        return inner + "*"
-    if (low, high) == (1, None):
-        return inner + "+"
-    if (low, high) == (0, 1):
-        return inner + "?"
+    return inner + repetition(item.low, item.high)
+
+
+def repetition(low: int, high: int | None) -> str:
+    """GBNF's operator for low to high copies (None: no upper bound)."""
+    if (low, high) in ((0, None), (1, None), (0, 1)):
+        return {(0, None): "*", (1, None): "+", (0, 1): "?"}[(low, high)]
     if high is None:
-        return f"{inner}{{{low},}}"
-    if low == high:
-        return f"{inner}{{{low}}}"
-    return f"{inner}{{{low},{high}}}"
+        return f"{{{low},}}"
+    return f"{{{low}}}" if low == high else f"{{{low},{high}}}"
 
 
 def _write_sequence(items: list[Item]) -> str:

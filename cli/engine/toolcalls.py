@@ -225,9 +225,10 @@ def check_tools(tools: Any, tool_choice: Any) -> tuple[list[dict] | None, str | 
 
 def forcing_grammar(tools: Sequence[Mapping[str, Any]], required: str, fmt: str) -> str:
     """GBNF for one call in the family's format to a tool (any, or the one named), its arguments
-    following the tool's JSON schema, through quill's JSON-schema converter (llama.cpp's, made
-    safe: cli/engine/structured.py); ToolsError when a tool's schema cannot become a grammar."""
-    from cli.engine.structured import SchemaError, schema_to_gbnf
+    following the tool's JSON schema (cli/engine/schema_grammar.py), checked as every grammar is
+    (cli/engine/gbnf.py); ToolsError when a tool's schema cannot become a grammar."""
+    from cli.engine.gbnf import GrammarBudgetError, safe_grammar
+    from cli.engine.schema_grammar import SchemaError, schema_to_gbnf
 
     key = "parameters" if fmt == "llama3" else "arguments"
     choices = []
@@ -246,14 +247,13 @@ def forcing_grammar(tools: Sequence[Mapping[str, Any]], required: str, fmt: str)
             }
         )
     schema = choices[0] if len(choices) == 1 else {"anyOf": choices}
-    try:
-        call = schema_to_gbnf(schema, []).replace("root ::=", "tc-call ::=", 1)
-    except SchemaError as error:
-        raise ToolsError(f"a tool's parameters cannot become a grammar: {error}", "tools") from None
     if fmt == "hermes":
         outer = f'root ::= "{HERMES_OPEN}\\n" tc-call "\\n{HERMES_CLOSE}"'
     elif fmt == "mistral":
         outer = f'root ::= "{MISTRAL_MARK}[" tc-call "]"'
     else:
         outer = "root ::= tc-call"
-    return outer + "\n" + call
+    try:
+        return safe_grammar(outer + "\n" + schema_to_gbnf(schema, [], root="tc-call"))
+    except (SchemaError, GrammarBudgetError) as error:
+        raise ToolsError(f"a tool's parameters cannot become a grammar: {error}", "tools") from None
