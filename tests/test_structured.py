@@ -77,14 +77,13 @@ def _generate(engine, constraint, seed: int, chat: bool):
 
 @pytest.mark.parametrize("schema", [RECORD, LIST_OF_POINTS], ids=["record", "points"])
 @pytest.mark.parametrize("which", ["tiny", "smollm2"])
-def test_the_zoo_holds_for_twenty_seeds(schema, which, request, tiny_smollm2_vocab_path):
+def test_the_zoo_holds_for_twenty_seeds(schema, which, request):
     from cli.engine.engine import Engine, LoadOptions
 
-    # The tiny model with SmolLM2's vocabulary: with the tiny vocabulary's, seeds 5 and 17 write
-    # f6 a2 96 9d (or fa 8c aa a6) into a string, which llama.cpp's grammar counts as one character
-    # and UTF-8 (no lead byte past f4) decodes to four U+FFFD, past maxLength: a defect reported;
-    # this moves back to tiny_path once it is fixed.
-    path = tiny_smollm2_vocab_path if which == "tiny" else request.getfixturevalue("smollm2_path")
+    # The tiny vocabulary's byte tokens once let seeds 5 and 17 write f6 a2 96 9d into a string,
+    # one character to llama.cpp's grammar and four U+FFFD to UTF-8, past maxLength: the grammar
+    # gate now refuses bytes that cannot be UTF-8.
+    path = request.getfixturevalue("tiny_path" if which == "tiny" else "smollm2_path")
     constraint = structured.schema_constraint(schema)
     assert constraint.unenforced == ()  # every keyword here is held by the grammar
     with Engine(path, LoadOptions(n_ctx=1024)) as engine:
@@ -96,17 +95,32 @@ def test_the_zoo_holds_for_twenty_seeds(schema, which, request, tiny_smollm2_voc
             assert constraint.problem(text, last.finish_reason) is None
 
 
-def test_without_the_grammar_the_tiny_model_writes_noise(tiny_smollm2_vocab_path):
+def test_without_the_grammar_the_tiny_model_writes_noise(tiny_path):
     """The zoo test can fail: the same model and seeds, unconstrained, give no valid JSON."""
     from cli.engine.engine import Engine, LoadOptions
     from cli.engine.sampling import SamplingParams
 
     constraint = structured.schema_constraint(RECORD)
-    with Engine(tiny_smollm2_vocab_path, LoadOptions(n_ctx=1024)) as engine:
+    with Engine(tiny_path, LoadOptions(n_ctx=1024)) as engine:
         for seed in range(3):
             events = list(engine.stream_text("Record:", 40, SamplingParams(seed=seed)))
             text = "".join(e.text for e in events)
             assert constraint.problem(text, events[-1].finish_reason) is not None
+
+
+def test_bytes_that_cannot_be_utf8_never_pass_the_grammar_gate(tiny_path):
+    """llama.cpp's grammar counts f6 a2 96 9d as one character; the gate refuses such bytes
+    (the zoo's tiny case writes them past maxLength without it, seeds 5 and 17)."""
+    from cli.engine.engine import Engine, LoadOptions
+    from cli.engine.grammar import utf8_tables
+
+    with Engine(tiny_path, LoadOptions(n_ctx=256)) as engine:
+        invalid, _, _ = utf8_tables(engine._vocab, engine.n_vocab)
+        pieces = {engine.piece(t): bool(invalid[t]) for t in range(engine.n_vocab)}
+    for never in (b"\xc0", b"\xc1", b"\xf5", b"\xf6", b"\xff"):
+        assert pieces[never], never
+    for byte in (b"\xc3", b"\xe0", b"\xed", b"\xf0", b"\xf4", b"\x80", b"{", b" name"):
+        assert not pieces[byte], byte  # a character's start or continuation, or text
 
 
 QUOTED = [

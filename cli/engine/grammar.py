@@ -20,6 +20,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
+import re
 import resource
 import signal
 import time
@@ -186,8 +187,51 @@ def _trial_in_child(vocab: object, text: str) -> str | None:
     return "llama.cpp ran out of the trial's memory on the grammar: refused"
 
 
+# A token's bytes that can stand in valid UTF-8 text: continuation bytes of a character the
+# token before began, whole characters, then the start of one the next token ends. llama.cpp's
+# grammar decodes bytes by their high bits alone, so it counts f6 a2 96 9d (no such character:
+# no lead byte past f4) as one character of a string, and overlong forms and surrogates too.
+_UTF8_FRAGMENT = re.compile(
+    rb"[\x80-\xbf]{0,3}(?:[\x00-\x7f]|[\xc2-\xdf][\x80-\xbf]|\xe0[\xa0-\xbf][\x80-\xbf]"
+    rb"|[\xe1-\xec\xee\xef][\x80-\xbf]{2}|\xed[\x80-\x9f][\x80-\xbf]|\xf0[\x90-\xbf][\x80-\xbf]{2}"
+    rb"|[\xf1-\xf3][\x80-\xbf]{3}|\xf4[\x80-\x8f][\x80-\xbf]{2})*"
+    rb"(?:[\xc2-\xf4]|\xe0[\xa0-\xbf]|[\xe1-\xec\xee\xef][\x80-\xbf]|\xed[\x80-\x9f]"
+    rb"|\xf0[\x90-\xbf][\x80-\xbf]?|[\xf1-\xf3][\x80-\xbf]{1,2}|\xf4[\x80-\x8f][\x80-\xbf]?)?"
+)
+# The second byte a lead byte that ends a token allows (the rest: any continuation byte).
+_SECOND_BYTE = {0xE0: (0xA0, 0xBF), 0xED: (0x80, 0x9F), 0xF0: (0x90, 0xBF), 0xF4: (0x80, 0x8F)}
+_utf8_tables: dict[tuple[int, int, bytes], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+
+
+def _piece(vocab: object, token: int, buffer: ctypes.Array) -> bytes:
+    n = llama.llama_token_to_piece(vocab, token, buffer, len(buffer), 0, False)
+    if n < 0:
+        buffer = ctypes.create_string_buffer(-n)
+        n = llama.llama_token_to_piece(vocab, token, buffer, len(buffer), 0, False)
+    return buffer.raw[:n]
+
+
+def utf8_tables(vocab: object, n_vocab: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per token: whether its bytes can never be part of valid UTF-8, its first byte and its
+    last byte (-1: no bytes). Made once per vocabulary."""
+    buffer = ctypes.create_string_buffer(64)
+    probe = b"".join(_piece(vocab, t, buffer) for t in range(0, n_vocab, max(n_vocab // 16, 1)))
+    key = (ctypes.cast(vocab, ctypes.c_void_p).value or 0, n_vocab, probe)
+    if key not in _utf8_tables:
+        pieces = [_piece(vocab, t, buffer) for t in range(n_vocab)]
+        invalid = np.array([not _UTF8_FRAGMENT.fullmatch(p) for p in pieces], dtype=bool)
+        first = np.array([p[0] if p else -1 for p in pieces], dtype=np.int16)
+        last = np.array([p[-1] if p else -1 for p in pieces], dtype=np.int16)
+        if len(_utf8_tables) > 8:
+            _utf8_tables.clear()
+        _utf8_tables[key] = (invalid, first, last)
+    return _utf8_tables[key]
+
+
 class GrammarGate:
-    """A grammar sampler beside a sequence's sampler chain; sample() picks the next token."""
+    """A grammar sampler beside a sequence's sampler chain; sample() picks the next token.
+    Beside the grammar, no token is let through whose bytes cannot continue the text as valid
+    UTF-8 (llama.cpp's grammar lets some through: _UTF8_FRAGMENT)."""
 
     SHORTLIST = 512  # logits masked before the whole vocabulary (0: always the whole)
 
@@ -210,6 +254,8 @@ class GrammarGate:
             selected=-1,
             sorted=False,
         )
+        self._invalid, self._first, self._last = utf8_tables(vocab, n_vocab)
+        self._lead = -1  # the last byte of the text so far
         self._one = (llama.llama_token_data * 1)()
         self._one_array = llama.llama_token_data_array(
             data=ctypes.cast(self._one, llama.llama_token_data_p), size=1, selected=-1, sorted=False
@@ -248,12 +294,14 @@ class GrammarGate:
         one.id, one.logit, one.p = token, 1.0, 0.0
         self._one_array.size, self._one_array.selected = 1, -1
         llama.llama_sampler_apply(self._sampler, ctypes.byref(self._one_array))
-        if one.logit == float("-inf"):
+        refused = self._refused()
+        if one.logit == float("-inf") or refused[token]:
             self.resampled += 1
-            token = self._shortlisted(chain, ctx, output)
+            token = self._shortlisted(chain, ctx, output, refused)
             if token is None:
                 self._fill(ctx, output)
                 llama.llama_sampler_apply(self._sampler, ctypes.byref(self._array))
+                self._candidates["logit"][refused] = -np.inf  # the ids are 0..n_vocab-1
                 if not np.isfinite(self._candidates["logit"]).any():
                     # Accepting any token now would throw out of llama.cpp's C API: abort.
                     raise GrammarDeadEnd(
@@ -264,6 +312,7 @@ class GrammarGate:
                 llama.llama_sampler_apply(chain, ctypes.byref(self._array))
                 token = self._chosen()
         llama.llama_sampler_accept(self._sampler, token)
+        self._lead = int(self._last[token]) if self._last[token] >= 0 else self._lead
         took = time.perf_counter() - started
         self.seconds += took
         if took > GRAMMAR_STEP_SECONDS:
@@ -274,7 +323,16 @@ class GrammarGate:
         llama.llama_sampler_accept(chain, token)
         return token
 
-    def _shortlisted(self, chain: object, ctx: object, output: int) -> int | None:
+    def _refused(self) -> np.ndarray:
+        """Per token: whether it cannot continue the text as valid UTF-8."""
+        if self._lead not in _SECOND_BYTE:
+            return self._invalid
+        low, high = _SECOND_BYTE[self._lead]
+        return self._invalid | (self._first < low) | (self._first > high)
+
+    def _shortlisted(
+        self, chain: object, ctx: object, output: int, refused: np.ndarray
+    ) -> int | None:
         """The token sampled from the grammar-masked shortlist, or None when it cannot stand in
         for the whole vocabulary (fewer than top_k tokens of it pass)."""
         size = min(self.SHORTLIST, self._n_vocab)
@@ -290,6 +348,7 @@ class GrammarGate:
         array.data = candidates.ctypes.data_as(llama.llama_token_data_p)
         array.size, array.selected, array.sorted = size, -1, False
         llama.llama_sampler_apply(self._sampler, ctypes.byref(array))
+        candidates["logit"][refused[candidates["id"]]] = -np.inf
         allowed = int(np.count_nonzero(candidates["logit"][: array.size] != -np.inf))
         if allowed < self._top_k:
             return None
