@@ -100,7 +100,7 @@ def quill_run(model: Path, text: str, n: int, threads: int | None, spec: list[st
         "tokens": result["generation_tokens"],
         "text": result["text"],
         "acceptance": spec_stats.get("acceptance_rate"),
-        "switched_off_after": spec_stats.get("switched_off_after"),
+        "first_paused_at": spec_stats.get("first_paused_at"),
     }
 
 

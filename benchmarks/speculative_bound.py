@@ -14,8 +14,9 @@ From the two it computes:
 - the bound: the fastest any policy could decode the reply with these guesses and these costs,
   knowing in advance how many guesses hold at each position (a shortest path over positions:
   a plain step, or a check of k <= held guesses that moves k + 1 tokens on);
-- a replay of real policies (quill's adaptive switch, and fixed k) through the real engine and
-  the real Speculator, on a clock that charges each llama_decode its batch size's median cost.
+- a replay of real policies (quill's adaptive switch, fixed k, and fixed k gated: paused after
+  checks that held nothing) through the real engine and the real Speculator, on a clock that
+  charges each llama_decode its batch size's median cost.
   The replay is teacher-forced: each position's token is the plain reply's, so every policy is
   judged on the same text (a batch sums in another order than a step, and where two tokens
   nearly tie the pick could flip and send a replay down another reply; tests/test_speculative.py
@@ -27,8 +28,10 @@ speculative.py measures the real thing.
 
 Usage (inside quill's venv, on an idle machine):
   python benchmarks/speculative_bound.py [--model NAME] [--targets model,f16] [-n 120]
-      [-t THREADS]
-      [--tasks rewrite,extract,summarise,chat] [--json OUT]
+      [-t THREADS] [--tasks rewrite,extract,summarise,chat] [--json OUT] [--costs EARLIER.json]
+
+--costs replays on the batch costs an earlier --json run measured (same targets and tasks), so
+policies are compared on one cost table; only the replies are decoded again.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ from speculative import TASKS, f16_target, model_path  # noqa: E402
 BATCH_SIZES = range(1, 18)
 COST_ROUNDS = 9
 FIXED_K = (1, 2, 3, 4, 6, 8)
+GATED_K = (2, 3, 4, 6)  # fixed k, paused after checks that held nothing (GatedPolicy)
 
 
 def batch_costs(engine, prompt: Sequence[int]) -> dict[int, float]:
@@ -96,10 +100,11 @@ def bound(held: Sequence[int], cost: dict[int, float]) -> float:
     return steps * cost[1] / least[0]
 
 
-def replay(engine, prompt, reply, cost, options) -> tuple[float, dict]:
-    """Decode the reply with speculation options on a clock charging each llama_decode its
-    measured cost, each position's token forced to the reply's; the ratio to plain decoding
-    and the speculation's stats."""
+def replay(engine, prompt, reply, cost, options, policy=None) -> tuple[float, dict]:
+    """Decode the reply with speculation options (and a policy in place of their default: a
+    function of the reply's SpecStats) on a clock charging each llama_decode its measured
+    cost, each position's token forced to the reply's; the ratio to plain decoding and the
+    speculation's stats."""
     from cli.engine.engine import SequenceStep
     from cli.engine.sampling import SamplingParams
     from cli.engine.speculative import attach
@@ -115,6 +120,8 @@ def replay(engine, prompt, reply, cost, options) -> tuple[float, dict]:
 
     attach(engine, options)
     engine.speculator.clock = lambda: now[0]
+    if policy is not None:
+        engine.speculator.new_policy = policy
     engine.keep_prefix(0, 0)
     engine.decode = charged_decode
     greedy_sample = SequenceStep.sample
@@ -141,18 +148,27 @@ def main() -> int:
     parser.add_argument("-t", "--threads", type=int, default=2)
     parser.add_argument("--tasks", default=",".join(TASKS))
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--costs", type=Path, default=None, help="an earlier --json's costs")
     args = parser.parse_args()
+    measured = {}
+    if args.costs:
+        for row in json.loads(args.costs.read_text(encoding="utf-8")):
+            measured[row["target"], row["task"]] = row
 
     from cli.engine.engine import Engine, LoadOptions
     from cli.engine.sampling import SamplingParams
-    from cli.engine.speculative import MOST_TOKENS, SpecOptions, attach
+    from cli.engine.speculative import MOST_TOKENS, GatedPolicy, SpecOptions, attach
 
     targets: dict[str, Callable[[], Path]] = {
         "model": lambda: model_path(args.model),
         "f16": lambda: f16_target(args.model),
     }
-    policies = {"adaptive": SpecOptions("ngram")}
-    policies |= {f"k={k}": SpecOptions("ngram", k) for k in FIXED_K}
+    policies = {"adaptive": (SpecOptions("ngram"), None)}
+    policies |= {f"k={k}": (SpecOptions("ngram", k), None) for k in FIXED_K}
+    policies |= {
+        f"gated k={k}": (SpecOptions("ngram"), lambda stats, k=k: GatedPolicy(stats, k, True))
+        for k in GATED_K
+    }
     results = []
     print(f"{args.threads} threads; ratios to plain decoding on the measured batch costs")
     for target in args.targets.split(","):
@@ -168,8 +184,13 @@ def main() -> int:
                 if len(reply) < 2:  # ended at once (a coarse quantization may): nothing to decode
                     print(f"{label:6s} {task:9s} the reply ended after {len(reply)} token(s)")
                     continue
-                seconds = batch_costs(engine, prompt)
-                cost = {size: seconds[size] / seconds[1] for size in seconds}
+                if (label, task) in measured:
+                    earlier = measured[label, task]
+                    cost = {int(size): c for size, c in earlier["batch_cost"].items()}
+                    seconds = {1: earlier["step_ms"] / 1000}
+                else:
+                    seconds = batch_costs(engine, prompt)
+                    cost = {size: seconds[size] / seconds[1] for size in seconds}
                 held = held_guesses(prompt, reply, MOST_TOKENS["ngram"])
                 row = {
                     "target": label,
@@ -180,8 +201,8 @@ def main() -> int:
                     "bound": round(bound(held, cost), 3),
                     "replay": {},
                 }
-                for name, options in policies.items():
-                    ratio, stats = replay(engine, prompt, reply, cost, options)
+                for name, (options, policy) in policies.items():
+                    ratio, stats = replay(engine, prompt, reply, cost, options, policy)
                     row["replay"][name] = {"ratio": round(ratio, 3), "stats": stats}
                 results.append(row)
                 cheap = ", ".join(f"{n}:{cost[n]:.2f}" for n in (2, 3, 5, 9, 17))

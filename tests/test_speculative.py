@@ -470,7 +470,7 @@ def test_adaptive_speculation_pauses_and_keeps_the_text(tiny_path, tiny_referenc
     assert_near_tokens(tiny_reference, prompt, plain, [e.token for e in events])
     assert stats.verify_steps > 0
     # Pausing depends on the measured costs; either way the record is consistent.
-    assert (stats.pauses == 0) == (stats.switched_off_after is None)
+    assert (stats.pauses == 0) == (stats.first_paused_at is None)
 
 
 def test_speculative_bound_is_the_cheapest_path_over_held_guesses():
@@ -561,8 +561,8 @@ def test_a_paused_speculation_resumes_on_would_be_checks_that_hold(tiny_path, ti
         stats = engine.speculator.last_stats
         engine.speculator = None
     assert_near_tokens(tiny_reference, prompt, plain, [e.token for e in events])
-    assert stats.pauses >= 1 and stats.switched_off_after is not None
-    assert stats.switched_off_after < right_from  # the wrong guesses paused it early
+    assert stats.pauses >= 1 and stats.first_paused_at is not None
+    assert stats.first_paused_at < right_from  # the wrong guesses paused it early
     assert stats.watched > 0
     # The checks that held nothing are the few that paused it: none was paid for while paused.
     assert stats.bursts.count(1) == NOTHING_HELD_CHECKS

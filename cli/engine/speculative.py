@@ -99,11 +99,24 @@ class SpecStats:
     spec_tokens: int = 0  # tokens that verification passes yielded
     spec_s: float = 0.0  # time of drafting and verification passes
     plain_s: float = 0.0  # time of one-token passes
-    switched_off_after: int | None = None  # generated tokens when it first paused itself
+    first_paused_at: int | None = None  # tokens generated when it first paused itself
     pauses: int = 0  # times it measured slower than plain steps and paused
     watched: int = 0  # would-be checks followed while paused (free guesses, no decode)
     bursts: list[int] = field(default_factory=list)  # tokens per verification pass
     guessed: list[int] = field(default_factory=list)  # numbers (from 1) of accepted guesses
+
+    def count(self, guesses: int, held: int, tokens: int, seconds: float) -> None:
+        """One step: a check of guesses that held some and yielded tokens, or a plain step."""
+        if guesses:
+            self.verify_steps += 1
+            self.drafted += guesses
+            self.accepted += held
+            self.spec_tokens += tokens
+            self.spec_s += seconds
+            self.bursts.append(tokens)
+        else:
+            self.plain_steps += 1
+            self.plain_s += seconds
 
     @property
     def acceptance_rate(self) -> float | None:
@@ -335,6 +348,21 @@ class WouldBeCheck:
         return index + 1 if index + 1 == len(self.guesses) else None
 
 
+class Policy(Protocol):
+    """When to check how many guesses, for one reply: asked before each step, told after it."""
+
+    def draft(self, drafter: Drafter, history: list[int], generated: int, room: int) -> list[int]:
+        """The guesses to check now (none: a plain step); never more than room."""
+        ...
+
+    def observe(
+        self, generated: int, token: int, guesses: int, held: int, draft_s: float, check_s: float
+    ) -> None:
+        """What a step did: the tokens generated after it and its last token, how many guesses
+        it checked (0: a plain step) and held, and what drafting and checking cost."""
+        ...
+
+
 class Speculator:
     """Held by an Engine: drafts and verifies the decode loop of stream_generate."""
 
@@ -342,9 +370,15 @@ class Speculator:
         self.options = options
         self.drafter = drafter
         self.last_stats: SpecStats | None = None
-        # What the adaptive switch times steps by; benchmarks/speculative_bound.py replays a
-        # reply on a clock that charges each batch its measured median cost, free of noise.
+        # What policies time steps by; benchmarks/speculative_bound.py replays a reply on a
+        # clock that charges each batch its measured median cost, free of noise.
         self.clock: Callable[[], float] = time.perf_counter
+        self.new_policy: Callable[[SpecStats], Policy] = self._default_policy
+
+    def _default_policy(self, stats: SpecStats) -> Policy:
+        if self.options.draft_tokens is not None:
+            return GatedPolicy(stats, self.options.draft_tokens, self.drafter.free, gated=False)
+        return AdaptivePolicy(stats, self.mode, self.drafter.free)
 
     @property
     def mode(self) -> str:
@@ -356,117 +390,196 @@ class Speculator:
     def decode(
         self, engine: Engine, step: SequenceStep, output: int, sampling: SamplingParams
     ) -> Iterator[StreamEvent]:
-        """The events of one reply from the prefill's logits on: plain one-token steps, or
-        verification passes that yield one event per token they confirm."""
+        """The events of one reply from the prefill's logits on: each step drafts the guesses
+        the policy asks for (none: a plain step), checks them with the pending token in one
+        batch, and yields one event per token the model confirms."""
         stats = self.last_stats = SpecStats(self.mode)
-        speculating = True
+        policy = self.new_policy(stats)
         # Greedy: the chain's own pick at each position is the test. Sampling: a guess stands
         # with the probability the chain gives it (RejectionSampler), which keeps it exact.
         chooser = None if sampling.temperature <= 0 else RejectionSampler(step, engine.n_vocab)
-        adaptive = self.options.draft_tokens is None
-        k = self.options.draft_tokens or START_TOKENS[self.mode]
-        most = self.options.draft_tokens or MOST_TOKENS[self.mode]
         seq = step.seq
-        costs = CostModel()
-        resume_at, pause, judge_after, judged_steps = 0, FIRST_PAUSE, JUDGE_AFTER_STEPS, 0
-        watching = adaptive and self.drafter.free  # while paused: follow would-be checks
-        would_be: WouldBeCheck | None = None
-        watched = 0  # would-be checks since the last pause
         self.drafter.prepare(engine.cached(seq))  # a draft model's prefill: part of the TTFT
         event = step.sample(output)
-        yield event
-        if event.finish_reason is not None:
-            return
-        pending = event.token
-        assert pending is not None
         while True:
-            cached = engine.cached_count(seq)
+            yield event
+            if event.finish_reason is not None:
+                return
+            pending, cached = event.token, engine.cached_count(seq)
+            assert pending is not None
             # Never past max_tokens, and never so far that a full-context check fires early.
-            room = min(step.max_tokens - step.generated - 1, engine.n_ctx - cached - 2, k)
-            probing = adaptive and stats.plain_steps < PLAIN_PROBES
-            if not speculating and watching and would_be is None:
-                guessed = self.drafter.propose([*engine.cached(seq), pending], most)
-                would_be = WouldBeCheck(step.generated, guessed) if guessed else None
-            if not speculating and not watching and step.generated >= resume_at:
-                # Try again at the least cost (k grows from 1 while guesses hold): the costs
-                # stand, the guesses' record starts afresh.
-                speculating, k, judge_after, judged_steps = True, 1, JUDGE_AGAIN_STEPS, 0
-                costs.forget_guesses()
-            started = self.clock()
-            guesses: list[int] = []
-            if speculating and not probing and room > 0:
-                guesses = self.drafter.propose([*engine.cached(seq), pending], room)
-            drafted_at = self.clock()
-            outputs = engine.decode([(seq, pending, True)] + [(seq, t, True) for t in guesses])
-            finished_at = self.clock()
-            spent = finished_at - started
-            if guesses:
-                stats.verify_steps += 1
-                stats.drafted += len(guesses)
-                stats.spec_s += spent
-            else:
-                stats.plain_steps += 1
-                stats.plain_s += spent
-                costs.observe_plain(spent)
-            for position, index in enumerate(outputs):
+            room = min(step.max_tokens - step.generated - 1, engine.n_ctx - cached - 2)
+            started = self.clock()  # draft
+            guesses = policy.draft(
+                self.drafter, [*engine.cached(seq), pending], step.generated, room
+            )
+            drafted_at = self.clock()  # check
+            outputs = engine.decode([(seq, token, True) for token in (pending, *guesses)])
+            checked_at = self.clock()
+            spent, held = checked_at - started, 0
+            for position, index in enumerate(outputs):  # accept
                 if chooser is None or not guesses:
                     event = step.sample(index)
                 else:
                     guess = guesses[position] if position < len(guesses) else None
                     event = step.event(chooser.choose(engine, index, guess))
-                agreed = position < len(guesses) and event.token == guesses[position]
-                stats.accepted += agreed
-                if agreed:
-                    stats.guessed.append(step.generated)
-                if event.finish_reason is not None or not agreed:
+                if position == len(guesses) or event.token != guesses[position]:
+                    break
+                held += 1
+                stats.guessed.append(step.generated)
+                if event.finish_reason is not None:
                     break
                 yield event
-            emitted = position + 1
-            if guesses:
-                stats.spec_tokens += emitted
-                stats.bursts.append(emitted)
-                costs.observe_verify(
-                    len(guesses), emitted - 1, drafted_at - started, finished_at - drafted_at
-                )
+            stats.count(len(guesses), held, position + 1, spent)
             # Plain decoding would hold every token but the last sampled one: the rejected
             # guesses' cells go (and, at the finish, the confirmed ones past the last token).
-            engine.keep_prefix(seq, cached + emitted)
-            yield event
-            if event.finish_reason is not None:
-                return
-            pending = event.token
-            if would_be is not None:
-                held = would_be.settle(step.generated, event.token)
-                if held is not None:
-                    costs.observe_would_be(len(would_be.guesses), held)
-                    would_be, watched, stats.watched = None, watched + 1, stats.watched + 1
-                    best = costs.best_k(most)
-                    if best and watched >= WATCH_BEFORE_RESUME:  # the guesses hold again
-                        speculating, k, judge_after, judged_steps = True, best, JUDGE_AGAIN_STEPS, 0
-                        costs.keep_checks(RECENT_CHECKS)
-            if guesses and adaptive:
-                judged_steps += 1
-                best = costs.best_k(most)
-                all_held = emitted - 1 == len(guesses) and len(guesses) >= k
-                if best is None:  # not measured yet: grow while guesses hold, else shrink
-                    k = _next_k(k, len(guesses), emitted - 1, most)
-                elif best > 0:
-                    # Guesses that all held ask for a larger batch, whose cost is then measured.
-                    k = max(best, min(2 * k, most)) if all_held else best
-                elif judged_steps >= judge_after or costs.nothing_held(NOTHING_HELD_CHECKS):
-                    # No k beats a plain step (and enough checks say so, or the last few held
-                    # no guess at all): pause.
-                    speculating, resume_at = False, step.generated + pause
-                    pause *= 2
-                    stats.pauses += 1
-                    if watching:  # what resumes it: the latest few would-be checks
-                        costs.forget_guesses()
-                        costs.keep_checks(WATCH_BEFORE_RESUME)
-                        watched = 0
-                    if stats.switched_off_after is None:
-                        stats.switched_off_after = step.generated
-                else:
-                    k = 1  # too early to judge: keep measuring at the least cost
+            engine.keep_prefix(seq, cached + position + 1)
+            if event.finish_reason is None:
+                draft_s, check_s = drafted_at - started, checked_at - drafted_at
+                policy.observe(step.generated, event.token, len(guesses), held, draft_s, check_s)
+
+
+class GatedPolicy:
+    """A fixed number of guesses, gated as llama.cpp gates its drafts: a check needs at least
+    `least` guesses (a draft model stops guessing below its probability floor), and after
+    `empty_limit` checks in a row that held nothing speculation pauses. A free drafter keeps
+    guessing while paused, and a would-be check (WouldBeCheck) that would have held
+    `resume_held` guesses resumes it; a draft model's pause lasts `pause` tokens, doubling."""
+
+    def __init__(
+        self,
+        stats: SpecStats,
+        k: int,
+        free: bool,
+        gated: bool = True,
+        least: int = 1,
+        empty_limit: int = 3,
+        resume_held: int = 2,
+        pause: int = 32,
+    ) -> None:
+        self.stats, self.k, self.free, self.gated = stats, k, free, gated
+        self.least, self.empty_limit, self.resume_held, self.pause = (
+            least,
+            empty_limit,
+            resume_held,
+            pause,
+        )
+        self.empty = 0  # checks in a row that held nothing
+        self.resume_at: int | None = None  # paused: a draft model resumes at this count
+        self.would_be: WouldBeCheck | None = None
+
+    def draft(self, drafter: Drafter, history: list[int], generated: int, room: int) -> list[int]:
+        if self.resume_at is not None:
+            if not self.free and generated >= self.resume_at:
+                self.resume_at = None
+            else:
+                if self.free and self.would_be is None:
+                    guessed = drafter.propose(history, self.k)
+                    self.would_be = WouldBeCheck(generated, guessed) if guessed else None
+                return []
+        guesses = drafter.propose(history, min(self.k, room)) if room > 0 else []
+        return guesses if len(guesses) >= self.least else []
+
+    def observe(
+        self, generated: int, token: int, guesses: int, held: int, draft_s: float, check_s: float
+    ) -> None:
+        if self.would_be is not None:
+            settled = self.would_be.settle(generated, token)
+            if settled is not None:
+                self.would_be, self.stats.watched = None, self.stats.watched + 1
+                if settled >= min(self.resume_held, self.k):
+                    self.resume_at = None
+            return
+        if not guesses or not self.gated:
+            return
+        self.empty = 0 if held else self.empty + 1
+        if self.empty >= self.empty_limit:
+            self.empty, self.resume_at = 0, generated + self.pause
+            self.pause *= 2
+            self.stats.pauses += 1
+            if self.stats.first_paused_at is None:
+                self.stats.first_paused_at = generated
+
+
+class AdaptivePolicy:
+    """k from measured costs and held guesses (CostModel), paused when no k beats a plain step;
+    a free drafter's would-be checks resume it, a draft model's pause is timed."""
+
+    def __init__(self, stats: SpecStats, mode: str, free: bool) -> None:
+        self.stats = stats
+        self.k, self.most = START_TOKENS[mode], MOST_TOKENS[mode]
+        self.costs = CostModel()
+        self.speculating = True
+        self.resume_at, self.pause, self.judge_after, self.judged = (
+            0,
+            FIRST_PAUSE,
+            JUDGE_AFTER_STEPS,
+            0,
+        )
+        self.watching = free
+        self.would_be: WouldBeCheck | None = None
+        self.watched = 0
+
+    def draft(self, drafter: Drafter, history: list[int], generated: int, room: int) -> list[int]:
+        if not self.speculating and self.watching and self.would_be is None:
+            guessed = drafter.propose(history, self.most)
+            self.would_be = WouldBeCheck(generated, guessed) if guessed else None
+        if not self.speculating and not self.watching and generated >= self.resume_at:
+            self.speculating, self.k, self.judge_after, self.judged = True, 1, JUDGE_AGAIN_STEPS, 0
+            self.costs.forget_guesses()
+        room = min(room, self.k)
+        probing = self.stats.plain_steps < PLAIN_PROBES
+        if self.speculating and not probing and room > 0:
+            return drafter.propose(history, room)
+        return []
+
+    def observe(
+        self, generated: int, token: int, guesses: int, held: int, draft_s: float, check_s: float
+    ) -> None:
+        costs, stats = self.costs, self.stats
+        if guesses:
+            costs.observe_verify(guesses, held, draft_s, check_s)
+        else:
+            costs.observe_plain(draft_s + check_s)
+        if self.would_be is not None:
+            settled = self.would_be.settle(generated, token)
+            if settled is not None:
+                costs.observe_would_be(len(self.would_be.guesses), settled)
+                self.would_be, self.watched, stats.watched = (
+                    None,
+                    self.watched + 1,
+                    stats.watched + 1,
+                )
+                best = costs.best_k(self.most)
+                if best and self.watched >= WATCH_BEFORE_RESUME:
+                    self.speculating, self.k, self.judge_after, self.judged = (
+                        True,
+                        best,
+                        JUDGE_AGAIN_STEPS,
+                        0,
+                    )
+                    costs.keep_checks(RECENT_CHECKS)
+        if not guesses:
+            return
+        self.judged += 1
+        best = costs.best_k(self.most)
+        all_held = held == guesses and guesses >= self.k
+        if best is None:
+            self.k = _next_k(self.k, guesses, held, self.most)
+        elif best > 0:
+            self.k = max(best, min(2 * self.k, self.most)) if all_held else best
+        elif self.judged >= self.judge_after or costs.nothing_held(NOTHING_HELD_CHECKS):
+            self.speculating, self.resume_at = False, generated + self.pause
+            self.pause *= 2
+            stats.pauses += 1
+            if self.watching:
+                costs.forget_guesses()
+                costs.keep_checks(WATCH_BEFORE_RESUME)
+                self.watched = 0
+            if stats.first_paused_at is None:
+                stats.first_paused_at = generated
+        else:
+            self.k = 1
 
 
 def _next_k(k: int, drafted: int, confirmed: int, most: int) -> int:
