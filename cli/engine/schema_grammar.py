@@ -25,6 +25,8 @@ class SchemaError(UsageError):
 
 # Most digits the grammar lets an unbounded integer have (llama.cpp's own limit is 16).
 _MAX_DIGITS = 15
+# What a keyword of the wrong type or size raises on the way (jsonschema refuses most before).
+_MALFORMED = (AttributeError, KeyError, OverflowError, RecursionError, TypeError, ValueError)
 _RANGE_KEYS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
 # What a JSON string may hold raw: no quote, backslash or control character (JSON forbids them).
 _UNSAFE = [(0, 0x1F), (0x22, 0x22), (0x5C, 0x5C), (0x7F, 0x7F)]
@@ -40,31 +42,22 @@ _TIME = (
 )
 _HEX = "[0-9a-fA-F]"
 _UUID = ' "-" '.join(f"{_HEX}{{{n}}}" for n in (8, 4, 4, 4, 12))
-# name: (body, the rules it uses)
-PRIMITIVES: dict[str, tuple[str, tuple[str, ...]]] = {
-    "space": ('" "?', ()),
-    "char": (_PLAIN + r' | "\\" (["\\/bfnrt] | "u" ' + _HEX + "{4})", ()),
-    "string": (r'"\"" char* "\"" space', ("char", "space")),
-    "integral-part": (f"[0-9] | [1-9] [0-9]{{0,{_MAX_DIGITS}}}", ()),
-    "integer": ('"-"? integral-part space', ("integral-part", "space")),
-    "number": (
-        f'"-"? integral-part ("." [0-9]{{1,{_MAX_DIGITS + 1}}})? ([eE] [-+]? integral-part)? space',
-        ("integral-part", "space"),
-    ),
-    "boolean": ('("true" | "false") space', ("space",)),
-    "null": ('"null" space', ("space",)),
-    "value": (
-        "object | array | string | number | boolean | null",
-        ("object", "array", "string", "number", "boolean", "null"),
-    ),
-    "object": (
-        '"{" space (string ":" space value ("," space string ":" space value)*)? "}" space',
-        ("string", "value", "space"),
-    ),
-    "array": ('"[" space (value ("," space value)*)? "]" space', ("value", "space")),
-    "date": (_DATE, ()),
-    "time": (_TIME, ()),
-    "date-time": ('date "T" time', ("date", "time")),
+_NUMBER = f'"-"? integral-part ("." [0-9]{{1,{_MAX_DIGITS + 1}}})? ([eE] [-+]? integral-part)?'
+PRIMITIVES = {
+    "space": '" "?',
+    "char": _PLAIN + r' | "\\" (["\\/bfnrt] | "u" ' + _HEX + "{4})",
+    "string": r'"\"" char* "\"" space',
+    "integral-part": f"[0-9] | [1-9] [0-9]{{0,{_MAX_DIGITS}}}",
+    "integer": '"-"? integral-part space',
+    "number": _NUMBER + " space",
+    "boolean": '("true" | "false") space',
+    "null": '"null" space',
+    "value": "object | array | string | number | boolean | null",
+    "object": '"{" space (string ":" space value ("," space string ":" space value)*)? "}" space',
+    "array": '"[" space (value ("," space value)*)? "]" space',
+    "date": _DATE,
+    "time": _TIME,
+    "date-time": 'date "T" time',
 }
 FORMATS = {"date", "time", "date-time", "uuid"}
 
@@ -78,14 +71,7 @@ def schema_to_gbnf(schema: Any, unenforced: list[str], root: str = "root") -> st
     try:
         converter.rules[root] = converter.body(schema, root)
         converter.primitive("space")  # after nearly every value
-    except (
-        AttributeError,
-        KeyError,
-        OverflowError,
-        RecursionError,
-        TypeError,
-        ValueError,
-    ) as error:
+    except _MALFORMED as error:
         raise SchemaError(f"cannot turn the schema into a grammar: {error}") from None
     return "\n".join(f"{name} ::= {body}" for name, body in converter.rules.items())
 
@@ -115,10 +101,10 @@ class _Converter:
 
     def primitive(self, name: str) -> str:
         if name not in self.rules:
-            body, uses = PRIMITIVES[name]
-            self.rules[name] = body
-            for used in uses:
-                self.primitive(used)
+            self.rules[name] = PRIMITIVES[name]
+            for used in re.findall(r"[a-z-]+", re.sub(r'"(\\.|[^"])*"', "", PRIMITIVES[name])):
+                if used in PRIMITIVES:
+                    self.primitive(used)
         return name
 
     def visit(self, schema: Any, name: str) -> str:
@@ -218,20 +204,14 @@ class _Converter:
         inside it optional)."""
         properties: list = []
         required: set = set()
-
-        def add(part: Any, needed: bool) -> None:
-            if isinstance(part, dict) and isinstance(part.get("$ref"), str):
-                part = _pointer(self.document, part["$ref"])
-            if not isinstance(part, dict):
-                return
-            for key, sub in (part.get("properties") or {}).items():
-                properties.append((key, sub))
-                if needed:
-                    required.add(key)
-
         for part in parts:
-            for sub in part.get("anyOf", [part]) if isinstance(part, dict) else [part]:
-                add(sub, not (isinstance(part, dict) and "anyOf" in part))
+            optional = isinstance(part, dict) and "anyOf" in part
+            for sub in part["anyOf"] if optional else [part]:
+                if isinstance(sub, dict) and isinstance(sub.get("$ref"), str):
+                    sub = _pointer(self.document, sub["$ref"])
+                for key, value in (sub.get("properties") or {}).items():
+                    properties.append((key, value))
+                    required.update(() if optional else (key,))
         return self.object(properties, required, None, name)
 
     def array(self, schema: dict, name: str) -> str:
