@@ -422,6 +422,22 @@ def test_the_grammar_file_must_exist(runner):
     assert result.exit_code == EXIT_USAGE and "cannot read the grammar file" in result.stderr
 
 
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--schema", "@~nosuchuser-q/s.json"], "no such user"),
+        (["--schema", "@/dev/zero"], "not a regular file"),
+        (["--grammar", "/dev/zero"], "not a regular file"),
+        (["--schema", "@" + "a" * 5000], "File name too long"),
+    ],
+)
+def test_a_file_the_options_cannot_read_is_one_line(runner, args, needle):
+    result = runner.invoke(app, ["run", *args, "x"])
+    lines = result.stderr.strip().splitlines()
+    assert result.exit_code == EXIT_USAGE and len(lines) == 1 and needle in lines[0], lines
+    assert len(lines[0]) < 200  # the name is cut, not echoed whole
+
+
 RECURSIVE = [
     {"type": "object", "required": ["n", "next"],
      "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9},

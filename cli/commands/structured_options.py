@@ -75,7 +75,7 @@ def build_constraint(
     if json_format not in (None, "json"):
         raise UsageError(f"--format takes json, not {json_format!r}")
     if grammar:
-        return structured.grammar_constraint(_read_grammar(grammar), grammar)
+        return structured.grammar_constraint(read_user_file(grammar, "grammar file"), grammar)
     if not schema:
         return structured.json_object_constraint() if json_format else None
     try:
@@ -101,13 +101,9 @@ def read_schema(spec: str, multi: bool = False) -> dict[str, Any]:
 
     text = spec.strip()
     if text.startswith("@"):
-        path = Path(text[1:]).expanduser()
-        try:
-            text = path.read_text(encoding="utf-8").strip()
-        except (OSError, UnicodeDecodeError) as error:
-            raise UsageError(f"cannot read the schema file {path}: {error}") from None
+        text = read_user_file(Path(text[1:]), "schema file").strip()
         if not text.startswith("{"):
-            raise UsageError(f"the schema file {path} does not hold a JSON object")
+            raise UsageError(f"the schema file {_shown(spec[1:])} does not hold a JSON object")
     if text.startswith("{"):
         try:
             schema = json.loads(text)
@@ -156,17 +152,28 @@ def concise_schema(spec: str) -> dict[str, Any]:
     return {"type": "object", "properties": properties, "required": list(properties)}
 
 
-def _read_grammar(path: Path) -> str:
+def read_user_file(path: Path, what: str) -> str:
+    """The text of a schema or grammar file the user named, or one line saying why not."""
     from cli.engine.gbnf import MAX_GRAMMAR_CHARS
 
+    limit = 4 * MAX_GRAMMAR_CHARS  # read no more than the grammar budget could take
     try:
-        if path.stat().st_size > 4 * MAX_GRAMMAR_CHARS:  # read no more than the budget allows
-            raise UsageError(
-                f"the grammar file {path} is over {MAX_GRAMMAR_CHARS} characters (quill's budget)"
-            )
+        path = path.expanduser()
+        if path.stat() and not path.is_file():  # stat first: a missing file says so
+            raise UsageError(f"cannot read the {what} {_shown(path)}: not a regular file")
+        if path.stat().st_size > limit:
+            raise UsageError(f"the {what} {_shown(path)} is over {limit} bytes (quill's budget)")
         return path.read_text(encoding="utf-8")
+    except RuntimeError:  # ~user for a user there is not
+        raise UsageError(f"cannot read the {what} {_shown(path)}: no such user") from None
     except (OSError, UnicodeDecodeError) as error:
-        raise UsageError(f"cannot read the grammar file {path}: {error}") from None
+        reason = getattr(error, "strerror", None) or error
+        raise UsageError(f"cannot read the {what} {_shown(path)}: {reason}") from None
+
+
+def _shown(path: object) -> str:
+    text = str(path)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def constrained_sampling(sampling: SamplingParams, constraint: Constraint | None) -> SamplingParams:
