@@ -238,3 +238,41 @@ def test_piped_stdin_one_turn_per_line(smollm2_path, quill_home, transcript):
     # stdout carries only the replies; the stats went to stderr.
     assert result.stdout == "".join(r if r.endswith("\n") else r + "\n" for r in replies)
     assert len(STATS.findall(result.stderr)) == 3 and ">>>" not in result.stdout
+
+
+def test_model_switch_keeps_the_template_and_thinking_settings(runner, tiny_path, tmp_path):
+    """/model opens the next model as the first was opened: --chat-template and --no-think still
+    shape the prompt (the whole conversation, prefilled again by the new model)."""
+    from cli.app import app
+    from cli.engine.engine import Engine
+    from cli.engine.options import LoadOptions
+    from cli.engine.settings import ModelSettings
+    from cli.engine.templates import template_from_file
+
+    template = tmp_path / "switch.jinja"
+    template.write_text(
+        "{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}"
+        "{% if enable_thinking is defined and not enable_thinking %}{{ 'no thoughts ' * 20 }}"
+        "{% endif %}",
+        "utf-8",
+    )
+    transcript = tmp_path / "switch.json"
+    args = ["chat", "-m", str(tiny_path), "-n", "3", "--seed", "1", "--ctx", "512"]
+    args += ["--chat-template", str(template), "--no-think", "--transcript", str(transcript)]
+    result = runner.invoke(app, args, input=f"hello\n/model {tiny_path}\nhello again\n")
+    assert result.exit_code == 0, result.stderr
+    (first_new, first_cached), (new, cached) = [
+        tuple(map(int, m)) for m in STATS.findall(result.stderr)
+    ]
+    assert "now chatting with" in result.stderr and first_cached == cached == 0
+    conversation = [(m["role"], m["content"]) for m in saved(transcript)["messages"][:3]]
+    options = LoadOptions(n_ctx=512, threads=1)
+
+    def tokens(settings: ModelSettings) -> int:
+        with Engine(tiny_path, options, settings=settings) as engine:
+            return engine.count_tokens(conversation)
+
+    chosen = template_from_file(str(template))
+    assert new == tokens(ModelSettings(chat_template=chosen, think=False))
+    assert new > tokens(ModelSettings(chat_template=chosen)) + 20  # --no-think's 40 tokens
+    assert new != tokens(ModelSettings())  # the model's own template

@@ -153,15 +153,16 @@ def decoders(smollm2_path):
 def example_prompt(engine, options: dict) -> list[int]:
     """The prompt tokens `quill run` builds for an example's options (system prompt, chat
     template file), with quill's own templating."""
-    from cli.commands.templating import apply_template_choice
     from cli.engine.engine import Engine, LoadOptions
+    from cli.engine.settings import ModelSettings
+    from cli.engine.templates import template_from_file
 
     messages = [("system", options["system"])] if options.get("system") else []
     messages.append(("user", options["prompt"]))
     if not options.get("chat_template"):
         return engine.tokenize(engine.chat_prompt(messages))
-    with Engine(engine.path, LoadOptions(n_ctx=512, threads=1)) as templated:
-        apply_template_choice(templated, None, options["chat_template"], None, None, str)
+    settings = ModelSettings(chat_template=template_from_file(options["chat_template"]))
+    with Engine(engine.path, LoadOptions(n_ctx=512, threads=1), settings=settings) as templated:
         return templated.tokenize(templated.chat_prompt(messages))
 
 

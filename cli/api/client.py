@@ -37,6 +37,9 @@ class RemoteModel:
     has_chat_template: bool = True  # the server applies its own
     cached_tokens: int = 0
     logprobs: int | None = None  # ask the server for logprobs with this many alternatives
+    prompt_cache: None = None  # the server keeps its own
+    restored_tokens: int = 0
+    restore_s: float = 0.0
 
     @property
     def location(self) -> str:
@@ -75,6 +78,9 @@ class RemoteModel:
 
     def perf_note(self) -> str:
         return ""
+
+    def keep_prompt_cache(self, always: bool = False) -> None:
+        pass
 
     def clear_cache(self) -> None:
         pass

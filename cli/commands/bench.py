@@ -8,12 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from cli.commands.options import ApiKey, ModelArgument, ModelOption, Offline, model_name
-from cli.commands.speculation import (
-    DraftModel,
-    DraftTokens,
-    attach_speculation,
-    check_spec_flags,
-)
+from cli.commands.speculation import DraftModel, DraftTokens, spec_options
 from cli.errors import UsageError
 
 if TYPE_CHECKING:
@@ -116,11 +111,15 @@ def bench(
         spec=tuple(spec.split(",")),
     )
     grid.check()
-    for mode in grid.spec:
-        guessing = mode != "off"
-        check_spec_flags(
-            mode, draft if mode == "draft" else None, draft_tokens if guessing else None, endpoint
-        )
+    specs = {  # each mode's speculation, checked before anything loads
+        mode: spec_options(
+            mode,
+            draft if mode == "draft" else None,
+            draft_tokens if mode != "off" else None,
+            endpoint,
+        )[0]
+        for mode in grid.spec
+    }
     if draft is not None and "draft" not in grid.spec:
         raise UsageError("--draft names the draft model of --spec draft: add --spec draft")
     if draft_tokens is not None and grid.spec == ("off",):
@@ -136,8 +135,12 @@ def bench(
     def name_cpu_path(engine) -> None:
         render.info_line(f"CPU path: {engine.cpu_path.describe()}")
 
+    from cli.engine.opening import speculate as attach
+
+    drafted = obtain_model(draft, offline) if "draft" in specs else None
+
     def speculate(engine, mode: str) -> None:
-        attach_speculation(engine, mode, draft if mode == "draft" else None, draft_tokens, offline)
+        attach(engine, specs[mode], drafted if mode == "draft" else None)
 
     for row in run_bench(path, grid, on_load=name_cpu_path, speculate=speculate):
         rows.append(row)

@@ -3,6 +3,7 @@ cache directory, and `quill cache` (list / clear)."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -13,7 +14,7 @@ from cli.errors import UsageError
 if TYPE_CHECKING:
     from cli.engine.backend import Backend
     from cli.engine.engine import Engine
-    from cli.store.promptcache import PromptCacheStore
+    from cli.engine.settings import ModelSettings
 
 DEFAULT_CACHE_MAX = "2GiB"
 
@@ -50,29 +51,26 @@ def cache_key(engine: Engine) -> dict:
     }
 
 
-def attach_prompt_cache(backend: Backend, max_bytes: int) -> PromptCacheStore | None:
-    """Give a local engine the prompt cache directory; None for a server's model."""
-    from cli.engine.engine import Engine
+def prompt_cache_settings(settings: ModelSettings, max_bytes: int | None) -> ModelSettings:
+    """settings with the prompt cache under QUILL_HOME/cache/prompts (None: no cache)."""
+    if max_bytes is None:
+        return settings
     from cli.store.models import quill_home
     from cli.store.promptcache import PromptCacheStore, cache_dir
 
-    if not isinstance(backend, Engine):
-        return None
-    engine = backend
-    store = PromptCacheStore(cache_dir(quill_home()), lambda: cache_key(engine), max_bytes)
-    engine.prompt_cache = store
-    return store
+    def store(engine: Engine) -> PromptCacheStore:
+        return PromptCacheStore(cache_dir(quill_home()), lambda: cache_key(engine), max_bytes)
+
+    return dataclasses.replace(settings, prompt_cache=store)
 
 
-def finish_prompt_cache(
-    backend: Backend, store: PromptCacheStore | None, show: bool, keep: bool = True
-) -> None:
+def finish_prompt_cache(backend: Backend, show: bool, keep: bool = True) -> None:
     """Keep the state of a long prompt just prefilled; say what the cache saved this run; one
     warning line for each file that was refused or could not be written."""
-    from cli.engine.engine import Engine
     from cli.ui import render
 
-    if store is None or not isinstance(backend, Engine):
+    store = backend.prompt_cache
+    if store is None:
         return
     if keep:
         backend.keep_prompt_cache()
@@ -176,32 +174,30 @@ def chat_cache_folder(transcript: Path) -> Path:
     return transcript.with_name(transcript.stem + ".kvcache")
 
 
-def attach_chat_cache(backend: Backend, transcript: Path) -> PromptCacheStore | None:
-    """Give a local engine the KV state saved beside the transcript: one file, loaded by the
-    first turn of a resumed chat, rewritten when the chat ends."""
-    from cli.engine.engine import Engine
+def chat_cache_settings(settings: ModelSettings, transcript: Path) -> ModelSettings:
+    """settings with the KV state saved beside the transcript: one file, loaded by the first
+    turn of a resumed chat, rewritten when the chat ends."""
     from cli.store.promptcache import PromptCacheStore
 
-    if not isinstance(backend, Engine):
-        return None
-    engine = backend
-    store = PromptCacheStore(
-        chat_cache_folder(transcript),
-        lambda: cache_key(engine),
-        min_tokens=CHAT_CACHE_MIN_TOKENS,
-        max_files=1,
-        exact=False,  # a resumed chat goes on as the process that kept its cells would have
-    )
-    engine.prompt_cache = store
-    return store
+    def store(engine: Engine) -> PromptCacheStore:
+        return PromptCacheStore(
+            chat_cache_folder(transcript),
+            lambda: cache_key(engine),
+            min_tokens=CHAT_CACHE_MIN_TOKENS,
+            max_files=1,
+            exact=False,  # a resumed chat goes on as the process that kept its cells would have
+        )
+
+    return dataclasses.replace(settings, prompt_cache=store)
 
 
 class ChatCacheReport:
     """Says once, after the first turn of a resumed chat, what the saved KV state gave."""
 
-    def __init__(self, backend: Backend, store: PromptCacheStore | None, resumed: bool) -> None:
+    def __init__(self, backend: Backend, resumed: bool) -> None:
         from cli.store.promptcache import files
 
+        store = backend.prompt_cache
         self.backend = backend
         self.store = store
         self.had_state = store is not None and bool(files(store.folder))
@@ -218,12 +214,11 @@ class ChatCacheReport:
         for warning in dict.fromkeys(self.store.warnings):
             render.warning_line(warning)
         self.store.warnings.clear()
-        engine = self.backend
-        restored = getattr(engine, "restored_tokens", 0)
+        restored = self.backend.restored_tokens
         if restored:
             render.info_line(
                 f"resumed: {restored} tokens of KV cache loaded in "
-                f"{getattr(engine, 'restore_s', 0.0) * 1000:.0f} ms"
+                f"{self.backend.restore_s * 1000:.0f} ms"
             )
         elif self.had_state:
             render.info_line(
@@ -239,6 +234,6 @@ class ChatCacheReport:
 
         if self.store is None or backend is not self.backend or not self.turns:
             return
-        backend.keep_prompt_cache(always=True)  # type: ignore[attr-defined]
+        backend.keep_prompt_cache(always=True)
         for warning in dict.fromkeys(self.store.warnings):
             render.warning_line(warning)

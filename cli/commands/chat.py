@@ -34,18 +34,12 @@ from cli.commands.options import (
     TopP,
     Verbose,
     load_options,
+    model_label,
     model_name,
-    obtain_model,
+    open_model,
     sampling_params,
 )
-from cli.commands.speculation import (
-    DraftModel,
-    DraftTokens,
-    SpecMode,
-    attach_speculation,
-    check_spec_flags,
-    spec_under_grammar,
-)
+from cli.commands.speculation import DraftModel, DraftTokens, SpecMode, spec_options
 from cli.commands.structured_options import (
     FormatOption,
     GrammarOption,
@@ -56,12 +50,7 @@ from cli.commands.structured_options import (
     constrained_sampling,
     system_with_schema,
 )
-from cli.commands.templating import (
-    ChatTemplateFile,
-    Think,
-    apply_template_choice,
-    check_template_file,
-)
+from cli.commands.templating import ChatTemplateFile, Think, read_template_option
 from cli.engine.backend import Backend
 from cli.engine.chatsession import (
     OVERFLOW_POLICIES,
@@ -73,6 +62,7 @@ from cli.engine.chatsession import (
 )
 from cli.engine.events import StreamEvent
 from cli.engine.options import LoadOptions
+from cli.engine.settings import ModelSettings
 from cli.errors import EXIT_CONTEXT_OVERFLOW, EXIT_OK, QuillError, UsageError
 from cli.ui import render
 
@@ -177,13 +167,12 @@ def chat(
     draft_tokens: DraftTokens = None,
 ) -> None:
     """Chat with a model in the terminal: each turn prefills only what is new."""
-    from cli.commands.cache import ChatCacheReport, attach_chat_cache, resolve_resume
+    from cli.commands.cache import ChatCacheReport, chat_cache_settings, resolve_resume
     from cli.store.models import quill_home
 
     constraint = build_constraint(schema, schema_multi, json_format, grammar, strict)
     system = system_with_schema(system, constraint)
-    check_spec_flags(spec, draft, draft_tokens, endpoint)
-    spec, draft, draft_tokens = spec_under_grammar(spec, draft, draft_tokens, constraint)
+    speculation, draft_model = spec_options(spec, draft, draft_tokens, endpoint, constraint)
 
     if on_overflow not in OVERFLOW_POLICIES:
         raise UsageError(f"--on-overflow takes truncate or error, not {on_overflow!r}")
@@ -193,18 +182,29 @@ def chat(
             raise UsageError("--resume names the transcript itself: drop --transcript")
         transcript = resolve_resume(resume)
     options = load_options(ctx, threads, gpu_layers, kv_type, kv_k, kv_v)
-    check_template_file(chat_template)
-    label, backend = open_chat_backend(chosen, options, offline, verbose, endpoint, api_key)
-    speculation = (spec, draft, draft_tokens)
-    if not endpoint:
-        apply_template_choice(backend, chosen, chat_template, think, None, render.warning_line)
-        attach_speculation(backend, *speculation, offline, verbose)
+    settings = ModelSettings(
+        chat_template=read_template_option(chat_template),
+        think=think,
+        spec=speculation,
+        draft_model=draft_model,
+    )
     if transcript is not None and (not transcript.name or transcript.is_dir()):
         raise UsageError(f"--transcript {transcript} is a directory: give a file such as chat.json")
+    backend: Backend
+    if endpoint:
+        from cli.api.client import RemoteModel, first_model
+
+        label = chosen or first_model(endpoint, api_key) or "default"
+        backend = RemoteModel(endpoint, label, api_key)
+    else:
+        label = model_label(chosen)
     if transcript is None:
         stamp = time.strftime("%Y%m%d-%H%M%S")
         transcript = quill_home() / "chats" / f"{stamp}-{label.replace('/', '_')}.json"
-    settings = ChatSettings(
+    if not endpoint:
+        cached = chat_cache_settings(settings, transcript)
+        label, backend = open_model(chosen, options, cached, offline, verbose)
+    chat_settings = ChatSettings(
         sampling=constrained_sampling(
             sampling_params(temperature, top_k, top_p, min_p, repeat_penalty, seed), constraint
         ),
@@ -212,15 +212,13 @@ def chat(
         stop=tuple(stop or ()),
         on_overflow=on_overflow,
     )
-    store = attach_chat_cache(backend, transcript)
-    report = ChatCacheReport(backend, store, resumed=resume is not None)
-    session = ChatSession(backend, label, transcript, system, settings)
+    report = ChatCacheReport(backend, resumed=resume is not None)
+    session = ChatSession(backend, label, transcript, system, chat_settings)
     if session.continued:
         render.info_line(f"continuing the {session.continued} messages in {transcript}")
-    repl = Repl(session, options, offline, verbose, show_stats=not no_stats)
+    repl = Repl(session, options, settings, offline, verbose, show_stats=not no_stats)
     repl.after_turn = report.after_turn
     repl.constraint = constraint
-    repl.speculation = speculation
     try:
         repl.run()
     finally:
@@ -229,39 +227,19 @@ def chat(
         raise typer.Exit(repl.exit_code)
 
 
-def open_chat_backend(
-    name: str | None,
-    options: LoadOptions,
-    offline: bool,
-    verbose: bool,
-    endpoint: str | None,
-    api_key: str | None,
-) -> tuple[str, Backend]:
-    """(label, backend): the model on a server with --endpoint, else a local engine."""
-    if endpoint:
-        from cli.api.client import RemoteModel, first_model
-
-        label = name or first_model(endpoint, api_key) or "default"
-        return label, RemoteModel(endpoint, label, api_key)
-    from cli.engine.engine import Engine
-
-    label, path = obtain_model(name, offline)
-    return label, Engine(path, options, verbose=verbose)
-
-
 class Repl:
-    speculation: tuple[str, str | None, int | None] = ("off", None, None)  # --spec, --draft, K
-
     def __init__(
         self,
         session: ChatSession,
         options: LoadOptions,
+        settings: ModelSettings,
         offline: bool,
         verbose: bool,
         show_stats: bool,
     ) -> None:
         self.session = session
-        self.options = options
+        self.options = options  # what /model opens another model with, as the first
+        self.settings = settings
         self.offline = offline
         self.verbose = verbose
         self.show_stats = show_stats
@@ -514,16 +492,7 @@ class Repl:
     def _switch_model(self, name: str) -> None:
         if not name:
             raise ValueError("usage: /model NAME")
-        from cli.engine.engine import Engine
-
-        label, path = obtain_model(name, self.offline)
-        engine = Engine(path, self.options, verbose=self.verbose)
-        apply_template_choice(engine, name, note=render.warning_line)
-        try:
-            attach_speculation(engine, *self.speculation, self.offline, self.verbose)
-        except QuillError:
-            engine.close()
-            raise
+        label, engine = open_model(name, self.options, self.settings, self.offline, self.verbose)
         old = self.session.backend
         self.session.backend = engine
         self.session.model_name = label

@@ -185,14 +185,12 @@ def _template_facts(source: object, name: str) -> dict:
     """The chat template's family and what it supports, from the header (no llama.cpp): the
     file's own template, else the family models.yaml records for the name."""
     from cli.commands.templating import registry_family
-    from cli.engine.templates import ChatTemplate, family_template, template_family
+    from cli.engine.templates import ChatTemplate, choose_template, template_family
 
-    template: ChatTemplate | None = None
+    own = None
     if isinstance(source, str) and source:
-        template = ChatTemplate(source, template_family(source), "the model file")
-    else:
-        family = registry_family(name)
-        template = family_template(family, "models.yaml") if family else None
+        own = ChatTemplate(source, template_family(source), "the model file")
+    template = choose_template(own, None, registry_family(name))[0]
     if template is None:
         return {"template_family": None, "template_supports": None, "template_summary": "none"}
     summary = template.describe()

@@ -9,13 +9,17 @@ from __future__ import annotations
 import math
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from cli.engine.options import ALL_LAYERS, LoadOptions
 from cli.engine.sampling import SamplingParams
 from cli.errors import EXIT_CODES_HELP, UsageError
+
+if TYPE_CHECKING:
+    from cli.engine.engine import Engine
+    from cli.engine.settings import ModelSettings
 
 __all__ = ["EXIT_CODES_HELP"]
 
@@ -215,6 +219,15 @@ def load_options(
     )
 
 
+def model_label(name: str | None) -> str:
+    """The label a model name goes by (None: the default), without obtaining it."""
+    from cli.store.models import parse_model_name
+    from cli.store.registry import load_registry
+
+    registry = load_registry()
+    return parse_model_name(name or registry.default, registry).label
+
+
 def obtain_model(name: str | None, offline: bool, verbose: bool = False) -> tuple[str, Path]:
     """(label, local path) for a model name, downloading it if needed; None means the default."""
     from cli.store.models import obtain, parse_model_name
@@ -233,6 +246,40 @@ def obtain_model(name: str | None, offline: bool, verbose: bool = False) -> tupl
         verbose=verbose,
     )
     return request.label, path
+
+
+def open_model(
+    name: str | None,
+    options: LoadOptions,
+    settings: ModelSettings,
+    offline: bool,
+    verbose: bool = False,
+) -> tuple[str, Engine]:
+    """(label, engine): the one way run, chat (at start and at /model) and serve open a local
+    model. The model and its draft are obtained like any model, the template family models.yaml
+    names for it comes along, and the engine gets all of it when it is built."""
+    from cli.commands.templating import registry_family
+    from cli.engine.opening import open_engine
+    from cli.ui import render
+
+    label, path = obtain_model(name, offline, verbose)
+    draft = None
+    if settings.draft_model is not None:
+        draft = obtain_model(settings.draft_model, offline, verbose)
+    if verbose:  # what the weights and KV cache take; a draft's come on top of the model's
+        from cli.engine.options import context_size
+        from quant.memory import ModelShape, plan
+
+        kv = (options.kv_type_k, options.kv_type_v)
+        shape = ModelShape.from_gguf(path)
+        n_ctx = context_size(options.n_ctx, shape.trained_ctx)
+        render.info_line(render.memory_line(plan(shape, n_ctx, *kv)))
+        if draft is not None:
+            memory = plan(ModelShape.from_gguf(draft[1]), n_ctx, *kv)
+            render.info_line(f"draft {draft[0]}: {render.memory_line(memory)}")
+    family = registry_family(name)
+    engine = open_engine(path, options, settings, verbose, family, draft, render.warning_line)
+    return label, engine
 
 
 def stdin_is_terminal() -> bool:

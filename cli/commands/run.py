@@ -23,19 +23,12 @@ from cli.commands.options import (
     TopK,
     TopP,
     load_options,
-    obtain_model,
+    open_model,
     read_prompt,
     sampling_params,
     size_option,
 )
-from cli.commands.speculation import (
-    DraftModel,
-    DraftTokens,
-    SpecMode,
-    attach_speculation,
-    check_spec_flags,
-    spec_under_grammar,
-)
+from cli.commands.speculation import DraftModel, DraftTokens, SpecMode, spec_options
 from cli.commands.structured_options import (
     FormatOption,
     GrammarOption,
@@ -47,16 +40,11 @@ from cli.commands.structured_options import (
     constrained_sampling,
     system_with_schema,
 )
-from cli.commands.templating import (
-    ChatTemplateFile,
-    Think,
-    ThinkBudget,
-    apply_template_choice,
-    check_template_file,
-)
+from cli.commands.templating import ChatTemplateFile, Think, ThinkBudget, read_template_option
 from cli.engine.events import MAX_TOP_LOGPROBS
 from cli.engine.sampling import SamplingParams
-from cli.errors import EXIT_INTERRUPTED, EXIT_OK, QuillError, UsageError
+from cli.engine.settings import ModelSettings
+from cli.errors import EXIT_INTERRUPTED, EXIT_OK, UsageError
 
 if TYPE_CHECKING:
     from cli.engine.backend import Backend
@@ -83,15 +71,12 @@ class RunRequest:
     endpoint: str | None = None  # an OpenAI-compatible server instead of a local model
     api_key: str | None = None
     prompt_cache_max_bytes: int | None = None  # None: no prompt cache across runs
-    chat_template: str | None = None  # a Jinja file instead of the model's own template
-    think: bool | None = None  # the template's enable_thinking switch
-    think_budget: int | None = None
     hide_thinking: bool = False
     constraint: Constraint | None = None  # --schema, --format json or --grammar
-    spec: str = "off"  # speculative decoding: off, ngram or draft (cli/engine/speculative.py)
-    draft: str | None = None
-    draft_tokens: int | None = None
     logprobs: int | None = None  # alternatives per token in the JSON's logprobs; None: none
+    # Template, reasoning, speculation and logprobs of a local model (the cache is added when
+    # it opens, from prompt_cache_max_bytes).
+    settings: ModelSettings = field(default_factory=ModelSettings)
 
 
 def run(
@@ -205,13 +190,29 @@ def run(
 ) -> None:
     """Generate a reply to PROMPT, streamed to stdout; reasoning and timing go to stderr."""
     constraint = build_constraint(schema, schema_multi, json_format, grammar, strict)
-    check_spec_flags(spec, draft, draft_tokens, endpoint)
-    spec, draft, draft_tokens = spec_under_grammar(spec, draft, draft_tokens, constraint)
-    if logprobs is not None and spec != "off":
+    speculation, draft_model = spec_options(spec, draft, draft_tokens, endpoint, constraint)
+    if logprobs is not None and speculation is not None:
         raise UsageError(
             f"--logprobs cannot go with --spec {spec}: logprobs are read from each token's own "
             "logits, which speculative decoding skips; drop one of them"
         )
+    if endpoint and (chat_template or think is not None or think_budget is not None):
+        raise UsageError(
+            "--chat-template, --think and --think-budget apply to a local model; a server "
+            "renders its own template (quill serve takes --chat-template and --think)"
+        )
+    if logprobs is not None and not json_output:
+        from cli.ui import render
+
+        render.warning_line("--logprobs shows only in --json output; none are computed without it")
+    settings = ModelSettings(
+        chat_template=read_template_option(chat_template),
+        think=think,
+        think_budget=think_budget,
+        spec=speculation,
+        draft_model=draft_model,
+        logprobs=logprobs if json_output else None,
+    )
     request = RunRequest(
         prompt=read_prompt(prompt),
         model=model,
@@ -231,96 +232,39 @@ def run(
         endpoint=endpoint,
         api_key=api_key,
         prompt_cache_max_bytes=None if no_cache else size_option("--cache-max", cache_max),
-        chat_template=chat_template,
-        think=think,
-        think_budget=think_budget,
         hide_thinking=hide_thinking,
         constraint=constraint,
-        spec=spec,
-        draft=draft,
-        draft_tokens=draft_tokens,
         logprobs=logprobs,
+        settings=settings,
     )
-    if endpoint and (chat_template or think is not None or think_budget is not None):
-        raise UsageError(
-            "--chat-template, --think and --think-budget apply to a local model; a server "
-            "renders its own template (quill serve takes --chat-template and --think)"
-        )
-    check_template_file(chat_template)
     options = None if endpoint else load_options(ctx, threads, gpu_layers, kv_type, kv_k, kv_v)
     raise typer.Exit(run_once(request, options))
 
 
 def open_backend(request: RunRequest, options: LoadOptions | None) -> tuple[str, Backend]:
     """(the model's name, the backend that runs it): a server's model, or a local engine."""
-    from cli.ui import render
-
     if request.endpoint:
         from cli.api.client import RemoteModel, first_model
 
         name = request.model or first_model(request.endpoint, request.api_key) or "default"
-        remote = RemoteModel(request.endpoint, name, request.api_key)
-        remote.logprobs = _logprobs_wanted(request)
-        return name, remote
-    from cli.engine.engine import Engine
-
-    assert options is not None
-    _, path = obtain_model(request.model, request.offline, request.verbose)
-    if request.verbose:
-        from cli.engine.options import context_size
-        from quant.memory import ModelShape, plan
-
-        shape = ModelShape.from_gguf(path)
-        n_ctx = context_size(options.n_ctx, shape.trained_ctx)
-        kv = (options.kv_type_k, options.kv_type_v)
-        render.info_line(render.memory_line(plan(shape, n_ctx, *kv)))
+        logprobs = request.settings.logprobs
+        return name, RemoteModel(request.endpoint, name, request.api_key, logprobs=logprobs)
+    from cli.commands.cache import prompt_cache_settings
     from cli.store.registry import load_registry
 
-    engine = Engine(path, options, request.verbose)
-    engine.logprobs = _logprobs_wanted(request)
-    apply_template_choice(
-        engine,
-        request.model,
-        request.chat_template,
-        request.think,
-        request.think_budget,
-        render.warning_line,
-    )
-    try:
-        attach_speculation(
-            engine,
-            request.spec,
-            request.draft,
-            request.draft_tokens,
-            request.offline,
-            request.verbose,
-        )
-    except QuillError:
-        engine.close()
-        raise
+    assert options is not None
+    settings = prompt_cache_settings(request.settings, request.prompt_cache_max_bytes)
+    _, engine = open_model(request.model, options, settings, request.offline, request.verbose)
     return request.model or load_registry().default, engine
 
 
-def _logprobs_wanted(request: RunRequest) -> int | None:
-    """The alternatives to compute per token: none unless --json prints them."""
-    if request.logprobs is None or request.json_output:
-        return request.logprobs
-    from cli.ui import render
-
-    render.warning_line("--logprobs shows only in --json output; none are computed without it")
-    return None
-
-
 def run_once(request: RunRequest, options: LoadOptions | None = None) -> int:
-    from cli.commands.cache import attach_prompt_cache, finish_prompt_cache
+    from cli.commands.cache import finish_prompt_cache
     from cli.engine.metrics import MetricsRecorder
     from cli.ui import render
 
     name, backend = open_backend(request, options)
     try:
-        store = None
-        if request.prompt_cache_max_bytes is not None:
-            store = attach_prompt_cache(backend, request.prompt_cache_max_bytes)
         recorder = MetricsRecorder()  # the request starts here: TTFT includes templating
         system = (
             request.system
@@ -347,7 +291,7 @@ def run_once(request: RunRequest, options: LoadOptions | None = None) -> int:
             code = _stream(backend, recorder, events, request, name)
             show = request.show_stats and not request.json_output
             # An interrupted run leaves at once: no state is written on the way out.
-            finish_prompt_cache(backend, store, show, keep=code == EXIT_OK)
+            finish_prompt_cache(backend, show, keep=code == EXIT_OK)
             return code
         except BrokenPipeError:
             # The reader went away (quill run ... | head): stop quietly, as cat and grep do.

@@ -21,15 +21,10 @@ from cli.commands.options import (
     Verbose,
     load_options,
     model_name,
-    obtain_model,
+    open_model,
     size_option,
 )
-from cli.commands.templating import (
-    ChatTemplateFile,
-    Think,
-    apply_template_choice,
-    check_template_file,
-)
+from cli.commands.templating import ChatTemplateFile, Think, read_template_option
 from cli.errors import UsageError
 
 SERVE_EPILOG = (
@@ -122,7 +117,7 @@ def serve(
     from cli.api.http import HttpLimits, allowed_hosts_for, listen, run_server
     from cli.api.server import ServerLimits, ServerState
     from cli.engine.batching import BatchScheduler
-    from cli.engine.engine import Engine
+    from cli.engine.settings import ModelSettings
     from cli.ui import render
 
     park_bytes = size_option("--cache-ram", cache_ram)
@@ -130,18 +125,14 @@ def serve(
     type_k, type_v = options.kv_type_k, options.kv_type_v
     check_parallel(parallel, ctx)
     max_connections = open_file_room(max_connections)
-    check_template_file(chat_template)
-    label, path = obtain_model(model_name(name, model), offline)
+    settings = ModelSettings(chat_template=read_template_option(chat_template), think=think)
     try:
         sock = listen(host, port)
     except OSError as error:
         raise UsageError(
             f"cannot listen on {host}:{port}: {error.strerror}; choose another --port"
         ) from None
-    engine = Engine(path, options, verbose=verbose)
-    apply_template_choice(
-        engine, model_name(name, model), chat_template, think, None, render.warning_line
-    )
+    label, engine = open_model(model_name(name, model), options, settings, offline)
     scheduler = BatchScheduler(engine, max_queued=max_queue, park_bytes=park_bytes)
     limits = ServerLimits(
         max_body_bytes=max_body,

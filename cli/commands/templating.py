@@ -1,7 +1,5 @@
-"""The chat template and reasoning options that run, chat and serve share, and the one place a
-loaded engine is given its template: --chat-template FILE, else the file's own, else the family
-models.yaml names for it, else the family inferred from the file; said in one line when the
-template does not come from the file."""
+"""The chat template and reasoning options that run, chat and serve share; the order a template
+is chosen in is cli/engine/templates.py's choose_template."""
 
 from __future__ import annotations
 
@@ -10,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 if TYPE_CHECKING:
-    from cli.engine.engine import Engine
+    from cli.engine.templates import ChatTemplate
 
 ChatTemplateFile = Annotated[
     str | None,
@@ -47,47 +45,11 @@ def registry_family(model: str | None) -> str | None:
     return entry.template if entry else None
 
 
-def check_template_file(path: str | None) -> None:
-    """Refuse an unreadable or unparsable --chat-template before any model loads."""
-    if path is not None:
-        from cli.engine.templates import template_from_file
+def read_template_option(path: str | None) -> ChatTemplate | None:
+    """The template a --chat-template file holds, read (and refused if unreadable or
+    unparsable) before any model loads."""
+    if path is None:
+        return None
+    from cli.engine.templates import template_from_file
 
-        template_from_file(path)
-
-
-def apply_template_choice(
-    engine: Engine,
-    model: str | None,
-    chat_template: str | None = None,
-    think: bool | None = None,
-    think_budget: int | None = None,
-    note=None,
-) -> None:
-    """Give a loaded engine its template and reasoning settings; note(line) tells the user."""
-    from cli.engine.templates import family_template, template_from_file
-
-    if note is not None:
-        engine.on_note = note
-    current = engine.chat_template
-    if chat_template is not None:
-        engine.chat_template = template_from_file(chat_template)
-    elif current is None or current.source is None:
-        family = registry_family(model)
-        if family is not None:
-            engine.chat_template = family_template(family, "models.yaml")
-        chosen = engine.chat_template
-        if chosen is not None:
-            where = "its models.yaml entry names" if family else "its tokens point to"
-            engine.note(
-                f"the model file has no chat template; using the {chosen.family} template "
-                f"{where} (--chat-template FILE sets another)"
-            )
-    template = engine.chat_template
-    if template is not None and template.family == "gpt-oss":
-        engine.note(
-            "gpt-oss's channel format is not split into reasoning and answer: both are printed"
-        )
-    engine.enable_thinking = think
-    if think is not None and (template is None or not template.thinking_switch):
-        engine.note("the chat template has no thinking switch: --think/--no-think changes nothing")
-    engine.think_budget = think_budget
+    return template_from_file(path)

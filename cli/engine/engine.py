@@ -28,12 +28,14 @@ from cli.engine.loading import load_model
 from cli.engine.options import ALL_LAYERS, DEFAULT_CTX, LoadOptions, context_size
 from cli.engine.reasoning import ReasoningWait, split_reasoning, think_within_budget
 from cli.engine.sampling import SamplingParams
+from cli.engine.settings import ModelSettings, PromptCache
 from cli.engine.templates import (
-    ChatTemplate,
     Message,
+    choose_template,
     file_template,
     render_conversation,
     role_content,
+    template_notes,
 )
 from cli.engine.textstream import TextStream
 from cli.errors import ContextOverflowError, ModelLoadError, UsageError
@@ -45,6 +47,7 @@ _LLAMA_ALL_LAYERS = 0x7FFFFFFF
 
 
 DEFAULT_SAMPLING = SamplingParams()
+NO_SETTINGS = ModelSettings()  # the model's own template, no speculation, cache or logprobs
 # llama.cpp's CPU backend computes a batch of fewer rows with other kernels (vector dot products)
 # than a larger one (tiled matrix products): the same token's logits differ, measured up to 0.44
 # on SmolLM2 Q4_1, between a batch of 32 and one of 64 or more, and are bit-identical between
@@ -52,24 +55,6 @@ DEFAULT_SAMPLING = SamplingParams()
 # this many prompt tokens again, and a prefill never ends on a shorter chunk, so that a cached
 # run gives the same logits as an uncached one.
 EXACT_BATCH = 64
-
-
-class PromptCache(Protocol):
-    """Where stream_generate finds sequence states that outlive the process (a directory of
-    files, or one file beside a chat transcript); cli.store.promptcache implements it."""
-
-    min_tokens: int  # prompts shorter than this are neither looked up nor kept
-    exact: bool  # after loading, decode EXACT_BATCH prompt tokens again (the uncached logits)
-
-    def find(self, tokens: Sequence[int]) -> tuple[list[int], bytes] | None:
-        """(the tokens a saved state holds, the state) sharing the longest prefix with tokens."""
-        ...
-
-    def keep(self, tokens: Sequence[int], state: bytes) -> object: ...
-
-    def refused(self, tokens: Sequence[int]) -> None:
-        """llama.cpp would not take the state saved for tokens."""
-        ...
 
 
 class Speculator(Protocol):
@@ -83,7 +68,19 @@ class Speculator(Protocol):
 
 
 class Engine:
-    def __init__(self, path: Path, options: LoadOptions = LoadOptions(), verbose: bool = False):
+    def __init__(
+        self,
+        path: Path,
+        options: LoadOptions = LoadOptions(),
+        verbose: bool = False,
+        settings: ModelSettings = NO_SETTINGS,
+        *,
+        family: str | None = None,
+        on_note: Callable[[str], None] | None = None,
+    ):
+        """Load path with options and settings (but settings.spec: cli/engine/opening.py attaches
+        the speculator, which needs the loaded engine). family: the template family models.yaml
+        names for the model; on_note tells the user a line."""
         log = llama_log()
         log.verbose = verbose
         log.drain()
@@ -156,15 +153,21 @@ class Engine:
         self.restored_tokens = 0  # prompt tokens of the last request loaded from prompt_cache
         self.restore_s = 0.0
         self.prefilled_tokens = 0  # prompt tokens the last request decoded
-        # Chat templates and reasoning (issue 16): commands set these after loading.
-        self.enable_thinking: bool | None = None  # the template's switch; None: its default
-        self.think_budget: int | None = None  # reasoning tokens before the block is closed
         self.notes: list[str] = []
-        self.on_note: Callable[[str], None] | None = None
-        self.speculator: Speculator | None = None  # set by cli/engine/speculative.py's attach
+        self.on_note = on_note
+        self.enable_thinking = settings.think  # the template's switch; None: its default
+        self.think_budget = settings.think_budget  # reasoning tokens before the block closes
         # Logprobs of each generated token with this many alternatives (None: none computed);
-        # quill run --logprobs sets it, the server asks per request (BatchRequest.logprobs).
-        self.logprobs: int | None = None
+        # the server asks per request (BatchRequest.logprobs).
+        self.logprobs = settings.logprobs
+        own = file_template(self.meta, self.architecture, self.is_special_token)
+        self.chat_template, fallback = choose_template(own, settings.chat_template, family)
+        for line in [fallback] if fallback else []:
+            self.note(line)
+        for line in template_notes(self.chat_template, settings.think):
+            self.note(line)
+        self.prompt_cache = settings.prompt_cache(self) if settings.prompt_cache else None
+        self.speculator: Speculator | None = None  # set by cli/engine/speculative.py's attach
 
     def _refuse_impossible_kv_types(self) -> None:
         """Quantized KV caches store blocks of 32 values per head: the head size must divide."""
@@ -249,12 +252,6 @@ class Engine:
 
     # --- text <-> tokens --------------------------------------------------------------------
 
-    @functools.cached_property
-    def chat_template(self) -> ChatTemplate | None:
-        """The template conversations go through: the file's own, else the family inferred from
-        its architecture and special tokens (commands may set another: models.yaml, a file)."""
-        return file_template(self.meta, self.architecture, self.is_special_token)
-
     def is_special_token(self, text: str) -> bool:
         """Whether text is one control or user-defined token of the vocabulary."""
         data = text.encode()
@@ -263,7 +260,7 @@ class Engine:
         return n == 1 and self.piece(tokens[0], special=True) == data
 
     def note(self, line: str) -> None:
-        """A line for the user (a template fallback), told once: commands set on_note."""
+        """A line for the user (a template fallback), told once, through on_note."""
         if line not in self.notes:
             self.notes.append(line)
             if self.on_note is not None:

@@ -428,6 +428,40 @@ def file_template(
     return ChatTemplate(None, family, "inferred")
 
 
+def choose_template(
+    own: ChatTemplate | None, chosen: ChatTemplate | None = None, family: str | None = None
+) -> tuple[ChatTemplate | None, str | None]:
+    """The template conversations go through, in quill's one order: a file the user chose,
+    else the model file's own, else the family models.yaml names for the model, else the family
+    the file's tokens point to (own without a source); and the line that tells the user when it
+    is not the file's own (None when it is, or there is none)."""
+    if chosen is not None:
+        return chosen, None
+    if own is not None and own.source is not None:
+        return own, None
+    template = family_template(family, "models.yaml") if family else own
+    if template is None:
+        return None, None
+    where = "its models.yaml entry names" if family else "its tokens point to"
+    return template, (
+        f"the model file has no chat template; using the {template.family} template {where} "
+        "(--chat-template FILE sets another)"
+    )
+
+
+def template_notes(template: ChatTemplate | None, think: bool | None) -> list[str]:
+    """What the user is told about a template's reasoning: gpt-oss's channels stay unsplit, and
+    a thinking switch asked of a template that has none changes nothing."""
+    notes = []
+    if template is not None and template.family == "gpt-oss":
+        notes.append(
+            "gpt-oss's channel format is not split into reasoning and answer: both are printed"
+        )
+    if think is not None and (template is None or not template.thinking_switch):
+        notes.append("the chat template has no thinking switch: --think/--no-think changes nothing")
+    return notes
+
+
 def template_from_file(path: str) -> ChatTemplate:
     """--chat-template FILE: a Jinja template read from disk (as llama-server's
     --chat-template-file), checked to parse before any model loads."""

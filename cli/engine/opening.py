@@ -1,0 +1,56 @@
+"""The one way a local model is opened with its settings: the engine with its template,
+reasoning, prompt cache and logprobs, then its speculator (and draft model), which needs the
+loaded engine. run, chat (at start and at /model) and serve come here; bench switches
+speculation between its rows with speculate."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from cli.engine.engine import Engine
+from cli.engine.options import LoadOptions
+from cli.engine.settings import ModelSettings
+from cli.engine.speculative import SpecOptions, attach
+
+
+def open_engine(
+    path: Path,
+    options: LoadOptions,
+    settings: ModelSettings,
+    verbose: bool = False,
+    family: str | None = None,
+    draft: tuple[str, Path] | None = None,
+    on_note: Callable[[str], None] | None = None,
+) -> Engine:
+    """The model at path, ready to serve: family is the template family models.yaml names for
+    it, draft the (name, file) of settings.spec's draft model."""
+    engine = Engine(path, options, verbose, settings, family=family, on_note=on_note)
+    if settings.spec is not None:
+        speculate(engine, settings.spec, draft, verbose)
+    return engine
+
+
+def speculate(
+    engine: Engine,
+    spec: SpecOptions | None,
+    draft: tuple[str, Path] | None = None,
+    verbose: bool = False,
+) -> None:
+    """Decode with spec from now on (None: plainly); a draft model is loaded with the engine's
+    context size, threads and KV types. The engine is closed if that fails."""
+    try:
+        draft_engine = None
+        if draft is not None:
+            draft_options = LoadOptions(
+                n_ctx=engine.n_ctx,
+                threads=engine.threads,
+                gpu_layers=engine.gpu_layers,
+                kv_type_k=engine.kv_type_k,
+                kv_type_v=engine.kv_type_v,
+            )
+            draft_engine = Engine(draft[1], draft_options, verbose)
+        attach(engine, spec or SpecOptions("off"), draft_engine, draft[0] if draft else "")
+    except BaseException:
+        engine.close()
+        raise
