@@ -108,6 +108,16 @@ class EndpointError(QuillError):
     exit_code = EXIT_ENDPOINT
 
 
+class MissingEndpointError(EndpointError):
+    """The server answered 404 for a route it does not have (a server without /v1/completions,
+    or a URL that is not an OpenAI-compatible API's)."""
+
+    def __init__(self, url: str, answer: str):
+        self.url = url
+        self.answer = answer
+        super().__init__(f"{url} answered 404: {answer}")
+
+
 class QueueFullError(EndpointError):
     """More requests are waiting than the server accepts; the client should retry later."""
 

@@ -48,6 +48,51 @@ def test_run_endpoint_on_the_tiny_server_reports_the_reply(runner, tiny_server):
     assert refused.exit_code == 2 and "pass --api-key" in refused.stderr
 
 
+def test_run_raw_endpoint_sends_the_prompt_as_it_is(runner, tiny_server, tiny_path):
+    """--raw with --endpoint goes to /v1/completions: the server prefills exactly the prompt's
+    own tokens, where a chat message comes wrapped in its template."""
+    from cli.engine.engine import Engine
+    from cli.engine.options import LoadOptions
+
+    args = ["run", "--endpoint", tiny_server, "--api-key", KEY, "--seed", "1", "-n", "4", "--json"]
+    raw = runner.invoke(app, [*args, "--raw", "hello there"])
+    assert raw.exit_code == 0, raw.stderr
+    chat = runner.invoke(app, [*args, "hello there"])
+    with Engine(tiny_path, LoadOptions(n_ctx=64, threads=1)) as engine:
+        own = len(engine.tokenize("hello there"))
+    assert json.loads(raw.stdout)["prompt_tokens"] == own < json.loads(chat.stdout)["prompt_tokens"]
+    assert json.loads(raw.stdout)["kv_cache_type"] is None  # the server's own
+
+
+def test_run_raw_endpoint_without_completions_is_one_error_line(runner):
+    """A server that has only chat completions: --raw is refused in one line, exit 6."""
+    import http.server
+    import threading
+
+    class ChatOnly(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = json.dumps({"error": {"message": "Not Found"}}).encode()
+            self.send_response(404)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), ChatOnly)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/v1"
+        result = runner.invoke(app, ["run", "--endpoint", url, "-m", "m", "--raw", "hi"])
+    finally:
+        server.shutdown()
+    assert result.exit_code == 6
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "/v1/completions" in lines[0] and "drop --raw" in lines[0], lines
+
+
 def test_chat_and_bench_endpoint_on_the_tiny_server(runner, tiny_server, quill_home, tmp_path):
     transcript = tmp_path / "remote.json"
     # python -m cli: the module entry point (cli/__main__.py), which the console script mirrors.

@@ -16,7 +16,13 @@ from typing import Any
 
 from cli.engine.events import Candidate, StreamEvent, TokenLogprobs
 from cli.engine.sampling import SamplingParams
-from cli.errors import EndpointError, ModelNotFoundError, QuillError, UsageError
+from cli.errors import (
+    EndpointError,
+    MissingEndpointError,
+    ModelNotFoundError,
+    QuillError,
+    UsageError,
+)
 
 
 @dataclass
@@ -27,19 +33,24 @@ class RemoteModel:
     url: str
     model: str
     api_key: str | None = None
+    logprobs: int | None = None  # ask the server for logprobs with this many alternatives
+    # What a local engine reports of itself; the server keeps its own load, window, KV cache,
+    # threads, prompt cache and speculation, and says nothing of them.
     load_s: float = 0.0
     n_ctx: int = 0
-    kv_type_k: str = "remote"
-    kv_type_v: str = "remote"
+    kv_type_k: str | None = None
+    kv_type_v: str | None = None
     kv_cache_bytes: int = 0
     threads: int = 0
     gpu_layers: int = 0
+    core_load: None = None
     has_chat_template: bool = True  # the server applies its own
     cached_tokens: int = 0
-    logprobs: int | None = None  # ask the server for logprobs with this many alternatives
-    prompt_cache: None = None  # the server keeps its own
+    prompt_cache: None = None
     restored_tokens: int = 0
     restore_s: float = 0.0
+    speculation_stats: None = None
+    is_local: bool = False
 
     @property
     def location(self) -> str:
@@ -73,8 +84,18 @@ class RemoteModel:
         sampling: SamplingParams,
         stop: Sequence[str] = (),
     ) -> Iterator[StreamEvent]:
-        # The server owns its template: the text goes as one user message.
-        return self.stream_chat([("user", text)], max_tokens, sampling, stop)
+        """The text as it is, to /v1/completions (no chat template; MissingEndpointError where
+        the server has no such route)."""
+        return stream_completion(
+            self.url,
+            text,
+            self.model,
+            max_tokens,
+            sampling,
+            stop,
+            self.api_key,
+            logprobs=self.logprobs,
+        )
 
     def perf_note(self) -> str:
         return ""
@@ -129,10 +150,43 @@ def stream_chat(
 ) -> Iterator[StreamEvent]:
     """Send the request now (a refusal or an unreachable server raises here, before any reply),
     and return the events of the reply as they arrive."""
-    model = model or first_model(base_url, api_key) or "default"
-    body = {
-        "model": model,
-        "messages": [{"role": role, "content": text} for role, text in messages],
+    body = _body(base_url, model, max_tokens, sampling, stop, api_key)
+    body["messages"] = [{"role": role, "content": text} for role, text in messages]
+    if logprobs is not None:
+        body["logprobs"], body["top_logprobs"] = True, logprobs
+    return _send(chat_url(base_url), body, api_key, timeout_s, sampling, logprobs)
+
+
+def stream_completion(
+    base_url: str,
+    prompt: str,
+    model: str | None,
+    max_tokens: int,
+    sampling: SamplingParams,
+    stop: Sequence[str] = (),
+    api_key: str | None = None,
+    timeout_s: float = 600,
+    logprobs: int | None = None,
+) -> Iterator[StreamEvent]:
+    """As stream_chat, for a prompt sent as it is to /v1/completions."""
+    body = _body(base_url, model, max_tokens, sampling, stop, api_key)
+    body["prompt"] = prompt
+    if logprobs is not None:
+        body["logprobs"] = logprobs  # the legacy field: the number of alternatives
+    url = chat_url(base_url).removesuffix("/chat/completions") + "/completions"
+    return _send(url, body, api_key, timeout_s, sampling, logprobs)
+
+
+def _body(
+    base_url: str,
+    model: str | None,
+    max_tokens: int,
+    sampling: SamplingParams,
+    stop: Sequence[str],
+    api_key: str | None,
+) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "model": model or first_model(base_url, api_key) or "default",
         "stream": True,
         "max_tokens": max_tokens,
         "temperature": sampling.temperature,
@@ -150,12 +204,20 @@ def stream_chat(
         body["ignore_eos"] = True
     if sampling.grammar:  # llama-server's field, which quill serve takes too
         body["grammar"] = sampling.grammar
-    if logprobs is not None:
-        body["logprobs"], body["top_logprobs"] = True, logprobs
+    return body
+
+
+def _send(
+    url: str,
+    body: dict[str, Any],
+    api_key: str | None,
+    timeout_s: float,
+    sampling: SamplingParams,
+    logprobs: int | None,
+) -> Iterator[StreamEvent]:
     headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
     if api_key:
         headers["Authorization"] = f"Bearer {api_key}"
-    url = chat_url(base_url)
     request = urllib.request.Request(url, json.dumps(body).encode(), headers, method="POST")
     started = time.perf_counter()
     try:
@@ -225,8 +287,10 @@ def _events(
 
 
 def _entries(logprobs: Any) -> list[TokenLogprobs]:
-    """A chunk's choice.logprobs.content as entries (the server does not say the token ids);
-    what is not shaped as OpenAI's chat logprobs is skipped."""
+    """A chunk's choice.logprobs as entries (the server does not say the token ids): chat's
+    content list, or completions' parallel lists; what is shaped as neither is skipped."""
+    if isinstance(logprobs, dict) and isinstance(logprobs.get("tokens"), list):
+        return _legacy_entries(logprobs)
     content = logprobs.get("content") if isinstance(logprobs, dict) else None
     entries = []
     for item in content if isinstance(content, list) else []:
@@ -236,6 +300,22 @@ def _entries(logprobs: Any) -> list[TokenLogprobs]:
         top = item.get("top_logprobs") if isinstance(item.get("top_logprobs"), list) else []
         alternatives = tuple(c for c in map(_candidate, top) if c is not None)
         entries.append(TokenLogprobs(chosen, alternatives))
+    return entries
+
+
+def _legacy_entries(logprobs: dict) -> list[TokenLogprobs]:
+    """/v1/completions' logprobs: tokens, token_logprobs and top_logprobs (a map of token to
+    logprob per token), side by side."""
+    tokens, values = logprobs.get("tokens") or [], logprobs.get("token_logprobs") or []
+    tops = logprobs.get("top_logprobs") or []
+    entries = []
+    for index, (token, value) in enumerate(zip(tokens, values, strict=False)):
+        top = tops[index] if index < len(tops) and isinstance(tops[index], dict) else {}
+        items = [{"token": token, "logprob": value}]
+        items += [{"token": t, "logprob": v} for t, v in top.items()]
+        chosen, *alternatives = map(_candidate, items)
+        if chosen is not None:
+            entries.append(TokenLogprobs(chosen, tuple(c for c in alternatives if c is not None)))
     return entries
 
 
@@ -291,6 +371,8 @@ def _refusal(url: str, error: urllib.error.HTTPError) -> QuillError:
     text = f"{url} answered {error.code}: {message}"
     if error.code == 401:
         return UsageError(f"{text} (pass --api-key)")
+    if error.code == 404 and "model" not in str(message).lower():
+        return MissingEndpointError(url, str(message))
     if error.code == 404:
         return ModelNotFoundError(text)
     if error.code in (400, 413, 422):

@@ -266,7 +266,9 @@ class Repl:
             )
         if self.interactive:
             _start_history()
-            where = f"context {backend.n_ctx} tokens" if backend.n_ctx else f"at {backend.location}"
+            where = f"at {backend.location}"
+            if backend.is_local:
+                where = f"context {backend.n_ctx} tokens"
             render.info_line(
                 f"quill chat · {session.model_name} · {where} · "
                 f"/help for commands, Ctrl-D to leave · transcript {session.transcript}"
@@ -399,7 +401,7 @@ class Repl:
             return
         interrupted = "interrupted" if session.messages[-1].interrupted else None
         metrics = recorder.summary(session.backend, interrupted)
-        used = session.context_used() if session.backend.n_ctx else None
+        used = session.context_used() if session.backend.is_local else None
         self.last_stats = render.turn_stats_line(metrics, used)
         if self.show_stats:
             render.info_line(self.last_stats)
@@ -461,7 +463,7 @@ class Repl:
 
         session, backend = self.session, self.session.backend
         sampling, settings = session.settings.sampling, session.settings
-        local = backend.n_ctx > 0  # a server keeps its own window, cache and sampler defaults
+        local = backend.is_local  # a server keeps its own window, cache and sampler defaults
         lines = [
             f"model      {session.model_name} "
             + (f"({backend.location})" if local else f"at {backend.location}"),

@@ -44,7 +44,13 @@ from cli.commands.templating import ChatTemplateFile, Think, ThinkBudget, read_t
 from cli.engine.events import MAX_TOP_LOGPROBS
 from cli.engine.sampling import SamplingParams
 from cli.engine.settings import ModelSettings
-from cli.errors import EXIT_INTERRUPTED, EXIT_OK, UsageError
+from cli.errors import (
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EndpointError,
+    MissingEndpointError,
+    UsageError,
+)
 
 if TYPE_CHECKING:
     from cli.engine.backend import Backend
@@ -274,9 +280,15 @@ def run_once(request: RunRequest, options: LoadOptions | None = None) -> int:
         messages = [("system", system)] if system else []
         messages.append(("user", request.prompt))
         if request.raw:
-            events = backend.stream_text(
-                request.prompt, request.max_tokens, request.sampling, request.stop
-            )
+            try:
+                events = backend.stream_text(
+                    request.prompt, request.max_tokens, request.sampling, request.stop
+                )
+            except MissingEndpointError as error:
+                raise EndpointError(
+                    f"{error}: the server offers no /v1/completions, where --raw sends the prompt "
+                    "as it is; drop --raw to send it through the server's chat template"
+                ) from None
         else:
             if not backend.has_chat_template:
                 render.warning_line(
@@ -343,11 +355,10 @@ def _stream(
         if text and not text.endswith("\n"):  # a reply is a line, on a terminal or in a file
             render.write_stdout("\n")
         if request.timeline:
-            speculator = getattr(backend, "speculator", None)
-            stats = speculator.last_stats if speculator is not None else None
+            stats = backend.speculation_stats
             render.print_timeline(recorder.arrivals(), guessed=stats.guessed if stats else ())
         if request.show_stats:
-            render.print_stats(metrics)
+            render.print_stats(metrics, backend.is_local)
     if request.verbose and backend.perf_note():
         render.info_line(backend.perf_note())
     if request.verbose and request.constraint is not None:

@@ -5,21 +5,39 @@ commands never ask which one they have."""
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 from cli.engine.events import StreamEvent
+from cli.engine.freecores import CoreLoad
 from cli.engine.sampling import SamplingParams
+from cli.engine.settings import PromptCache
 
 
 class Backend(Protocol):
     location: str  # the model file, or the server's URL
+    # Whether the model runs in this process: its load time, context window, KV cache, threads
+    # and sampler defaults are ours to report and manage (a server keeps its own).
+    is_local: bool
     load_s: float
-    n_ctx: int  # positions one conversation may hold; 0 where the server keeps its own window
-    kv_type_k: str
-    kv_type_v: str
+    n_ctx: int  # positions one conversation may hold (0 where the server keeps its own window)
+    kv_type_k: str | None  # None for a server's model
+    kv_type_v: str | None
     kv_cache_bytes: int
     threads: int
     gpu_layers: int
+    core_load: CoreLoad | None  # cores others kept busy when the threads were counted
+    prompt_cache: PromptCache | None  # saved states across runs; None: none kept here
+    restored_tokens: int  # prompt tokens of the last request loaded from prompt_cache
+    restore_s: float
+
+    @property
+    def speculation_stats(self) -> Any:
+        """What speculative decoding did in the last reply (SpecStats); None without it."""
+        ...
+
+    def keep_prompt_cache(self, always: bool = False) -> None:
+        """Save the last request's state to prompt_cache where it is worth keeping."""
+        ...
 
     @property
     def has_chat_template(self) -> bool: ...

@@ -60,6 +60,8 @@ EXACT_BATCH = 64
 class Speculator(Protocol):
     """What stream_generate asks of speculative decoding (cli/engine/speculative.py)."""
 
+    last_stats: Any  # SpecStats of the last reply
+
     def decode(
         self, engine: Engine, step: SequenceStep, output: int, sampling: SamplingParams
     ) -> Iterator[StreamEvent]: ...
@@ -346,6 +348,13 @@ class Engine:
         grammar holds only the answer after it."""
         template = self.chat_template
         return template is not None and template.supports_thinking and template.family != "gpt-oss"
+
+    is_local = True  # the Backend protocol: this process runs the model
+
+    @property
+    def speculation_stats(self) -> Any:
+        """What speculative decoding did in the last reply (SpecStats); None without it."""
+        return self.speculator.last_stats if self.speculator is not None else None
 
     @property
     def has_chat_template(self) -> bool:

@@ -29,7 +29,7 @@ class RunMetrics:
     finish_reason: str | None
     stop_string: str | None
     n_ctx: int
-    kv_cache_type: str
+    kv_cache_type: str | None  # None: a server's model, whose KV cache is its own
     kv_cache_bytes: int
     threads: int
     # Cores other processes kept busy when the model loaded (None: --threads chose the count).
@@ -81,14 +81,13 @@ class MetricsRecorder:
         """The numbers so far; finish_reason overrides the stream's (e.g. "interrupted")."""
         now = time.perf_counter()
         last, times = self.last, self._token_times
-        core_load = getattr(engine, "core_load", None)
+        spec = engine.speculation_stats
+        core_load = engine.core_load
         gaps_ms = [(b - a) * 1000 for a, b in itertools.pairwise(times)]
         p50, p95 = _percentiles(gaps_ms)
-        kv_type = (
-            engine.kv_type_k
-            if engine.kv_type_k == engine.kv_type_v
-            else (f"{engine.kv_type_k}/{engine.kv_type_v}")
-        )
+        kv_type = engine.kv_type_k  # None for a server's model
+        if engine.kv_type_k != engine.kv_type_v:
+            kv_type = f"{engine.kv_type_k}/{engine.kv_type_v}"
         return RunMetrics(
             load_s=engine.load_s,
             ttft_s=times[0] - self.started if times else None,
@@ -119,14 +118,8 @@ class MetricsRecorder:
             ),
             grammar_s=last.grammar_s if last else 0.0,
             grammar_resampled=last.grammar_resampled if last else 0,
-            speculation=_speculation(engine),
+            speculation=spec.as_dict() if spec is not None else None,
         )
-
-
-def _speculation(engine: Backend) -> dict[str, Any] | None:
-    speculator = getattr(engine, "speculator", None)
-    stats = speculator.last_stats if speculator is not None else None
-    return stats.as_dict() if stats is not None else None
 
 
 def _percentiles(values: list[float]) -> tuple[float | None, float | None]:

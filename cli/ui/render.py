@@ -49,8 +49,9 @@ def _ms(seconds: float | None) -> str:
     return "n/a" if seconds is None else f"{seconds * 1000:.0f} ms"
 
 
-def stats_parts(metrics: RunMetrics) -> list[tuple[str, str]]:
-    """(label, value) pairs of the stats line, in the order they are shown."""
+def stats_parts(metrics: RunMetrics, local: bool = True) -> list[tuple[str, str]]:
+    """(label, value) pairs of the stats line, in the order they are shown; a server's model
+    (not local) has no load time, KV cache or threads of ours."""
     m = metrics
     prefill = f"{m.prompt_tokens - m.cached_prompt_tokens} tok, {m.prefill_tokens_per_s:.1f} tok/s"
     if m.cached_prompt_tokens:
@@ -63,7 +64,6 @@ def stats_parts(metrics: RunMetrics) -> list[tuple[str, str]]:
     finish = m.finish_reason or "n/a"
     if m.stop_string is not None:
         finish += f" ({json.dumps(m.stop_string, ensure_ascii=False)})"
-    local = m.n_ctx > 0  # a model behind --endpoint has no load time, KV or threads of ours
     threads = str(m.threads)
     if m.busy_cores:  # other work took cores: why there may be fewer threads than usual
         threads += f" ({m.busy_cores} {'core' if m.busy_cores == 1 else 'cores'} busy elsewhere)"
@@ -143,9 +143,9 @@ def write_reasoning(text: str) -> None:
     sys.stderr.flush()
 
 
-def print_stats(metrics: RunMetrics) -> None:
+def print_stats(metrics: RunMetrics, local: bool = True) -> None:
     line = _text()
-    for index, (label, value) in enumerate(stats_parts(metrics)):
+    for index, (label, value) in enumerate(stats_parts(metrics, local)):
         if index:
             line.append(" · ", style="dim")
         line.append(f"{label} ", style="dim")
