@@ -32,9 +32,10 @@ class QuillGroup(TyperGroup):
         try:
             return super().invoke(ctx)
         except QuillError as error:
+            from cli.commands.wording import user_message
             from cli.ui.render import error_line
 
-            error_line(str(error))
+            error_line(user_message(error))
             raise typer.Exit(error.exit_code) from None
         except KeyboardInterrupt:
             from cli.ui.render import error_line

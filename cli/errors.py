@@ -72,6 +72,9 @@ class ChatTemplateError(UsageError):
 
 
 class ContextOverflowError(QuillError):
+    """The prompt and the most tokens asked for do not fit the context window (the commands
+    say which options change that: cli/commands/wording.py)."""
+
     exit_code = EXIT_CONTEXT_OVERFLOW
 
     def __init__(self, prompt_tokens: int, max_tokens: int, n_ctx: int, trained_ctx: int):
@@ -79,14 +82,10 @@ class ContextOverflowError(QuillError):
         self.max_tokens = max_tokens
         self.n_ctx = n_ctx
         self.trained_ctx = trained_ctx
-        needed = prompt_tokens + max_tokens
-        hint = f"raise --ctx (up to {trained_ctx}, the model's trained context)"
-        if n_ctx >= trained_ctx:
-            hint = "the model cannot take a longer --ctx"
         super().__init__(
-            f"prompt is {prompt_tokens} tokens and --max-tokens is {max_tokens}, "
-            f"{needed} in all, but the context window is {n_ctx} tokens: "
-            f"{hint}, shorten the input, or lower --max-tokens"
+            f"prompt is {prompt_tokens} tokens and the reply may take {max_tokens}, "
+            f"{prompt_tokens + max_tokens} in all, but the context window is {n_ctx} tokens "
+            f"(the model was trained on {trained_ctx})"
         )
 
 
@@ -118,8 +117,24 @@ class MissingEndpointError(EndpointError):
         super().__init__(f"{url} answered 404: {answer}")
 
 
-class QueueFullError(EndpointError):
-    """More requests are waiting than the server accepts; the client should retry later."""
+class KvCacheTypeError(UsageError):
+    """A quantized KV cache type whose blocks of 32 values do not divide the model's heads."""
+
+    def __init__(self, cache_type: str, which: str, head_dim: int):
+        self.cache_type, self.which, self.head_dim = cache_type, which, head_dim
+        super().__init__(
+            f"a {cache_type} {which} cache stores blocks of 32 values, but this model's heads "
+            f"have {head_dim}"
+        )
+
+
+class QueueFullError(QuillError):
+    """The server's scheduler has more requests waiting than it accepts (the server answers
+    429: the client should retry later)."""
+
+    def __init__(self, waiting: int):
+        self.waiting = waiting
+        super().__init__(f"{waiting} requests are already waiting; retry shortly")
 
 
 class InvalidOutputError(QuillError):

@@ -370,14 +370,14 @@ def _with_constraint(body: dict, sampling: SamplingParams, engine) -> SamplingPa
     if constraint is None:
         if sampling.grammar:  # a forced tool call's: checked (and tried) as any other
             try:
-                check_grammar(engine._vocab, sampling.grammar)
+                check_grammar(engine.vocab_handle, sampling.grammar)
             except GrammarError as error:
                 raise bad_request(str(error), "tools") from None
         return sampling
     if sampling.ignore_eos:
         raise bad_request("ignore_eos cannot go with a grammar: the reply ends where it does")
     try:
-        check_grammar(engine._vocab, constraint.grammar)
+        check_grammar(engine.vocab_handle, constraint.grammar)
     except GrammarError as error:
         raise bad_request(str(error), "grammar") from None
     return dataclasses.replace(sampling, grammar=constraint.grammar)

@@ -51,6 +51,7 @@ from cli.commands.structured_options import (
     system_with_schema,
 )
 from cli.commands.templating import ChatTemplateFile, Think, read_template_option
+from cli.commands.wording import user_message
 from cli.engine.backend import Backend
 from cli.engine.chatsession import (
     OVERFLOW_POLICIES,
@@ -281,7 +282,7 @@ class Repl:
                     else:
                         self._stream(lambda text=message: session.send(text))
                 except (QuillError, ValueError) as error:
-                    render.error_line(str(error))
+                    render.error_line(user_message(error))
                     if getattr(error, "exit_code", None) == EXIT_CONTEXT_OVERFLOW:
                         self.exit_code = EXIT_CONTEXT_OVERFLOW
         except Quit:

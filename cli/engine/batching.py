@@ -115,9 +115,7 @@ class BatchScheduler:
             if not self.alive:
                 raise SchedulerStoppedError(self.stopped_reason)
             if len(self._waiting) >= self.max_queued:
-                raise QueueFullError(
-                    f"{len(self._waiting)} requests are already waiting; retry shortly"
-                )
+                raise QueueFullError(len(self._waiting))
             self._waiting.append(request)
             self._wake.notify()
         return request

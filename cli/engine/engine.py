@@ -38,7 +38,7 @@ from cli.engine.templates import (
     template_notes,
 )
 from cli.engine.textstream import TextStream
-from cli.errors import ContextOverflowError, ModelLoadError, UsageError
+from cli.errors import ContextOverflowError, KvCacheTypeError, ModelLoadError
 from cli.sequence import common_prefix
 from quant.gguf import GGUFError, check_gguf_magic, head_dims
 from quant.kv import QUANTIZED_KV_TYPES, ggml_type, kv_cache_bytes
@@ -180,10 +180,7 @@ class Engine:
             if cache_type in QUANTIZED_KV_TYPES and head_dim % 32:
                 llama.llama_model_free(self._model)
                 self._model = None
-                raise UsageError(
-                    f"a {cache_type} {which} cache stores blocks of 32 values, but this model's "
-                    f"heads have {head_dim}: use --kv-type f16 for it"
-                )
+                raise KvCacheTypeError(cache_type, which, head_dim)
 
     # --- what the model is ------------------------------------------------------------------
 

@@ -1,0 +1,22 @@
+"""Errors in the user's words: the lower layers raise typed errors that carry facts, and the
+commands alone name the options that change them."""
+
+from __future__ import annotations
+
+from cli.errors import ContextOverflowError, KvCacheTypeError
+
+
+def user_message(error: Exception) -> str:
+    """The one line an error is shown as, with the options that fix it where there are some."""
+    if isinstance(error, ContextOverflowError):
+        hint = f"raise --ctx (up to {error.trained_ctx}, the model's trained context)"
+        if error.n_ctx >= error.trained_ctx:
+            hint = "the model cannot take a longer --ctx"
+        return (
+            f"prompt is {error.prompt_tokens} tokens and --max-tokens is {error.max_tokens}, "
+            f"{error.prompt_tokens + error.max_tokens} in all, but the context window is "
+            f"{error.n_ctx} tokens: {hint}, shorten the input, or lower --max-tokens"
+        )
+    if isinstance(error, KvCacheTypeError):
+        return f"{error}: use --kv-type f16 for it"
+    return str(error)

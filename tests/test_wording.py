@@ -1,0 +1,36 @@
+"""Errors from the engine, store and api carry facts; the commands alone name the options that
+change them (cli/commands/wording.py), in the lines the docs show."""
+
+from __future__ import annotations
+
+from cli.app import app
+from cli.commands.wording import user_message
+from cli.errors import ContextOverflowError, EndpointError, KvCacheTypeError, QueueFullError
+
+
+def test_context_overflow_carries_facts_and_the_command_names_the_options():
+    error = ContextOverflowError(110, 200, 256, 8192)
+    assert "--" not in str(error) and (error.prompt_tokens, error.max_tokens) == (110, 200)
+    assert user_message(error) == (  # docs/run.md's example
+        "prompt is 110 tokens and --max-tokens is 200, 310 in all, but the context window is 256 "
+        "tokens: raise --ctx (up to 8192, the model's trained context), shorten the input, or "
+        "lower --max-tokens"
+    )
+    longest = user_message(ContextOverflowError(110, 200, 256, 256))
+    assert "the model cannot take a longer --ctx" in longest
+
+
+def test_a_kv_type_the_heads_cannot_hold_is_refused_with_the_option(runner, tiny_path):
+    """The tiny model's heads have 16 values: a quantized cache's blocks of 32 cannot split them."""
+    result = runner.invoke(app, ["run", "-m", str(tiny_path), "--kv-type", "q8_0", "-n", "1", "hi"])
+    assert result.exit_code == 2
+    assert result.stderr.strip().splitlines() == [
+        "quill: error: a q8_0 K cache stores blocks of 32 values, but this model's heads have 16: "
+        "use --kv-type f16 for it"
+    ]
+    assert "--" not in str(KvCacheTypeError("q8_0", "K", 16))
+
+
+def test_the_servers_full_queue_is_not_a_client_error():
+    assert not issubclass(QueueFullError, EndpointError)
+    assert QueueFullError(3).waiting == 3
