@@ -107,6 +107,10 @@ class EndpointError(QuillError):
     exit_code = EXIT_ENDPOINT
 
 
+class AuthRequiredError(UsageError):
+    """The server answered 401: it wants a bearer token that was not given, or another."""
+
+
 class MissingEndpointError(EndpointError):
     """The server answered 404 for a route it does not have (a server without /v1/completions,
     or a URL that is not an OpenAI-compatible API's)."""

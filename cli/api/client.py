@@ -17,6 +17,7 @@ from typing import Any
 from cli.engine.events import Candidate, StreamEvent, TokenLogprobs
 from cli.engine.sampling import SamplingParams
 from cli.errors import (
+    AuthRequiredError,
     EndpointError,
     MissingEndpointError,
     ModelNotFoundError,
@@ -61,7 +62,7 @@ class RemoteModel:
 
     def stream_chat(
         self,
-        messages: Sequence[tuple[str, str]],
+        messages: Sequence[tuple[str, str]] | str,
         max_tokens: int,
         sampling: SamplingParams,
         stop: Sequence[str] = (),
@@ -86,16 +87,7 @@ class RemoteModel:
     ) -> Iterator[StreamEvent]:
         """The text as it is, to /v1/completions (no chat template; MissingEndpointError where
         the server has no such route)."""
-        return stream_completion(
-            self.url,
-            text,
-            self.model,
-            max_tokens,
-            sampling,
-            stop,
-            self.api_key,
-            logprobs=self.logprobs,
-        )
+        return self.stream_chat(text, max_tokens, sampling, stop)
 
     def perf_note(self) -> str:
         return ""
@@ -139,7 +131,7 @@ def first_model(base_url: str, api_key: str | None, timeout_s: float = 10) -> st
 
 def stream_chat(
     base_url: str,
-    messages: Sequence[tuple[str, str]],
+    messages: Sequence[tuple[str, str]] | str,
     model: str | None,
     max_tokens: int,
     sampling: SamplingParams,
@@ -149,31 +141,19 @@ def stream_chat(
     logprobs: int | None = None,
 ) -> Iterator[StreamEvent]:
     """Send the request now (a refusal or an unreachable server raises here, before any reply),
-    and return the events of the reply as they arrive."""
+    and return the events of the reply as they arrive. messages: a conversation, to
+    /v1/chat/completions; or a text, sent as it is to /v1/completions."""
     body = _body(base_url, model, max_tokens, sampling, stop, api_key)
-    body["messages"] = [{"role": role, "content": text} for role, text in messages]
-    if logprobs is not None:
-        body["logprobs"], body["top_logprobs"] = True, logprobs
-    return _send(chat_url(base_url), body, api_key, timeout_s, sampling, logprobs)
-
-
-def stream_completion(
-    base_url: str,
-    prompt: str,
-    model: str | None,
-    max_tokens: int,
-    sampling: SamplingParams,
-    stop: Sequence[str] = (),
-    api_key: str | None = None,
-    timeout_s: float = 600,
-    logprobs: int | None = None,
-) -> Iterator[StreamEvent]:
-    """As stream_chat, for a prompt sent as it is to /v1/completions."""
-    body = _body(base_url, model, max_tokens, sampling, stop, api_key)
-    body["prompt"] = prompt
-    if logprobs is not None:
-        body["logprobs"] = logprobs  # the legacy field: the number of alternatives
-    url = chat_url(base_url).removesuffix("/chat/completions") + "/completions"
+    url = chat_url(base_url)
+    if isinstance(messages, str):
+        url = url.removesuffix("/chat/completions") + "/completions"
+        body["prompt"] = messages
+        if logprobs is not None:
+            body["logprobs"] = logprobs  # the legacy field: the number of alternatives
+    else:
+        body["messages"] = [{"role": role, "content": text} for role, text in messages]
+        if logprobs is not None:
+            body["logprobs"], body["top_logprobs"] = True, logprobs
     return _send(url, body, api_key, timeout_s, sampling, logprobs)
 
 
@@ -370,7 +350,7 @@ def _refusal(url: str, error: urllib.error.HTTPError) -> QuillError:
         message = error.reason
     text = f"{url} answered {error.code}: {message}"
     if error.code == 401:
-        return UsageError(f"{text} (pass --api-key)")
+        return AuthRequiredError(text)
     if error.code == 404 and "model" not in str(message).lower():
         return MissingEndpointError(url, str(message))
     if error.code == 404:

@@ -211,14 +211,8 @@ def run(
         from cli.ui import render
 
         render.warning_line("--logprobs shows only in --json output; none are computed without it")
-    settings = ModelSettings(
-        chat_template=read_template_option(chat_template),
-        think=think,
-        think_budget=think_budget,
-        spec=speculation,
-        draft_model=draft_model,
-        logprobs=logprobs if json_output else None,
-    )
+    template, shown = read_template_option(chat_template), logprobs if json_output else None
+    settings = ModelSettings(template, think, think_budget, speculation, draft_model, shown)
     request = RunRequest(
         prompt=read_prompt(prompt),
         model=model,

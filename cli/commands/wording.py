@@ -3,7 +3,7 @@ commands alone name the options that change them."""
 
 from __future__ import annotations
 
-from cli.errors import ContextOverflowError, KvCacheTypeError
+from cli.errors import AuthRequiredError, ContextOverflowError, KvCacheTypeError
 
 
 def user_message(error: Exception) -> str:
@@ -17,6 +17,8 @@ def user_message(error: Exception) -> str:
             f"{error.prompt_tokens + error.max_tokens} in all, but the context window is "
             f"{error.n_ctx} tokens: {hint}, shorten the input, or lower --max-tokens"
         )
+    if isinstance(error, AuthRequiredError):
+        return f"{error} (pass --api-key)"
     if isinstance(error, KvCacheTypeError):
         return f"{error}: use --kv-type f16 for it"
     return str(error)
