@@ -82,7 +82,7 @@ HELP = """\
 /load FILE         continue a saved conversation
 /retry             answer the last message again
 /think             the reasoning of the last reply, in full (replies show it folded)
-/model NAME        switch to another model, keeping the conversation
+/model NAME        switch to another model, keeping the conversation and the options
 /bye               leave (also Ctrl-D, or Ctrl-C at an empty prompt)
 \"\"\" ... \"\"\"        a message of several lines
 Ctrl-C while a reply streams stops it; what was written is kept."""
