@@ -1,5 +1,5 @@
-"""What prompt lookup can buy at most, and what quill's adaptive switch gets of it, free of the
-machine's noise.
+"""What prompt lookup can buy at most, and what quill's speculation policy gets of it, free of
+the machine's noise.
 
 benchmarks/speculative.py times real runs, and on a shared 2-core VM the same run moves by 10-20%:
 as much as the effects under study. This script separates the two things a speculative speed-up
@@ -14,9 +14,10 @@ From the two it computes:
 - the bound: the fastest any policy could decode the reply with these guesses and these costs,
   knowing in advance how many guesses hold at each position (a shortest path over positions:
   a plain step, or a check of k <= held guesses that moves k + 1 tokens on);
-- a replay of real policies (quill's adaptive switch, fixed k, and fixed k gated: paused after
-  checks that held nothing) through the real engine and the real Speculator, on a clock that
-  charges each llama_decode its batch size's median cost.
+- a replay of real policies (quill's default, a fixed k gated: paused after checks that held
+  nothing; and fixed --draft-tokens k, never paused) through the real engine and the real
+  Speculator, on a clock that charges each llama_decode its batch size's median cost. (The
+  adaptive k this was judged against, removed 2026-12-01, replays at commit ac280a8.)
   The replay is teacher-forced: each position's token is the plain reply's, so every policy is
   judged on the same text (a batch sums in another order than a step, and where two tokens
   nearly tie the pick could flip and send a replay down another reply; tests/test_speculative.py
@@ -52,7 +53,7 @@ from speculative import TASKS, f16_target, model_path  # noqa: E402
 BATCH_SIZES = range(1, 18)
 COST_ROUNDS = 9
 FIXED_K = (1, 2, 3, 4, 6, 8)
-GATED_K = (2, 3, 4, 6)  # fixed k, paused after checks that held nothing (GatedPolicy)
+MOST_GUESSES = max(BATCH_SIZES) - 1  # what the bound may check at once
 
 
 def batch_costs(engine, prompt: Sequence[int]) -> dict[int, float]:
@@ -100,11 +101,10 @@ def bound(held: Sequence[int], cost: dict[int, float]) -> float:
     return steps * cost[1] / least[0]
 
 
-def replay(engine, prompt, reply, cost, options, policy=None) -> tuple[float, dict]:
-    """Decode the reply with speculation options (and a policy in place of their default: a
-    function of the reply's SpecStats) on a clock charging each llama_decode its measured
-    cost, each position's token forced to the reply's; the ratio to plain decoding and the
-    speculation's stats."""
+def replay(engine, prompt, reply, cost, options) -> tuple[float, dict]:
+    """Decode the reply with speculation options on a clock charging each llama_decode its
+    measured cost, each position's token forced to the reply's; the ratio to plain decoding
+    and the speculation's stats."""
     from cli.engine.engine import SequenceStep
     from cli.engine.sampling import SamplingParams
     from cli.engine.speculative import attach
@@ -119,9 +119,6 @@ def replay(engine, prompt, reply, cost, options, policy=None) -> tuple[float, di
         return real_decode(items)
 
     attach(engine, options)
-    engine.speculator.clock = lambda: now[0]
-    if policy is not None:
-        engine.speculator.new_policy = policy
     engine.keep_prefix(0, 0)
     engine.decode = charged_decode
     greedy_sample = SequenceStep.sample
@@ -157,18 +154,14 @@ def main() -> int:
 
     from cli.engine.engine import Engine, LoadOptions
     from cli.engine.sampling import SamplingParams
-    from cli.engine.speculative import MOST_TOKENS, GatedPolicy, SpecOptions, attach
+    from cli.engine.speculative import SpecOptions, attach
 
     targets: dict[str, Callable[[], Path]] = {
         "model": lambda: model_path(args.model),
         "f16": lambda: f16_target(args.model),
     }
-    policies = {"adaptive": (SpecOptions("ngram"), None)}
-    policies |= {f"k={k}": (SpecOptions("ngram", k), None) for k in FIXED_K}
-    policies |= {
-        f"gated k={k}": (SpecOptions("ngram"), lambda stats, k=k: GatedPolicy(stats, k, True))
-        for k in GATED_K
-    }
+    policies = {"default": SpecOptions("ngram")}
+    policies |= {f"k={k}": SpecOptions("ngram", k) for k in FIXED_K}
     results = []
     print(f"{args.threads} threads; ratios to plain decoding on the measured batch costs")
     for target in args.targets.split(","):
@@ -191,7 +184,7 @@ def main() -> int:
                 else:
                     seconds = batch_costs(engine, prompt)
                     cost = {size: seconds[size] / seconds[1] for size in seconds}
-                held = held_guesses(prompt, reply, MOST_TOKENS["ngram"])
+                held = held_guesses(prompt, reply, MOST_GUESSES)
                 row = {
                     "target": label,
                     "task": task,
@@ -201,8 +194,8 @@ def main() -> int:
                     "bound": round(bound(held, cost), 3),
                     "replay": {},
                 }
-                for name, (options, policy) in policies.items():
-                    ratio, stats = replay(engine, prompt, reply, cost, options, policy)
+                for name, options in policies.items():
+                    ratio, stats = replay(engine, prompt, reply, cost, options)
                     row["replay"][name] = {"ratio": round(ratio, 3), "stats": stats}
                 results.append(row)
                 cheap = ", ".join(f"{n}:{cost[n]:.2f}" for n in (2, 3, 5, 9, 17))

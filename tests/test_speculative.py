@@ -18,13 +18,20 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from cli.app import app
 from cli.engine.engine import Engine
 from cli.engine.options import LoadOptions
 from cli.engine.sampling import SamplingParams
-from cli.engine.speculative import NgramDrafter, SpecOptions, WouldBeCheck, attach
+from cli.engine.speculative import (
+    DraftModelDrafter,
+    NgramDrafter,
+    SpecOptions,
+    WouldBeCheck,
+    attach,
+)
 
 from neartie import assert_near, assert_near_tokens
 from reference import Reference
@@ -239,6 +246,8 @@ def test_run_cli_json_reports_speculation(runner, smollm2_path, smollm2_referenc
     assert_near(smollm2_reference, prompt, plain["text"], speculated["text"])
     assert spec["mode"] == "ngram" and 0 < spec["drafted"] <= 3 * spec["verify_steps"]
     assert spec["acceptance_rate"] == spec["accepted"] / spec["drafted"]
+    # --draft-tokens fixes k and never pauses: the documented keys say so.
+    assert (spec["first_paused_at"], spec["pauses"], spec["watched"]) == (None, 0, 0)
 
 
 def test_run_cli_draft_model_stats_line(runner, smollm2_path, smollm2_reference):
@@ -403,61 +412,81 @@ def test_spec_under_a_schema_says_it_is_off(runner, smollm2_path, tiny_path):
     assert chat.exit_code == 0 and "--spec ngram is off under" in chat.stderr
 
 
-def test_cost_model_reads_batch_costs_per_size_and_guesses_in_runs():
-    """The adaptive k: batch costs measured per size (interpolated between sizes, along the line
-    through the two largest beyond them); guesses valued by two chances, the first guess's and a
-    run's going on, because guesses hold in runs."""
-    from cli.engine.speculative import COST_SAMPLES, CostModel
+class FixedGuesses:
+    """A free drafter that always guesses the same tokens."""
 
-    costs = CostModel()
-    assert costs.best_k(8) is None  # nothing measured
-    costs.observe_plain(0.020)
-    # A copied passage holds every guess, a paraphrase none: half the checks hold all four.
-    for held in (4, 0, 4, 0):
-        costs.observe_verify(4, held, draft_s=0.0, verify_s=0.045)
-    assert costs.batch_cost(5) == pytest.approx(0.045)
-    assert costs.batch_cost(3) == pytest.approx(0.020 + (0.045 - 0.020) / 2)
-    assert costs.batch_cost(9) == pytest.approx(0.045 + 4 * (0.045 - 0.020) / 4)
-    # First guesses: 2 of 4 held, smoothed by one held and one missed: 3/6. Guesses after a held
-    # one: 6 of 6, smoothed: 7/8.
-    first, after = costs.hold_chances()
-    assert (first, after) == (pytest.approx(0.5), pytest.approx(0.875))
-    assert costs.expected_held(1) == pytest.approx(0.5)
-    assert costs.expected_held(4) == pytest.approx(0.5 * (1 + 0.875 + 0.875**2 + 0.875**3))
-    # k = 3: (1 + 1.32) tokens for 38.75 ms, 59.9 a second, beat 50 of plain steps (and k = 4's
-    # 59.0). One average chance per guess (8 of 16 held: 0.5) would expect 0.875 held guesses at
-    # k = 3, 48.4 tokens a second, and decline.
-    assert costs.best_k(4) == 3
-    assert (1 + 0.5 + 0.25 + 0.125) / costs.batch_cost(4) < 1 / 0.020
-    # Q4_1-like: a batch costs nearly as much as its tokens decoded one by one; nothing pays.
-    slow = CostModel()
-    slow.observe_plain(0.015)
-    for held in (1, 0, 0):
-        slow.observe_verify(4, held, draft_s=0.0, verify_s=0.075)
-    assert slow.hold_chances() == (pytest.approx(2 / 5), pytest.approx(1 / 3))
-    assert slow.best_k(8) == 0
-    assert not slow.nothing_held(3) and slow.nothing_held(2)
-    slow.forget_guesses()
-    assert slow.best_k(8) is None
-    # A larger batch measured cheaper than a smaller one (noise): sizes beyond cost no more.
-    noisy = CostModel()
-    noisy.observe_plain(0.010)
-    noisy.observe_verify(2, 2, draft_s=0.0, verify_s=0.030)
-    noisy.observe_verify(4, 4, draft_s=0.0, verify_s=0.028)
-    assert noisy.batch_cost(9) == pytest.approx(0.028)
-    # A stall makes one sample slow; the cost is the least of the latest five samples of its
-    # size, so it reads through the stall and follows a real change once five samples show it.
-    stalled = CostModel()
-    for seconds in (0.010, 0.030, 0.011):
-        stalled.observe_plain(seconds)
-    assert stalled.plain == pytest.approx(0.010)
-    for _ in range(COST_SAMPLES):
-        stalled.observe_plain(0.012)
-    assert stalled.plain == pytest.approx(0.012)
+    free = True
+
+    def __init__(self, guesses: list[int]) -> None:
+        self.guesses = guesses
+
+    def propose(self, history: Sequence[int], k: int) -> list[int]:
+        return self.guesses[:k]
 
 
-def test_adaptive_speculation_pauses_and_keeps_the_text(tiny_path, tiny_reference):
-    """Over 300 tokens of the tiny model the adaptive switch speculates, may pause and try again;
+def test_gated_policy_pauses_on_empty_checks_and_resumes_on_a_held_would_be_check():
+    """The default policy checks k guesses (never past room); EMPTY_CHECKS checks in a row that
+    held nothing pause it; while paused a free drafter's would-be checks are followed, and one
+    that would hold RESUME_HELD guesses resumes it. A draft model's pause is timed and doubles;
+    ungated (--draft-tokens K) it never pauses."""
+    from cli.engine import speculative as spec
+    from cli.engine.speculative import GatedPolicy, SpecStats
+
+    EMPTY_CHECKS, FIRST_PAUSE, RESUME_HELD = spec.EMPTY_CHECKS, spec.FIRST_PAUSE, spec.RESUME_HELD
+
+    drafter = FixedGuesses([7, 8, 9])
+    stats = SpecStats("ngram")
+    policy = GatedPolicy(stats, 3, free=True)
+    assert policy.draft(drafter, [1], 1, room=2) == [7, 8]
+    policy.observe(3, 8, guesses=2, held=1)
+    for generated in range(4, 4 + EMPTY_CHECKS):
+        assert policy.draft(drafter, [1], generated - 1, room=9) == [7, 8, 9]
+        policy.observe(generated, 5, guesses=3, held=0)
+    paused_at = 3 + EMPTY_CHECKS
+    assert (stats.pauses, stats.first_paused_at) == (1, paused_at)
+    # Paused: plain steps; the guesses are followed as would-be checks.
+    assert policy.draft(drafter, [1], paused_at, room=9) == []
+    policy.observe(paused_at + 1, 4, guesses=0, held=0)  # the first guess missed: held 0
+    assert stats.watched == 1 and policy.draft(drafter, [1], paused_at + 1, room=9) == []
+    assert RESUME_HELD == 2  # the next would-be check holds 7 and 8, then misses
+    for n, token in enumerate([7, 8, 4], start=2):
+        policy.observe(paused_at + n, token, guesses=0, held=0)
+    assert stats.watched == 2
+    assert policy.draft(drafter, [1], paused_at + 4, room=9) == [7, 8, 9]  # resumed
+
+    model = GatedPolicy(SpecStats("draft"), 2, free=False)
+    for pause in (FIRST_PAUSE, 2 * FIRST_PAUSE):
+        for _ in range(EMPTY_CHECKS):
+            model.observe(10, 5, guesses=2, held=0)
+        assert model.draft(drafter, [1], 10 + pause - 1, room=9) == []
+        assert model.draft(drafter, [1], 10 + pause, room=9) == [7, 8]
+    assert model.stats.pauses == 2 and model.stats.watched == 0
+
+    ungated = GatedPolicy(SpecStats("ngram"), 3, free=True, gated=False)
+    for generated in range(10 * EMPTY_CHECKS):
+        ungated.observe(generated, 5, guesses=3, held=0)
+    assert ungated.draft(drafter, [1], 99, room=9) == [7, 8, 9] and ungated.stats.pauses == 0
+
+
+def test_a_draft_model_guesses_only_while_it_is_sure(tiny, tiny_path):
+    """A draft model stops guessing where its own top token is less likely than its floor
+    (llama.cpp's p_min): a floor just above the first guess's probability gives no guess, one
+    just below gives that guess; a floor of 0 gives all k."""
+    prompt = tiny.tokenize("The quick brown fox")
+    with draft_for(tiny, tiny_path) as draft:
+        guesses = DraftModelDrafter(draft, p_min=0.0).propose(prompt, 4)
+        assert len(guesses) == 4
+        draft.keep_prefix(0, 0)
+        last = len(prompt) - 1
+        output = draft.decode([(0, token, i == last) for i, token in enumerate(prompt)])[0]
+        logits = draft.output_logits(output).astype(np.float64)
+        sure = 1.0 / np.exp(logits - logits.max()).sum()  # the top token's probability
+        assert DraftModelDrafter(draft, p_min=sure * 1.01).propose(prompt, 4) == []
+        assert DraftModelDrafter(draft, p_min=sure * 0.99).propose(prompt, 4)[:1] == guesses[:1]
+
+
+def test_default_speculation_may_pause_and_keeps_the_text(tiny_path, tiny_reference):
+    """Over 300 tokens of the tiny model the default policy speculates, may pause and resume;
     the text is plain greedy's throughout."""
     with Engine(tiny_path, LoadOptions(n_ctx=1024, threads=1)) as engine:
         prompt = engine.tokenize("a b c a b c a b c d e f d e f " * 6)
@@ -469,7 +498,7 @@ def test_adaptive_speculation_pauses_and_keeps_the_text(tiny_path, tiny_referenc
         stats = engine.speculator.last_stats
     assert_near_tokens(tiny_reference, prompt, plain, [e.token for e in events])
     assert stats.verify_steps > 0
-    # Pausing depends on the measured costs; either way the record is consistent.
+    # Pausing depends on which guesses hold; either way the record is consistent.
     assert (stats.pauses == 0) == (stats.first_paused_at is None)
 
 
@@ -533,10 +562,9 @@ class ScriptedDrafter:
 
 def test_a_paused_speculation_resumes_on_would_be_checks_that_hold(tiny_path, tiny_reference):
     """Guesses that miss pause speculation; while paused, the free drafter's would-be checks are
-    followed without a decode, and speculation resumes only once they hold. On a clock that
-    charges each decode a fixed cost by size (the benchmark's replay seam), so the switch's
-    judgement does not depend on the machine's speed; the text is plain greedy's."""
-    from cli.engine.speculative import NOTHING_HELD_CHECKS, Speculator
+    followed without a decode, and speculation resumes only once they hold. The text is plain
+    greedy's."""
+    from cli.engine.speculative import EMPTY_CHECKS, Speculator
 
     with Engine(tiny_path, LoadOptions(n_ctx=1024, threads=1)) as engine:
         prompt = engine.tokenize("a b c d e f g h " * 4)
@@ -545,19 +573,7 @@ def test_a_paused_speculation_resumes_on_would_be_checks_that_hold(tiny_path, ti
         right_from = 100
         drafter = ScriptedDrafter(prompt, plain, right_from)
         engine.speculator = Speculator(SpecOptions("ngram"), drafter)
-        now = [0.0]
-        real_decode = engine.decode
-
-        def charged_decode(items):
-            now[0] += 1.0 + 0.5 * (len(items) - 1)  # a check of n costs 1 + (n - 1) / 2 steps
-            return real_decode(items)
-
-        engine.speculator.clock = lambda: now[0]
-        engine.decode = charged_decode
-        try:
-            events = list(engine.stream_generate(prompt, 200, GREEDY))
-        finally:
-            del engine.decode
+        events = list(engine.stream_generate(prompt, 200, GREEDY))
         stats = engine.speculator.last_stats
         engine.speculator = None
     assert_near_tokens(tiny_reference, prompt, plain, [e.token for e in events])
@@ -565,7 +581,7 @@ def test_a_paused_speculation_resumes_on_would_be_checks_that_hold(tiny_path, ti
     assert stats.first_paused_at < right_from  # the wrong guesses paused it early
     assert stats.watched > 0
     # The checks that held nothing are the few that paused it: none was paid for while paused.
-    assert stats.bursts.count(1) == NOTHING_HELD_CHECKS
+    assert stats.bursts.count(1) == EMPTY_CHECKS
     # It resumed only on the right guesses: every guess it accepted lies past right_from, and
     # it accepted many (the copied part).
     assert stats.guessed and min(stats.guessed) > right_from

@@ -22,29 +22,25 @@ with the probability the full sampler chain gives it, and a rejected guess is re
 from the chain's distribution without it (RejectionSampler). Accepting a guess whenever the
 sampled token happened to equal it would skew the distribution toward the guesses.
 
-Adaptive by default: k is the number of guesses that yields most tokens per second, from what
-this reply measured (a plain step's cost, a checking batch's cost at each size it tried, how
-often a first guess held and how often a run of held guesses went on), and grows while every
-guess holds (which is also how larger batches get measured: on a CPU their cost rises far
-slower than their size where the weights' memory traffic dominates, F16 say, and nearly in
-step with it where dequantizing does, Q4_1).
-When no k beats a plain step, speculation pauses, and resumes when the reply changes, as it
-does: a rewrite's preamble guesses badly and its copied body well. Prompt lookup guesses for
-free, so while paused it keeps guessing and follows each would-be check against the tokens
-plain decoding yields (WouldBeCheck): speculation resumes when what those checks would have
-held makes some k beat a plain step again, and no check is paid for on the way. (Under
-sampling a guess matches the sampled token with the chain's probability of it, which is
-exactly the chance a check would accept it.) A draft model's guesses cost decodes, so with
-one the pause lasts 32 tokens, then 64, and so on. --draft-tokens K fixes k and keeps
-speculation on (for benchmarks).
+By default each check holds a fixed number of guesses (DRAFT_TOKENS), gated as llama.cpp gates
+its drafts (GatedPolicy): a draft model guesses only while its own top token is at least P_MIN
+likely, and EMPTY_CHECKS checks in a row that held no guess pause speculation. It resumes when
+the reply changes, as it does: a rewrite's preamble guesses badly and its copied body well.
+Prompt lookup guesses for free, so while paused it keeps guessing and follows each would-be
+check against the tokens plain decoding yields (WouldBeCheck), and resumes once one would have
+held RESUME_HELD guesses; no check is paid for on the way. (Under sampling a guess matches the
+sampled token with the chain's probability of it, exactly the chance a check would accept it.)
+A draft model's guesses cost decodes, so with one the pause lasts FIRST_PAUSE tokens, then
+twice that, and so on. --draft-tokens K checks K guesses at every step (for benchmarks). An
+adaptive k, from costs and hold rates measured as the reply went, did no better in the replay
+over five weight types and was removed (benchmarks/README.md, 2026-12-01).
 """
 
 from __future__ import annotations
 
 import ctypes
 import time
-from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -61,24 +57,18 @@ if TYPE_CHECKING:
 SPEC_MODES = ("off", "ngram", "draft")
 NGRAM_LONGEST = 4  # n-grams looked up, longest first: a longer match predicts better
 NGRAM_SHORTEST = 2  # single tokens match everywhere and mostly predict wrong
-START_TOKENS = {"ngram": 2, "draft": 2}  # k at the start of a reply
-MOST_TOKENS = {"ngram": 16, "draft": 8}  # a draft model's guesses cost a decode each
-PLAIN_PROBES = 2  # plain steps at the start of a reply: the cost speculation must beat
-JUDGE_AFTER_STEPS = 6  # verification steps before the off-switch may judge
-JUDGE_AGAIN_STEPS = 8  # after a pause: checks restart from one guess, where little can pay
-FIRST_PAUSE = 32  # a draft model's pause when speculation measures slower; doubles each time
-WATCH_BEFORE_RESUME = 3  # would-be checks that judge whether to resume, the latest ones
-RECENT_WEIGHT = 0.25  # how much the latest step moves the running cost of drafting a guess
-COST_SAMPLES = 5  # a step's cost is the least of its latest samples, per batch size
-NOTHING_HELD_CHECKS = 3  # checks in a row that held no guess: enough to pause early
-RECENT_CHECKS = 16  # the verification steps whose held guesses predict the next ones
+DRAFT_TOKENS = {"ngram": 4, "draft": 8}  # guesses a check: the replay's best for prompt lookup
+P_MIN = 0.75  # a draft model guesses on while its top token is at least this likely (llama.cpp)
+EMPTY_CHECKS = 1  # checks in a row that held no guess: pause (the replay's best)
+RESUME_HELD = 2  # guesses a would-be check must hold to resume
+FIRST_PAUSE = 32  # a draft model's pause, in tokens; doubles each time
 VOCAB_SIZE_SLACK = 128  # padded vocabularies of one family differ at the end (llama.cpp's rule)
 
 
 @dataclass(frozen=True)
 class SpecOptions:
     mode: str = "off"  # off, ngram or draft
-    draft_tokens: int | None = None  # None: adaptive (and the off-switch); K: always K
+    draft_tokens: int | None = None  # None: DRAFT_TOKENS, gated; K: always K, never paused
 
     def __post_init__(self) -> None:
         if self.mode not in SPEC_MODES:
@@ -95,12 +85,12 @@ class SpecStats:
     drafted: int = 0  # tokens guessed and verified
     accepted: int = 0  # guesses the model agreed with
     verify_steps: int = 0  # batched passes that checked guesses
-    plain_steps: int = 0  # one-token passes (probes, nothing to guess, or switched off)
+    plain_steps: int = 0  # one-token passes (nothing to guess, or paused)
     spec_tokens: int = 0  # tokens that verification passes yielded
     spec_s: float = 0.0  # time of drafting and verification passes
     plain_s: float = 0.0  # time of one-token passes
     first_paused_at: int | None = None  # tokens generated when it first paused itself
-    pauses: int = 0  # times it measured slower than plain steps and paused
+    pauses: int = 0  # times checks that held no guess paused it
     watched: int = 0  # would-be checks followed while paused (free guesses, no decode)
     bursts: list[int] = field(default_factory=list)  # tokens per verification pass
     guessed: list[int] = field(default_factory=list)  # numbers (from 1) of accepted guesses
@@ -202,14 +192,14 @@ class NgramDrafter:
 
 
 class DraftModelDrafter:
-    """A small model with the target's vocabulary drafts greedily in its own context; its KV
-    cache keeps the common prefix with the target's history from one step to the next."""
+    """A small model with the target's vocabulary drafts greedily in its own context, while its
+    top token is at least p_min likely (llama.cpp's floor: past a guess the draft doubts, the
+    target rarely agrees); its KV cache keeps the common prefix with the target's history."""
 
     free = False
 
-    def __init__(self, draft: Engine) -> None:
-        self.engine = draft
-        self._greedy = llama.llama_sampler_init_greedy()
+    def __init__(self, draft: Engine, p_min: float = P_MIN) -> None:
+        self.engine, self.p_min = draft, p_min
 
     def prepare(self, prompt: Sequence[int]) -> None:
         self._catch_up(prompt)
@@ -231,18 +221,18 @@ class DraftModelDrafter:
         draft = self.engine
         output = self._catch_up(history)
         guesses: list[int] = []
-        for i in range(k):
-            token = draft.sample(self._greedy, output)
+        while len(guesses) < k:
+            logits = draft.output_logits(output).astype(np.float64)
+            token = int(logits.argmax())
+            if 1.0 / np.exp(logits - logits[token]).sum() < self.p_min:
+                break
             guesses.append(token)
-            if i == k - 1 or draft.is_end_of_generation(token):
+            if len(guesses) == k or draft.is_end_of_generation(token):
                 break
             output = draft.decode([(0, token, True)])[0]
         return guesses
 
     def close(self) -> None:
-        if self._greedy is not None:
-            llama.llama_sampler_free(self._greedy)
-            self._greedy = None
         self.engine.close()
 
 
@@ -348,21 +338,6 @@ class WouldBeCheck:
         return index + 1 if index + 1 == len(self.guesses) else None
 
 
-class Policy(Protocol):
-    """When to check how many guesses, for one reply: asked before each step, told after it."""
-
-    def draft(self, drafter: Drafter, history: list[int], generated: int, room: int) -> list[int]:
-        """The guesses to check now (none: a plain step); never more than room."""
-        ...
-
-    def observe(
-        self, generated: int, token: int, guesses: int, held: int, draft_s: float, check_s: float
-    ) -> None:
-        """What a step did: the tokens generated after it and its last token, how many guesses
-        it checked (0: a plain step) and held, and what drafting and checking cost."""
-        ...
-
-
 class Speculator:
     """Held by an Engine: drafts and verifies the decode loop of stream_generate."""
 
@@ -370,15 +345,6 @@ class Speculator:
         self.options = options
         self.drafter = drafter
         self.last_stats: SpecStats | None = None
-        # What policies time steps by; benchmarks/speculative_bound.py replays a reply on a
-        # clock that charges each batch its measured median cost, free of noise.
-        self.clock: Callable[[], float] = time.perf_counter
-        self.new_policy: Callable[[SpecStats], Policy] = self._default_policy
-
-    def _default_policy(self, stats: SpecStats) -> Policy:
-        if self.options.draft_tokens is not None:
-            return GatedPolicy(stats, self.options.draft_tokens, self.drafter.free, gated=False)
-        return AdaptivePolicy(stats, self.mode, self.drafter.free)
 
     @property
     def mode(self) -> str:
@@ -394,7 +360,9 @@ class Speculator:
         the policy asks for (none: a plain step), checks them with the pending token in one
         batch, and yields one event per token the model confirms."""
         stats = self.last_stats = SpecStats(self.mode)
-        policy = self.new_policy(stats)
+        fixed = self.options.draft_tokens
+        k = fixed or DRAFT_TOKENS[self.mode]
+        policy = GatedPolicy(stats, k, self.drafter.free, gated=fixed is None)
         # Greedy: the chain's own pick at each position is the test. Sampling: a guess stands
         # with the probability the chain gives it (RejectionSampler), which keeps it exact.
         chooser = None if sampling.temperature <= 0 else RejectionSampler(step, engine.n_vocab)
@@ -409,14 +377,12 @@ class Speculator:
             assert pending is not None
             # Never past max_tokens, and never so far that a full-context check fires early.
             room = min(step.max_tokens - step.generated - 1, engine.n_ctx - cached - 2)
-            started = self.clock()  # draft
+            started = time.perf_counter()  # draft
             guesses = policy.draft(
                 self.drafter, [*engine.cached(seq), pending], step.generated, room
             )
-            drafted_at = self.clock()  # check
-            outputs = engine.decode([(seq, token, True) for token in (pending, *guesses)])
-            checked_at = self.clock()
-            spent, held = checked_at - started, 0
+            outputs = engine.decode([(seq, token, True) for token in (pending, *guesses)])  # check
+            spent, held = time.perf_counter() - started, 0
             for position, index in enumerate(outputs):  # accept
                 if chooser is None or not guesses:
                     event = step.sample(index)
@@ -435,281 +401,51 @@ class Speculator:
             # guesses' cells go (and, at the finish, the confirmed ones past the last token).
             engine.keep_prefix(seq, cached + position + 1)
             if event.finish_reason is None:
-                draft_s, check_s = drafted_at - started, checked_at - drafted_at
-                policy.observe(step.generated, event.token, len(guesses), held, draft_s, check_s)
+                policy.observe(step.generated, event.token, len(guesses), held)
 
 
 class GatedPolicy:
-    """A fixed number of guesses, gated as llama.cpp gates its drafts: a check needs at least
-    `least` guesses (a draft model stops guessing below its probability floor), and after
-    `empty_limit` checks in a row that held nothing speculation pauses. A free drafter keeps
-    guessing while paused, and a would-be check (WouldBeCheck) that would have held
-    `resume_held` guesses resumes it; a draft model's pause lasts `pause` tokens, doubling."""
+    """k guesses a check, gated as llama.cpp gates drafts: after EMPTY_CHECKS checks in a row
+    that held no guess, speculation pauses. A free drafter keeps guessing while paused, and a
+    would-be check (WouldBeCheck) that would have held RESUME_HELD guesses resumes it; a draft
+    model's pause lasts FIRST_PAUSE tokens, then twice that, and so on. Ungated (--draft-tokens
+    K) it checks k guesses wherever it can."""
 
-    def __init__(
-        self,
-        stats: SpecStats,
-        k: int,
-        free: bool,
-        gated: bool = True,
-        least: int = 1,
-        empty_limit: int = 3,
-        resume_held: int = 2,
-        pause: int = 32,
-    ) -> None:
+    def __init__(self, stats: SpecStats, k: int, free: bool, gated: bool = True) -> None:
         self.stats, self.k, self.free, self.gated = stats, k, free, gated
-        self.least, self.empty_limit, self.resume_held, self.pause = (
-            least,
-            empty_limit,
-            resume_held,
-            pause,
-        )
-        self.empty = 0  # checks in a row that held nothing
-        self.resume_at: int | None = None  # paused: a draft model resumes at this count
+        self.empty = 0  # checks in a row that held no guess
+        self.resume_at: int | None = None  # paused (a free drafter: until a would-be check holds)
+        self.pause = FIRST_PAUSE
         self.would_be: WouldBeCheck | None = None
 
     def draft(self, drafter: Drafter, history: list[int], generated: int, room: int) -> list[int]:
-        if self.resume_at is not None:
-            if not self.free and generated >= self.resume_at:
-                self.resume_at = None
-            else:
-                if self.free and self.would_be is None:
-                    guessed = drafter.propose(history, self.k)
-                    self.would_be = WouldBeCheck(generated, guessed) if guessed else None
-                return []
-        guesses = drafter.propose(history, min(self.k, room)) if room > 0 else []
-        return guesses if len(guesses) >= self.least else []
+        """The guesses to check now (none: a plain step), never more than room."""
+        if self.resume_at is not None and (self.free or generated < self.resume_at):
+            if self.free and self.would_be is None:
+                guessed = drafter.propose(history, self.k)
+                self.would_be = WouldBeCheck(generated, guessed) if guessed else None
+            return []
+        self.resume_at = None
+        return drafter.propose(history, min(self.k, room)) if room > 0 else []
 
-    def observe(
-        self, generated: int, token: int, guesses: int, held: int, draft_s: float, check_s: float
-    ) -> None:
+    def observe(self, generated: int, token: int, guesses: int, held: int) -> None:
+        """What a step did: the tokens generated after it, its last token, and how many guesses
+        it checked (0: a plain step) and held."""
+        stats = self.stats
         if self.would_be is not None:
             settled = self.would_be.settle(generated, token)
             if settled is not None:
-                self.would_be, self.stats.watched = None, self.stats.watched + 1
-                if settled >= min(self.resume_held, self.k):
+                self.would_be, stats.watched = None, stats.watched + 1
+                if settled >= min(RESUME_HELD, self.k):
                     self.resume_at = None
-            return
-        if not guesses or not self.gated:
-            return
-        self.empty = 0 if held else self.empty + 1
-        if self.empty >= self.empty_limit:
-            self.empty, self.resume_at = 0, generated + self.pause
-            self.pause *= 2
-            self.stats.pauses += 1
-            if self.stats.first_paused_at is None:
-                self.stats.first_paused_at = generated
-
-
-class AdaptivePolicy:
-    """k from measured costs and held guesses (CostModel), paused when no k beats a plain step;
-    a free drafter's would-be checks resume it, a draft model's pause is timed."""
-
-    def __init__(self, stats: SpecStats, mode: str, free: bool) -> None:
-        self.stats = stats
-        self.k, self.most = START_TOKENS[mode], MOST_TOKENS[mode]
-        self.costs = CostModel()
-        self.speculating = True
-        self.resume_at, self.pause, self.judge_after, self.judged = (
-            0,
-            FIRST_PAUSE,
-            JUDGE_AFTER_STEPS,
-            0,
-        )
-        self.watching = free
-        self.would_be: WouldBeCheck | None = None
-        self.watched = 0
-
-    def draft(self, drafter: Drafter, history: list[int], generated: int, room: int) -> list[int]:
-        if not self.speculating and self.watching and self.would_be is None:
-            guessed = drafter.propose(history, self.most)
-            self.would_be = WouldBeCheck(generated, guessed) if guessed else None
-        if not self.speculating and not self.watching and generated >= self.resume_at:
-            self.speculating, self.k, self.judge_after, self.judged = True, 1, JUDGE_AGAIN_STEPS, 0
-            self.costs.forget_guesses()
-        room = min(room, self.k)
-        probing = self.stats.plain_steps < PLAIN_PROBES
-        if self.speculating and not probing and room > 0:
-            return drafter.propose(history, room)
-        return []
-
-    def observe(
-        self, generated: int, token: int, guesses: int, held: int, draft_s: float, check_s: float
-    ) -> None:
-        costs, stats = self.costs, self.stats
-        if guesses:
-            costs.observe_verify(guesses, held, draft_s, check_s)
-        else:
-            costs.observe_plain(draft_s + check_s)
-        if self.would_be is not None:
-            settled = self.would_be.settle(generated, token)
-            if settled is not None:
-                costs.observe_would_be(len(self.would_be.guesses), settled)
-                self.would_be, self.watched, stats.watched = (
-                    None,
-                    self.watched + 1,
-                    stats.watched + 1,
-                )
-                best = costs.best_k(self.most)
-                if best and self.watched >= WATCH_BEFORE_RESUME:
-                    self.speculating, self.k, self.judge_after, self.judged = (
-                        True,
-                        best,
-                        JUDGE_AGAIN_STEPS,
-                        0,
-                    )
-                    costs.keep_checks(RECENT_CHECKS)
-        if not guesses:
-            return
-        self.judged += 1
-        best = costs.best_k(self.most)
-        all_held = held == guesses and guesses >= self.k
-        if best is None:
-            self.k = _next_k(self.k, guesses, held, self.most)
-        elif best > 0:
-            self.k = max(best, min(2 * self.k, self.most)) if all_held else best
-        elif self.judged >= self.judge_after or costs.nothing_held(NOTHING_HELD_CHECKS):
-            self.speculating, self.resume_at = False, generated + self.pause
-            self.pause *= 2
-            stats.pauses += 1
-            if self.watching:
-                costs.forget_guesses()
-                costs.keep_checks(WATCH_BEFORE_RESUME)
-                self.watched = 0
-            if stats.first_paused_at is None:
-                stats.first_paused_at = generated
-        else:
-            self.k = 1
-
-
-def _next_k(k: int, drafted: int, confirmed: int, most: int) -> int:
-    """Grow k while every guess holds; halve it when most fail."""
-    if confirmed == drafted and drafted >= k:
-        return min(k * 2, most)
-    if confirmed * 2 < drafted:
-        return max(k // 2, 1)
-    return k
-
-
-@dataclass
-class CostModel:
-    """What steps cost and how many guesses hold, measured in this reply. The best k yields
-    most tokens per second: a step of k guesses yields the model's own token plus the guesses
-    that held before the first miss, and costs a checking batch of k + 1 positions plus k times
-    drafting one guess; 0 when no k beats a plain step.
-
-    How many guesses hold is read from the recent checks as two chances, the first guess's and
-    a run's going on (hold_chances), not as one average chance per guess: guesses hold in runs
-    (a copied passage holds all of them, a paraphrase none), and one average would undervalue
-    every k larger than 1.
-
-    A batch's cost is measured per size, because it is not linear: on a CPU it grows slowly
-    while the weights' memory traffic dominates and in step with the size once computing does.
-    A size not tried yet is estimated from the sizes that were. A cost is the least of the
-    latest few samples of its size: a machine busy with other work only ever adds time to a
-    step, and one slow sample read as the cost can keep speculation paused through a copy.
-    (Replayed with injected stalls, the least of five against a running mean: 1.06-1.09x ->
-    1.09-1.11x on the grounded tasks; benchmarks/README.md.)"""
-
-    plain: float | None = None  # seconds of a one-token step
-    batch: dict[int, float] = field(default_factory=dict)  # seconds of a checking batch, by size
-    per_guess: float | None = None  # seconds of drafting one guess (next to 0 for prompt lookup)
-    checks: deque[tuple[int, int]] = field(
-        default_factory=lambda: deque(maxlen=RECENT_CHECKS)
-    )  # (guesses, held) of recent verification steps
-    samples: dict[int, deque[float]] = field(default_factory=dict)  # latest seconds, by size
-
-    def _least_recent(self, size: int, seconds: float) -> float:
-        latest = self.samples.setdefault(size, deque(maxlen=COST_SAMPLES))
-        latest.append(seconds)
-        return min(latest)
-
-    def observe_plain(self, seconds: float) -> None:
-        self.plain = self._least_recent(1, seconds)
-
-    def observe_verify(self, guesses: int, held: int, draft_s: float, verify_s: float) -> None:
-        self.batch[guesses + 1] = self._least_recent(guesses + 1, verify_s)
-        self.per_guess = _recent(self.per_guess, draft_s / guesses)
-        self.checks.append((guesses, held))
-
-    def observe_would_be(self, guesses: int, held: int) -> None:
-        """What a check that was not made would have held (WouldBeCheck)."""
-        self.checks.append((guesses, held))
-
-    def nothing_held(self, checks: int) -> bool:
-        """Whether the last `checks` checks all held no guess."""
-        recent = list(self.checks)[-checks:]
-        return len(recent) == checks and not any(held for _, held in recent)
-
-    def forget_guesses(self) -> None:
-        self.checks.clear()
-
-    def keep_checks(self, latest: int) -> None:
-        """Judge guesses by the latest checks only: while paused, the last few would-be checks
-        (a reply that turns to copying shows it in a few, and a long record of misses before
-        it would hide that); speculating, the usual record."""
-        self.checks = deque(self.checks, maxlen=latest)
-
-    def hold_chances(self) -> tuple[float, float]:
-        """The chance that a check's first guess holds, and that a guess holds once the ones
-        before it did, from the recent checks. Two figures because guesses hold in runs: a
-        copied passage holds the guess after a held one far more often than the first guess
-        of a check. Counted where they were tried (a check of k guesses says nothing about
-        guess k + 1), and smoothed by one held and one missed guess so that a run of a few
-        checks that all held does not read as certainty."""
-        first_tried = first_held = after_tried = after_held = 0
-        for guesses, held in self.checks:
-            first_tried += 1
-            first_held += held > 0
-            # Guesses 2.. were judged while every guess before them held: up to the first miss.
-            judged = min(held + 1, guesses) - 1 if held else 0
-            after_tried += judged
-            after_held += max(held - 1, 0)
-        first = (first_held + 1) / (first_tried + 2)
-        after = (after_held + 1) / (after_tried + 2) if after_tried else first
-        return first, after
-
-    def expected_held(self, k: int) -> float:
-        """Guesses expected to hold in a check of k: the first with its chance, each later one
-        with the chance of a run going on."""
-        first, after = self.hold_chances()
-        return first * sum(after**n for n in range(k))
-
-    def batch_cost(self, size: int) -> float:
-        """Seconds of a checking batch of size positions: measured, else estimated: linearly
-        between the sizes measured around it, and beyond the largest along the line through
-        the two largest (a batch's cost grows by a fairly steady amount per position on a
-        CPU). An estimate that errs low is soon corrected: the size is then tried and measured."""
-        assert self.plain is not None
-        known = {1: self.plain, **self.batch}
-        if size in known:
-            return known[size]
-        below = max(n for n in known if n < size)
-        above = [n for n in known if n > size]
-        if above:
-            upper = min(above)
-            share = (size - below) / (upper - below)
-            return known[below] + share * (known[upper] - known[below])
-        if below == 1:  # no batch measured yet: as if each position cost a plain step
-            return known[1] * size
-        before = max(n for n in known if n < below)
-        per_position = max((known[below] - known[before]) / (below - before), 0.0)
-        return known[below] + (size - below) * per_position
-
-    def best_k(self, most: int) -> int | None:
-        """The k with most tokens per second (0: a plain step); None until measured."""
-        if self.plain is None or not self.batch or self.per_guess is None or not self.checks:
-            return None
-        best, best_rate = 0, 1.0 / self.plain
-        for k in range(1, most + 1):
-            rate = (1 + self.expected_held(k)) / (self.batch_cost(k + 1) + k * self.per_guess)
-            if rate > best_rate:
-                best, best_rate = k, rate
-        return best
-
-
-def _recent(running: float | None, latest: float) -> float:
-    return latest if running is None else running + RECENT_WEIGHT * (latest - running)
+        elif guesses and self.gated:
+            self.empty = 0 if held else self.empty + 1
+            if self.empty == EMPTY_CHECKS:
+                self.empty, self.resume_at = 0, generated + self.pause
+                self.pause *= 2
+                stats.pauses += 1
+                if stats.first_paused_at is None:
+                    stats.first_paused_at = generated
 
 
 def attach(
@@ -742,4 +478,5 @@ def attach(
     except UsageError:
         draft.close()
         raise
-    engine.speculator = Speculator(options, DraftModelDrafter(draft))
+    p_min = P_MIN if options.draft_tokens is None else 0.0  # a fixed k guesses k
+    engine.speculator = Speculator(options, DraftModelDrafter(draft, p_min))

@@ -111,11 +111,9 @@ def speculation_text(spec: dict[str, Any]) -> str:
         text += f" ({spec['acceptance_rate']:.0%})"
     if spec["plain_tokens_per_s"] is not None:
         text += f", plain steps {spec['plain_tokens_per_s']:.1f} tok/s"
-    # first_paused_at was switched_off_after until speculation's own rename lands
-    paused = spec.get("first_paused_at", spec.get("switched_off_after"))
-    if paused is not None:
+    if spec["first_paused_at"] is not None:
         times = f" {spec['pauses']} times" if spec["pauses"] > 1 else ""
-        text += f", paused{times} from {paused} tok (slower than plain)"
+        text += f", paused{times} from {spec['first_paused_at']} tok (guesses held nothing)"
     return text
 
 
