@@ -66,6 +66,22 @@ class TranscriptError(UsageError):
     """A chat transcript file that cannot be read or written."""
 
 
+class ChatNotFoundError(UsageError):
+    """No saved chat, or several, go by the name given (matches: the names of those that start
+    with it)."""
+
+    def __init__(self, name: str, folder: object, matches: list[str]):
+        self.name, self.folder, self.matches = name, folder, matches
+        shown = repr(name) if len(name) <= 80 else repr(name[:77] + "...")
+        if name == "last":
+            text = f"no saved chats in {folder}"
+        elif not matches:
+            text = f"no saved chat {shown} in {folder}"
+        else:
+            text = f"{shown} matches {len(matches)} chats ({', '.join(matches[:4])})"
+        super().__init__(text)
+
+
 class ChatTemplateError(UsageError):
     """A chat template that cannot render this conversation (it raised, looped, or does not
     parse), and no fallback could."""

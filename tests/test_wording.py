@@ -34,3 +34,24 @@ def test_a_kv_type_the_heads_cannot_hold_is_refused_with_the_option(runner, tiny
 def test_the_servers_full_queue_is_not_a_client_error():
     assert not issubclass(QueueFullError, EndpointError)
     assert QueueFullError(3).waiting == 3
+
+
+def test_a_chat_that_is_not_found_is_said_by_the_store_and_worded_by_chat(tmp_path):
+    from cli.errors import ChatNotFoundError
+    from cli.store.chats import find_transcript
+
+    for name in ("chat-1", "chat-2"):
+        (tmp_path / f"{name}.json").write_text("{}", "utf-8")
+    assert find_transcript("chat-1", tmp_path) == tmp_path / "chat-1.json"
+    lines = []
+    for name, folder in (("last", tmp_path / "none"), ("nope", tmp_path), ("chat", tmp_path)):
+        try:
+            find_transcript(name, folder)
+        except ChatNotFoundError as error:
+            assert "--" not in str(error)
+            lines.append(user_message(error))
+    assert lines == [
+        f"no saved chats in {tmp_path / 'none'} to resume",
+        f"no saved chat 'nope' in {tmp_path}: --resume last, or an ID from there",
+        "--resume 'chat' matches 2 chats (chat-1, chat-2); give more of it",
+    ]

@@ -140,34 +140,11 @@ CHAT_CACHE_MIN_TOKENS = 64  # shorter conversations prefill faster than a file l
 
 
 def resolve_resume(value: str) -> Path:
-    """The transcript --resume names: last (the newest in QUILL_HOME/chats), an ID (a file
-    name there, or the start of one) or a path."""
+    """The transcript --resume names: last, an ID from QUILL_HOME/chats, or a path."""
+    from cli.store.chats import find_transcript
     from cli.store.models import quill_home
 
-    folder = quill_home() / "chats"
-    saved = (
-        sorted(folder.glob("*.json"), key=lambda p: p.stat().st_mtime) if folder.is_dir() else []
-    )
-    if value == "last":
-        if not saved:
-            raise UsageError(f"no saved chats in {folder} to resume")
-        return saved[-1]
-    try:
-        path = Path(value).expanduser()
-        if path.suffix == ".json" and path.is_file():
-            return path
-    except (OSError, ValueError, RuntimeError):  # too long, a NUL, ~user that is no user
-        pass  # not a file: an ID, or nothing
-    matches = [p for p in saved if p.stem == value] or [
-        p for p in saved if p.stem.startswith(value)
-    ]
-    if len(matches) == 1:
-        return matches[0]
-    if not matches:
-        shown = repr(value) if len(value) <= 80 else repr(value[:77] + "...")
-        raise UsageError(f"no saved chat {shown} in {folder}: --resume last, or an ID from there")
-    names = ", ".join(p.stem for p in matches[:4])
-    raise UsageError(f"--resume {value!r} matches {len(matches)} chats ({names}); give more of it")
+    return find_transcript(value, quill_home() / "chats")
 
 
 def chat_cache_folder(transcript: Path) -> Path:

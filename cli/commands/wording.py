@@ -3,7 +3,12 @@ commands alone name the options that change them."""
 
 from __future__ import annotations
 
-from cli.errors import AuthRequiredError, ContextOverflowError, KvCacheTypeError
+from cli.errors import (
+    AuthRequiredError,
+    ChatNotFoundError,
+    ContextOverflowError,
+    KvCacheTypeError,
+)
 
 
 def user_message(error: Exception) -> str:
@@ -19,6 +24,12 @@ def user_message(error: Exception) -> str:
         )
     if isinstance(error, AuthRequiredError):
         return f"{error} (pass --api-key)"
+    if isinstance(error, ChatNotFoundError):
+        if error.name == "last":
+            return f"{error} to resume"
+        if not error.matches:
+            return f"{error}: --resume last, or an ID from there"
+        return f"--resume {error}; give more of it"
     if isinstance(error, KvCacheTypeError):
         return f"{error}: use --kv-type f16 for it"
     return str(error)
