@@ -106,9 +106,19 @@ class ContextOverflowError(QuillError):
 
 
 class ChatOverflowError(QuillError):
-    """The next chat turn does not fit the context window and the policy is not to drop turns."""
+    """The next chat turn does not fit the context window: the whole conversation, where the
+    policy is not to drop turns, or the last message alone."""
 
     exit_code = EXIT_CONTEXT_OVERFLOW
+
+    def __init__(self, tokens: int, room: int, n_ctx: int, whole_conversation: bool):
+        self.tokens, self.room, self.n_ctx = tokens, room, n_ctx
+        self.whole_conversation = whole_conversation
+        if whole_conversation:
+            text = f"the conversation needs {tokens + room} tokens with room for a reply"
+        else:
+            text = f"this message takes {tokens} tokens and a reply needs {room} more"
+        super().__init__(f"{text}, but the context holds {n_ctx}")
 
 
 class ModelLoadError(QuillError):

@@ -55,3 +55,20 @@ def test_a_chat_that_is_not_found_is_said_by_the_store_and_worded_by_chat(tmp_pa
         f"no saved chat 'nope' in {tmp_path}: --resume last, or an ID from there",
         "--resume 'chat' matches 2 chats (chat-1, chat-2); give more of it",
     ]
+
+
+def test_template_notes_name_no_option_and_the_commands_add_it():
+    from cli.commands.wording import note_words
+    from cli.engine.templates import choose_template, template_notes
+
+    template, fallback = choose_template(None, None, "chatml")
+    assert template is not None and fallback is not None and "--" not in fallback
+    assert note_words(fallback) == (
+        "the model file has no chat template; using the chatml template its models.yaml entry "
+        "names (--chat-template FILE sets another)"
+    )
+    (switch,) = template_notes(template, think=False)
+    assert "--" not in switch
+    assert note_words(switch) == (
+        "the chat template has no thinking switch: --think/--no-think changes nothing"
+    )

@@ -259,6 +259,7 @@ def open_model(
     model. The model and its draft are obtained like any model, the template family models.yaml
     names for it comes along, and the engine gets all of it when it is built."""
     from cli.commands.templating import registry_family
+    from cli.commands.wording import note_words
     from cli.engine.opening import open_engine
     from cli.ui import render
 
@@ -278,7 +279,11 @@ def open_model(
             memory = plan(ModelShape.from_gguf(draft[1]), n_ctx, *kv)
             render.info_line(f"draft {draft[0]}: {render.memory_line(memory)}")
     family = registry_family(name)
-    engine = open_engine(path, options, settings, verbose, family, draft, render.warning_line)
+
+    def note(line: str) -> None:
+        render.warning_line(note_words(line))
+
+    engine = open_engine(path, options, settings, verbose, family, draft, note)
     return label, engine
 
 

@@ -6,9 +6,21 @@ from __future__ import annotations
 from cli.errors import (
     AuthRequiredError,
     ChatNotFoundError,
+    ChatOverflowError,
     ContextOverflowError,
     KvCacheTypeError,
 )
+
+
+def note_words(note: str) -> str:
+    """A line the engine tells (TemplateNote), with the option that changes what it says."""
+    from cli.engine.templates import TemplateNote
+
+    if isinstance(note, TemplateNote) and note.kind == "fallback":
+        return f"{note} (--chat-template FILE sets another)"
+    if isinstance(note, TemplateNote) and note.kind == "no thinking switch":
+        return f"{note}: --think/--no-think changes nothing"
+    return note
 
 
 def user_message(error: Exception) -> str:
@@ -22,6 +34,10 @@ def user_message(error: Exception) -> str:
             f"{error.prompt_tokens + error.max_tokens} in all, but the context window is "
             f"{error.n_ctx} tokens: {hint}, shorten the input, or lower --max-tokens"
         )
+    if isinstance(error, ChatOverflowError) and error.whole_conversation:
+        return f"{error}: /clear, or restart with --on-overflow truncate or a larger --ctx"
+    if isinstance(error, ChatOverflowError):
+        return f"{error}: shorten it or restart with a larger --ctx"
     if isinstance(error, AuthRequiredError):
         return f"{error} (pass --api-key)"
     if isinstance(error, ChatNotFoundError):

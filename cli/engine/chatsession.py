@@ -170,11 +170,7 @@ class ChatSession:
         if self.settings.on_overflow == "error" and len(self.messages) > 1:
             self.messages.pop()  # the refused message was never answered: it is not kept
             self.save()
-            raise ChatOverflowError(
-                f"the conversation needs {tokens + room} tokens with room for a reply, "
-                f"but the context holds {n_ctx}: /clear, or restart with --on-overflow "
-                "truncate or a larger --ctx"
-            )
+            raise ChatOverflowError(tokens, room, n_ctx, whole_conversation=True)
         dropped = 0
         while len(self.messages) > 1 and tokens > min(limit, n_ctx // 2):
             # The oldest exchange goes: a user message and the reply that followed it.
@@ -187,10 +183,7 @@ class ChatSession:
         if tokens > limit:
             self.messages.pop()
             self.save()
-            raise ChatOverflowError(
-                f"this message takes {tokens} tokens and a reply needs {room} more, "
-                f"but the context holds {n_ctx}: shorten it or restart with a larger --ctx"
-            )
+            raise ChatOverflowError(tokens, room, n_ctx, whole_conversation=False)
         self.save()
         return tokens, dropped
 

@@ -428,9 +428,21 @@ def file_template(
     return ChatTemplate(None, family, "inferred")
 
 
+class TemplateNote(str):
+    """A line about the template for the user, and which one it is (the commands add the
+    options that change it): "fallback", "no thinking switch" or "gpt-oss channels"."""
+
+    kind: str
+
+    def __new__(cls, text: str, kind: str) -> TemplateNote:
+        note = super().__new__(cls, text)
+        note.kind = kind
+        return note
+
+
 def choose_template(
     own: ChatTemplate | None, chosen: ChatTemplate | None = None, family: str | None = None
-) -> tuple[ChatTemplate | None, str | None]:
+) -> tuple[ChatTemplate | None, TemplateNote | None]:
     """The template conversations go through, in quill's one order: a file the user chose,
     else the model file's own, else the family models.yaml names for the model, else the family
     the file's tokens point to (own without a source); and the line that tells the user when it
@@ -443,22 +455,19 @@ def choose_template(
     if template is None:
         return None, None
     where = "its models.yaml entry names" if family else "its tokens point to"
-    return template, (
-        f"the model file has no chat template; using the {template.family} template {where} "
-        "(--chat-template FILE sets another)"
-    )
+    text = f"the model file has no chat template; using the {template.family} template {where}"
+    return template, TemplateNote(text, "fallback")
 
 
-def template_notes(template: ChatTemplate | None, think: bool | None) -> list[str]:
+def template_notes(template: ChatTemplate | None, think: bool | None) -> list[TemplateNote]:
     """What the user is told about a template's reasoning: gpt-oss's channels stay unsplit, and
     a thinking switch asked of a template that has none changes nothing."""
     notes = []
     if template is not None and template.family == "gpt-oss":
-        notes.append(
-            "gpt-oss's channel format is not split into reasoning and answer: both are printed"
-        )
+        text = "gpt-oss's channel format is not split into reasoning and answer: both are printed"
+        notes.append(TemplateNote(text, "gpt-oss channels"))
     if think is not None and (template is None or not template.thinking_switch):
-        notes.append("the chat template has no thinking switch: --think/--no-think changes nothing")
+        notes.append(TemplateNote("the chat template has no thinking switch", "no thinking switch"))
     return notes
 
 
