@@ -127,6 +127,10 @@ class ModelLoadError(QuillError):
     exit_code = EXIT_MODEL_LOAD
 
 
+class SilentLoadError(ModelLoadError):
+    """llama.cpp refused the file and logged no error (its full log may say more)."""
+
+
 class EndpointError(QuillError):
     """An OpenAI-compatible server refused the request or could not be reached."""
 

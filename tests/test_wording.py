@@ -72,3 +72,14 @@ def test_template_notes_name_no_option_and_the_commands_add_it():
     assert note_words(switch) == (
         "the chat template has no thinking switch: --think/--no-think changes nothing"
     )
+
+
+def test_a_load_failure_llama_cpp_gave_no_reason_for_points_to_verbose(tmp_path):
+    from cli.engine.engine import _load_failure
+    from cli.errors import SilentLoadError
+
+    silent = _load_failure(tmp_path / "m.gguf", [])
+    assert isinstance(silent, SilentLoadError) and "--" not in str(silent)
+    assert user_message(silent).endswith("llama.cpp gave no reason (run with --verbose)")
+    said = _load_failure(tmp_path / "m.gguf", ["llama_model_load: error loading model: bad"])
+    assert not isinstance(said, SilentLoadError) and user_message(said).endswith("model: bad")

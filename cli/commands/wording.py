@@ -9,6 +9,7 @@ from cli.errors import (
     ChatOverflowError,
     ContextOverflowError,
     KvCacheTypeError,
+    SilentLoadError,
 )
 
 
@@ -38,6 +39,8 @@ def user_message(error: Exception) -> str:
         return f"{error}: /clear, or restart with --on-overflow truncate or a larger --ctx"
     if isinstance(error, ChatOverflowError):
         return f"{error}: shorten it or restart with a larger --ctx"
+    if isinstance(error, SilentLoadError):
+        return f"{error} (run with --verbose)"
     if isinstance(error, AuthRequiredError):
         return f"{error} (pass --api-key)"
     if isinstance(error, ChatNotFoundError):

@@ -38,7 +38,7 @@ from cli.engine.templates import (
     template_notes,
 )
 from cli.engine.textstream import TextStream
-from cli.errors import ContextOverflowError, KvCacheTypeError, ModelLoadError
+from cli.errors import ContextOverflowError, KvCacheTypeError, ModelLoadError, SilentLoadError
 from cli.sequence import common_prefix
 from quant.gguf import GGUFError, check_gguf_magic, head_dims
 from quant.kv import QUANTIZED_KV_TYPES, ggml_type, kv_cache_bytes
@@ -100,7 +100,7 @@ class Engine:
         self.cpu_path = loaded.cpu_path
         self._model = loaded.model
         if not self._model:
-            raise ModelLoadError(_load_failure(path, log.drain()))
+            raise _load_failure(path, log.drain())
 
         self._vocab = llama.llama_model_get_vocab(self._model)
         self.kv_type_k, self.kv_type_v = options.kv_type_k, options.kv_type_v
@@ -134,7 +134,7 @@ class Engine:
         if not self._ctx:
             llama.llama_model_free(self._model)
             self._model = None
-            raise ModelLoadError(_load_failure(path, log.drain()))
+            raise _load_failure(path, log.drain())
         self.load_s = time.perf_counter() - started
 
         self.path = path
@@ -916,10 +916,11 @@ class DecodeError(RuntimeError):
     """llama_decode refused a batch (out of KV cells, or a backend failure)."""
 
 
-def _load_failure(path: Path, problems: list[str]) -> str:
+def _load_failure(path: Path, problems: list[str]) -> ModelLoadError:
     errors = [p for p in problems if "error" in p.lower() or "fail" in p.lower()] or problems
-    reason = "; ".join(errors[-2:]) or "llama.cpp gave no reason (run with --verbose)"
-    return f"llama.cpp cannot load {path}: {reason}"
+    if not errors:
+        return SilentLoadError(f"llama.cpp cannot load {path}: llama.cpp gave no reason")
+    return ModelLoadError(f"llama.cpp cannot load {path}: {'; '.join(errors[-2:])}")
 
 
 __all__ = [
