@@ -111,19 +111,15 @@ def bench(
         spec=tuple(spec.split(",")),
     )
     grid.check()
-    specs = {  # each mode's speculation, checked before anything loads
+    # The flags together, as the mode that asks the most of them takes them; then each row's.
+    most = "draft" if "draft" in grid.spec else max(grid.spec, key=lambda mode: mode != "off")
+    spec_options(most, draft, draft_tokens, endpoint)
+    specs = {
         mode: spec_options(
-            mode,
-            draft if mode == "draft" else None,
-            draft_tokens if mode != "off" else None,
-            endpoint,
-        )[0]
+            mode, draft if mode == "draft" else None, draft_tokens if mode != "off" else None
+        )
         for mode in grid.spec
     }
-    if draft is not None and "draft" not in grid.spec:
-        raise UsageError("--draft names the draft model of --spec draft: add --spec draft")
-    if draft_tokens is not None and grid.spec == ("off",):
-        raise UsageError("--draft-tokens sets how many tokens --spec guesses: add --spec")
     if endpoint:
         rows = _bench_endpoint(endpoint, chosen, grid, api_key)
         _show_bench(rows, chosen or "endpoint", json_output, csv_output, markdown_output, plot)

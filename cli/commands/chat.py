@@ -173,7 +173,7 @@ def chat(
 
     constraint = build_constraint(schema, schema_multi, json_format, grammar, strict)
     system = system_with_schema(system, constraint)
-    speculation, draft_model = spec_options(spec, draft, draft_tokens, endpoint, constraint)
+    speculation = spec_options(spec, draft, draft_tokens, endpoint, constraint)
 
     if on_overflow not in OVERFLOW_POLICIES:
         raise UsageError(f"--on-overflow takes truncate or error, not {on_overflow!r}")
@@ -187,7 +187,6 @@ def chat(
         chat_template=read_template_option(chat_template),
         think=think,
         spec=speculation,
-        draft_model=draft_model,
     )
     if transcript is not None and (not transcript.name or transcript.is_dir()):
         raise UsageError(f"--transcript {transcript} is a directory: give a file such as chat.json")

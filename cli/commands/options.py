@@ -265,8 +265,8 @@ def open_model(
 
     label, path = obtain_model(name, offline, verbose)
     draft = None
-    if settings.draft_model is not None:
-        draft = obtain_model(settings.draft_model, offline, verbose)
+    if settings.spec is not None and settings.spec.draft is not None:
+        draft = obtain_model(settings.spec.draft, offline, verbose)
     if verbose:  # what the weights and KV cache take; a draft's come on top of the model's
         from cli.engine.options import context_size
         from quant.memory import ModelShape, plan

@@ -196,7 +196,7 @@ def run(
 ) -> None:
     """Generate a reply to PROMPT, streamed to stdout; reasoning and timing go to stderr."""
     constraint = build_constraint(schema, schema_multi, json_format, grammar, strict)
-    speculation, draft_model = spec_options(spec, draft, draft_tokens, endpoint, constraint)
+    speculation = spec_options(spec, draft, draft_tokens, endpoint, constraint)
     if logprobs is not None and speculation is not None:
         raise UsageError(
             f"--logprobs cannot go with --spec {spec}: logprobs are read from each token's own "
@@ -212,7 +212,7 @@ def run(
 
         render.warning_line("--logprobs shows only in --json output; none are computed without it")
     template, shown = read_template_option(chat_template), logprobs if json_output else None
-    settings = ModelSettings(template, think, think_budget, speculation, draft_model, shown)
+    settings = ModelSettings(template, think, think_budget, speculation, shown)
     request = RunRequest(
         prompt=read_prompt(prompt),
         model=model,

@@ -43,14 +43,14 @@ def spec_options(
     draft_tokens: int | None,
     endpoint: str | None = None,
     constraint: object | None = None,
-) -> tuple[SpecOptions | None, str | None]:
-    """(speculation, its draft model) from --spec, --draft and --draft-tokens, checked before
-    anything loads; (None, None) when off, and under --schema, --format or --grammar (said in
-    one line: the grammar must judge each token before the next is guessed, and the acceptance
-    test reads the plain chain)."""
+) -> SpecOptions | None:
+    """--spec, --draft and --draft-tokens as one SpecOptions, checked before anything loads;
+    None when off, and under --schema, --format or --grammar (said in one line: the grammar
+    must judge each token before the next is guessed, and the acceptance test reads the plain
+    chain)."""
     from cli.engine.speculative import SpecOptions
 
-    options = SpecOptions(mode, draft_tokens)  # refuses an unknown mode
+    options = SpecOptions(mode, draft_tokens, draft)  # refuses an unknown mode
     if draft is not None and mode != "draft":
         raise UsageError("--draft names the draft model of --spec draft: add --spec draft")
     if mode == "draft" and draft is None:
@@ -60,7 +60,7 @@ def spec_options(
     if draft_tokens is not None and mode == "off":
         raise UsageError("--draft-tokens sets how many tokens --spec guesses: add --spec")
     if mode == "off":
-        return None, None
+        return None
     if constraint is not None:
         from cli.ui import render
 
@@ -68,5 +68,5 @@ def spec_options(
             f"--spec {mode} is off under --schema, --format or --grammar: the grammar must judge "
             "each token before the next is guessed, so the reply decodes one token at a time"
         )
-        return None, None
-    return options, draft
+        return None
+    return options

@@ -34,10 +34,9 @@ class ModelSettings:
     chat_template: ChatTemplate | None = None  # a template file instead of the model's own
     think: bool | None = None  # the template's enable_thinking switch; None: its default
     think_budget: int | None = None  # reasoning tokens before the block is closed
-    # cli/engine/speculative.py's SpecOptions (None: off), typed loosely because that module
-    # reads the engine's types, and the engine this one's.
+    # cli/engine/speculative.py's SpecOptions, its draft model's name included (None: off),
+    # typed loosely because that module reads the engine's types, and the engine this one's.
     spec: Any = None
-    draft_model: str | None = None  # the draft model of spec mode draft, as -m names it
     logprobs: int | None = None  # alternatives per generated token; None: none computed
     # Saved states that outlive the process, made for the engine just loaded (the store's key
     # needs its context size and KV types); None: no prompt cache.

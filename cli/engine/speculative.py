@@ -69,6 +69,7 @@ VOCAB_SIZE_SLACK = 128  # padded vocabularies of one family differ at the end (l
 class SpecOptions:
     mode: str = "off"  # off, ngram or draft
     draft_tokens: int | None = None  # None: DRAFT_TOKENS, gated; K: always K, never paused
+    draft: str | None = None  # mode draft's model as the user names it (the commands open it)
 
     def __post_init__(self) -> None:
         if self.mode not in SPEC_MODES:
