@@ -48,6 +48,7 @@ from cli.commands.structured_options import (
     StrictOption,
     build_constraint,
     constrained_sampling,
+    output_problem,
     system_with_schema,
 )
 from cli.commands.templating import ChatTemplateFile, Think, read_template_option
@@ -408,7 +409,8 @@ class Repl:
         if self.after_turn is not None:
             self.after_turn()
         finish = metrics.finish_reason
-        problem = self.constraint.problem("".join(pieces), finish) if self.constraint else None
+        text = "".join(pieces)
+        problem = output_problem(self.constraint, text, finish) if self.constraint else None
         if problem is not None:  # the chat goes on; the user is told, as run's exit 7 tells
             render.warning_line(f"this reply does not match the schema: {problem}")
 
