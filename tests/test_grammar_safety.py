@@ -121,25 +121,17 @@ def test_run_with_a_grammar_that_matches_nothing_is_exit_2_and_stdout_stays_empt
 
 @pytest.fixture(scope="module")
 def limited_server(tiny_path, quill_home, tmp_path_factory) -> Iterator[tuple]:
-    ready = tmp_path_factory.mktemp("grammar-serve") / "port"
-    process = subprocess.Popen(
-        [QUILL, "serve", "-m", str(tiny_path), "--port", "0", "--parallel", "2",
-         "--ctx", "512", "--threads", "1"],
-        env=quill_env(quill_home, QUILL_SERVE_READY_FILE=str(ready), OMP_WAIT_POLICY="passive"),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        preexec_fn=limited,
+    from test_serve import start_server
+
+    process, url = start_server(
+        quill_home, tmp_path_factory.mktemp("grammar-serve"),
+        "-m", str(tiny_path), "--parallel", "2", "--ctx", "512", "--threads", "1",
+        stdout=subprocess.PIPE, preexec_fn=limited, OMP_WAIT_POLICY="passive",
     )  # fmt: skip
-    deadline = time.monotonic() + 60
-    while not ready.exists() or not ready.read_text():
-        if process.poll() is not None or time.monotonic() > deadline:
-            process.kill()
-            pytest.fail(f"quill serve did not start: {process.stderr.read()}")
-        time.sleep(0.1)
-    yield process, f"http://127.0.0.1:{ready.read_text()}"
+    yield process, url
     process.kill()
     stdout, _ = process.communicate(timeout=30)
-    assert stdout == b""  # nothing but replies, and those go to the socket
+    assert stdout == ""  # nothing but replies, and those go to the socket
 
 
 def chat(url: str, timeout: float = 60, **extra) -> httpx.Response:

@@ -10,7 +10,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx2 as httpx  # httpx's current line, which the openai client is built on
@@ -29,14 +29,24 @@ KEY = "test-key"
 GREEDY = {"temperature": 0}
 
 
-def start_server(quill_home: Path, tmp_path: Path, *args: str) -> tuple[subprocess.Popen, str]:
+def start_server(
+    quill_home: Path,
+    tmp_path: Path,
+    *args: str,
+    stdout: int = subprocess.DEVNULL,
+    preexec_fn: Callable[[], None] | None = None,
+    **env: str,
+) -> tuple[subprocess.Popen, str]:
+    """`quill serve --port 0 ARGS`, once it says which port it took (stdout: PIPE to check
+    nothing reaches it; preexec_fn: limits for the child; env: more environment)."""
     ready = tmp_path / f"port-{time.monotonic_ns()}"
     process = subprocess.Popen(
         [QUILL, "serve", "--port", "0", *args],
-        env=quill_env(quill_home, QUILL_SERVE_READY_FILE=str(ready)),
-        stdout=subprocess.DEVNULL,
+        env=quill_env(quill_home, QUILL_SERVE_READY_FILE=str(ready), **env),
+        stdout=stdout,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=preexec_fn,
     )
     deadline = time.monotonic() + 60
     while not ready.exists() or not ready.read_text():
