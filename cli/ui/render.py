@@ -347,6 +347,7 @@ def quant_report_table(rows: list[Any], kv_ctx: int, markdown: bool = False) -> 
         "file",
         "PPL",
         "vs F16",
+        "threads",
         "prefill tok/s",
         "decode tok/s",
         f"KV @ {kv_ctx}",
