@@ -15,6 +15,7 @@ from typing import Annotated
 
 import typer
 
+from cli.commands.basemodel import warn_if_base
 from cli.commands.options import (
     DEFAULT_SAMPLING,
     EXIT_CODES_HELP,
@@ -259,6 +260,7 @@ class Repl:
     def run(self) -> None:
         session = self.session
         backend = session.backend
+        warn_if_base(session.model_name)
         if not backend.has_chat_template:
             render.warning_line(
                 f"{session.model_name} has no chat template and no family quill knows (a base "
@@ -503,6 +505,7 @@ class Repl:
         old.close()
         self.session.save()
         render.info_line(f"now chatting with {label}; the conversation is kept")
+        warn_if_base(label)
 
 
 def _history_file() -> Path:

@@ -10,6 +10,9 @@ import typer
 from cli.commands.options import JsonOutput, KvType, stdin_is_terminal
 from cli.errors import Interrupted, ModelNotFoundError, UsageError
 
+# What pull and inspect say of a base model (models.yaml `base: true`).
+BASE_NOTE = "base model, not instruction-tuned: it continues text (quill run --raw)"
+
 
 def pull(
     name: Annotated[
@@ -24,7 +27,7 @@ def pull(
 ) -> None:
     """Download a model into the local cache: resumable, checked against its sha256."""
     from cli.store.models import local_path, obtain, parse_model_name
-    from cli.store.registry import load_registry
+    from cli.store.registry import load_registry, model_kind
     from cli.ui import render
     from cli.ui.progress import download_progress
     from cli.units import human_bytes
@@ -49,7 +52,9 @@ def pull(
             raise Interrupted(
                 "interrupted; run the same command again to resume the download"
             ) from None
-    render.info_line(f"{request.label}: {human_bytes(path.stat().st_size)}")
+    size = human_bytes(path.stat().st_size)
+    base = f" · {BASE_NOTE}" if model_kind(request.label, load_registry()) == "base" else ""
+    render.info_line(f"{request.label}: {size}{base}")
 
 
 def list_models(
@@ -59,16 +64,22 @@ def list_models(
     import json
 
     from cli.store.models import file_quant, list_local
-    from cli.store.registry import load_registry
+    from cli.store.registry import load_registry, model_kind
     from cli.ui import render
 
-    models = list_local(load_registry())
+    registry = load_registry()
+    models = list_local(registry)
     quants = {str(m.path): m.quant or file_quant(m.path) or "?" for m in models}
+    kinds = {
+        str(m.path): model_kind(m.name, registry) or model_kind(str(m.path), registry)
+        for m in models
+    }
     if json_output:
         rows = [
             {
                 "name": m.name,
                 "quant": quants[str(m.path)],
+                "kind": kinds[str(m.path)],
                 "size": m.size,
                 "source": m.source,
                 "owned": m.owned,
@@ -80,7 +91,7 @@ def list_models(
     elif not models:
         render.info_line("no models on disk yet: `quill pull smollm2-135m` gets the default one")
     else:
-        render.models_table(models, quants)
+        render.models_table(models, quants, kinds)
 
 
 def rm(
@@ -149,7 +160,7 @@ def inspect(
     from cli.commands.options import MAX_CTX, check_at_most, kv_types, size_option
     from cli.engine.options import context_size
     from cli.store.models import local_path, parse_model_name, read_model_header
-    from cli.store.registry import load_registry
+    from cli.store.registry import load_registry, model_kind
     from cli.ui import render
     from quant.memory import largest_context, plan
 
@@ -171,13 +182,16 @@ def inspect(
         else None
     )
     template = _template_facts(header.get("tokenizer.chat_template"), name)
+    kind = model_kind(name, registry)
     if json_output:
-        data = {**info.as_dict(), **template, "memory": memory.as_dict()}
+        data = {**info.as_dict(), **template, "kind": kind, "memory": memory.as_dict()}
         if budget is not None:
             data["memory_budget"] = {"bytes": budget, "largest_context": largest}
         render.write_stdout(json.dumps(data, indent=1) + "\n")
     else:
-        render.gguf_report(info, template["template_summary"])
+        render.gguf_report(
+            info, template["template_summary"], BASE_NOTE if kind == "base" else None
+        )
         render.memory_report(memory, budget, largest)
 
 

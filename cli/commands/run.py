@@ -284,6 +284,9 @@ def run_once(request: RunRequest, options: LoadOptions | None = None) -> int:
                     "as it is; drop --raw to send it through the server's chat template"
                 ) from None
         else:
+            from cli.commands.basemodel import warn_if_base
+
+            warn_if_base(name, "add --raw and give it text to continue")
             if not backend.has_chat_template:
                 render.warning_line(
                     "the model has no chat template and no family quill knows; sending the prompt "

@@ -36,6 +36,8 @@ class ModelEntry:
     tags: dict[str, TagSpec]
     # The chat template family (cli/engine/templates.py FAMILIES) for files that carry none.
     template: str | None = None
+    # A base model (`base: true`): trained to continue text, not to follow instructions.
+    base: bool = False
 
 
 @dataclass(frozen=True)
@@ -128,6 +130,7 @@ def _parse_entry(alias: str, body: Any, where: str) -> ModelEntry:
         default_tag=default_tag,
         tags=tags,
         template=_typed(fields, "template", str, where, required=False),
+        base=_typed(fields, "base", bool, where, required=False) or False,
     )
 
 
@@ -192,3 +195,25 @@ def _typed(fields: dict[str, Any], name: str, kind: type, where: str, required: 
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
         raise RegistryError(f"{where}.{name}: expected {kind.__name__}, got {value!r}")
     return value
+
+
+def registry_entry(name: str, registry: Registry) -> ModelEntry | None:
+    """The entry a model name stands for: an alias[:tag] (a quantized copy keeps its alias), or a
+    path to a file one of its tags names; None for anything else."""
+    entry = registry.models.get(name.partition(":")[0])
+    if entry is None:
+        file = Path(name).name
+        tagged = (
+            e for e in registry.models.values() if any(t.file == file for t in e.tags.values())
+        )
+        entry = next(tagged, None)
+    return entry
+
+
+def model_kind(name: str, registry: Registry) -> str | None:
+    """ "base" for an entry marked `base: true` (it continues text, it does not follow
+    instructions), "instruct" for any other entry; None for a file the registry does not know."""
+    entry = registry_entry(name, registry)
+    if entry is None:
+        return None
+    return "base" if entry.base else "instruct"

@@ -261,17 +261,17 @@ def columns(headers: list[str] | None, rows: list[list[str]], right: tuple[int, 
     return "\n".join(lines) + "\n"
 
 
-def models_table(models: list[Any], quants: dict[str, str]) -> None:
+def models_table(models: list[Any], quants: dict[str, str], kinds: dict[str, str | None]) -> None:
     rows = []
     for model in models:
         source = model.source if model.owned else f"{model.source} (not quill's)"
-        rows.append(
-            [model.name, quants[str(model.path)], human_bytes(model.size), source, str(model.path)]
-        )
-    write_stdout(columns(["NAME", "QUANT", "SIZE", "SOURCE", "PATH"], rows))
+        where = str(model.path)
+        size = human_bytes(model.size)
+        rows.append([model.name, quants[where], kinds[where] or "-", size, source, where])
+    write_stdout(columns(["NAME", "QUANT", "KIND", "SIZE", "SOURCE", "PATH"], rows))
 
 
-def gguf_report(info: Any, template: str | None = None) -> None:
+def gguf_report(info: Any, template: str | None = None, base: str | None = None) -> None:
     def number(value: Any) -> str:
         return f"{value:,}" if isinstance(value, int) else str(value if value is not None else "-")
 
@@ -289,6 +289,7 @@ def gguf_report(info: Any, template: str | None = None) -> None:
         ("sliding window", number(info.sliding_window)),
         ("vocabulary", f"{number(info.vocab_size)} tokens ({info.tokenizer or '-'})"),
         ("chat template", template or ("yes" if info.chat_template else "no")),
+        *([("kind", base)] if base else []),
         ("file size", f"{human_bytes(info.file_size)} ({info.file_size:,} bytes)"),
         ("path", info.path),
     ]
@@ -347,7 +348,6 @@ def quant_report_table(rows: list[Any], kv_ctx: int, markdown: bool = False) -> 
         "file",
         "PPL",
         "vs F16",
-        "threads",
         "prefill tok/s",
         "decode tok/s",
         f"KV @ {kv_ctx}",
@@ -359,9 +359,8 @@ def quant_report_table(rows: list[Any], kv_ctx: int, markdown: bool = False) -> 
             human_bytes(row.file_bytes),
             f"{row.perplexity:.4f} ± {row.perplexity_error:.4f}",
             f"{row.perplexity_change_pct:+.2f}%",
-            str(row.threads),
-            f"{row.prefill_tokens_per_s:.0f} ± {row.prefill_tokens_per_s_sd:.0f}",
-            f"{row.decode_tokens_per_s:.1f} ± {row.decode_tokens_per_s_sd:.1f}",
+            f"{row.prefill_tokens_per_s:.0f}",
+            f"{row.decode_tokens_per_s:.1f}",
             human_bytes(row.kv_bytes),
         ]
         for row in rows
