@@ -127,3 +127,61 @@ def test_repack_on_and_off_are_compared_and_named(runner, tiny32_path):
     assert as_markdown.stdout.splitlines()[0].endswith("| CPU path |")
     refused = runner.invoke(app, ["bench", str(tiny32_path), "--repack", "maybe"])
     assert refused.exit_code == 2 and "--repack takes on, off or on,off" in refused.stderr
+
+
+def test_help_states_the_batch_and_threads_bench_uses(runner, tiny_path):
+    """The defaults --help states are the ones a run takes: -p 64 -n 16 runs batch 65."""
+    from cli.engine.hardware import physical_cores
+
+    shown = " ".join(runner.invoke(app, ["bench", "--help"]).stdout.split())
+    assert "so -p 64 -n 16 runs batch 65" in shown
+    assert "Default: the physical cores that other work leaves free" in shown
+    result = runner.invoke(
+        app, ["bench", str(tiny_path), "-p", "64", "-n", "16", "-r", "1", "--json"]
+    )
+    assert result.exit_code == 0, result.stderr
+    rows = json.loads(result.stdout)["rows"]
+    assert [row["batch"] for row in rows] == [65, 65]
+    assert all(1 <= row["threads"] <= physical_cores() for row in rows)
+    deep = runner.invoke(
+        app, ["bench", str(tiny_path), "-p", "600", "-n", "4", "-r", "1", "--json"]
+    )
+    assert [row["batch"] for row in json.loads(deep.stdout)["rows"]] == [512, 512]
+
+
+@pytest.fixture(scope="module")
+def tiny_server(tiny_path, quill_home, tmp_path_factory):
+    from test_serve import KEY, start_server
+
+    process, url = start_server(
+        quill_home, tmp_path_factory.mktemp("serve-bench"), str(tiny_path), "--api-key", KEY
+    )
+    yield f"{url}/v1", KEY
+    process.terminate()
+    process.wait(timeout=30)
+
+
+def test_endpoint_bench_prefills_every_repetition_without_the_prompt_cache(runner, tiny_server):
+    """Against quill serve, whose prefix cache would answer a repeated prompt: every measured
+    repetition is prefilled in full (the server reports no cached token), the output says so, and
+    the server's threads and batch are shown as unknown, not as 0."""
+    from cli.api.client import stream_chat
+    from cli.measure.bench import GREEDY_NO_EOS, endpoint_prompt
+
+    url, key = tiny_server
+    args = ["bench", "--endpoint", url, "--api-key", key, "-p", "48", "-n", "4", "-r", "3"]
+    as_json = runner.invoke(app, [*args, "--json"])
+    assert as_json.exit_code == 0, as_json.stderr
+    assert "prompt cache off: a distinct prompt per repetition" in as_json.stderr
+    assert "reused" not in as_json.stderr
+    pp, tg = json.loads(as_json.stdout)["rows"]
+    assert pp["cached_tokens"] == 0 and len(pp["samples"]) == 3 and pp["tokens_per_s"] > 0
+    assert (pp["threads"], pp["batch"], tg["threads"], tg["batch"]) == (None,) * 4
+    # The control: the same prompt sent twice with the cache on is answered from it.
+    for _ in range(2):
+        last = list(stream_chat(url, [("user", endpoint_prompt(48, 1))], None, 1, GREEDY_NO_EOS,
+                                api_key=key))[-1]  # fmt: skip
+    assert last.cached_prompt_tokens > 40
+    table = runner.invoke(app, args)
+    pp_line = next(line for line in table.stdout.splitlines() if line.startswith("pp48"))
+    assert pp_line.split()[3:5] == ["-", "-"]

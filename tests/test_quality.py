@@ -114,3 +114,24 @@ def test_quant_report_on_the_tiny_model(runner, tiny32_path):
     for row in rows.values():
         assert row["perplexity"] > 1 and row["prefill_tokens_per_s"] > 0
         assert row["decode_tokens_per_s"] > 0 and row["tokens_scored"] == 2 * 63
+
+
+def test_quant_report_speeds_carry_their_spread_and_threads(runner, tiny32_path):
+    """Like bench: each speed is a mean ± its spread over -r rounds, with the threads used."""
+    args = [
+        "quant-report", str(tiny32_path), "-f", str(PPL_TEXT), "--types", "f16,q8_0",
+        "--kv-types", "f16", "--ctx", "128", "--chunks", "1", "-p", "32", "-n", "4", "-r", "3",
+    ]  # fmt: skip
+    as_json = runner.invoke(app, [*args, "-t", "1", "--json"])
+    assert as_json.exit_code == 0, as_json.stderr
+    for row in json.loads(as_json.stdout)["rows"]:
+        assert row["threads"] == 1
+        assert 0 <= row["prefill_tokens_per_s_sd"] < row["prefill_tokens_per_s"]
+        assert 0 <= row["decode_tokens_per_s_sd"] < row["decode_tokens_per_s"]
+    table = runner.invoke(app, [*args, "--markdown"])
+    lines = table.stdout.splitlines()
+    headers = [cell.strip() for cell in lines[0].strip("|").split("|")]
+    assert headers[5:8] == ["threads", "prefill tok/s", "decode tok/s"]
+    for line in lines[2:]:
+        cells = [cell.strip() for cell in line.strip("|").split("|")]
+        assert int(cells[5]) >= 1 and " ± " in cells[6] and " ± " in cells[7]

@@ -139,11 +139,15 @@ def stream_chat(
     api_key: str | None = None,
     timeout_s: float = 600,
     logprobs: int | None = None,
+    cache_prompt: bool = True,
 ) -> Iterator[StreamEvent]:
     """Send the request now (a refusal or an unreachable server raises here, before any reply),
     and return the events of the reply as they arrive. messages: a conversation, to
-    /v1/chat/completions; or a text, sent as it is to /v1/completions."""
+    /v1/chat/completions; or a text, sent as it is to /v1/completions. cache_prompt=False asks
+    the server (llama-server's and quill serve's extension) to prefill the whole prompt."""
     body = _body(base_url, model, max_tokens, sampling, stop, api_key)
+    if not cache_prompt:
+        body["cache_prompt"] = False
     url = chat_url(base_url)
     if isinstance(messages, str):
         url = url.removesuffix("/chat/completions") + "/completions"

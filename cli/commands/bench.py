@@ -44,10 +44,21 @@ def bench(
     ] = "f16",
     threads: Annotated[
         str | None,
-        typer.Option("-t", "--threads", help="Thread counts, e.g. 1,2. Default: physical cores."),
+        typer.Option(
+            "-t",
+            "--threads",
+            help="Thread counts, e.g. 1,2. Default: the physical cores that other work leaves "
+            "free (measured at each load).",
+        ),
     ] = None,
     batch: Annotated[
-        str, typer.Option("-b", "--batch", help="Batch sizes for prefill, e.g. 128,512.")
+        str,
+        typer.Option(
+            "-b",
+            "--batch",
+            help="Batch sizes for prefill, e.g. 128,512; each at most the context the grid needs "
+            "(deepest -d + longest -p or -n + 1), so -p 64 -n 16 runs batch 65.",
+        ),
     ] = "512",
     repetitions: Annotated[
         int, typer.Option("-r", "--repetitions", help="Measured rounds, after one warm-up round.")
@@ -158,11 +169,18 @@ def _bench_endpoint(
         raise UsageError("--depth, --kv-type, --threads and --batch are the server's to choose")
     model = model or first_model(endpoint, api_key) or "default"
     rows = []
+    if grid.prompt_tokens:
+        render.info_line("prompt cache off: a distinct prompt per repetition, cache_prompt false")
     for row in run_endpoint_bench(endpoint, model, grid, api_key):
         rows.append(row)
         render.info_line(
             f"{row.test} at {endpoint}: {row.tokens_per_s:.1f} ± {row.tokens_per_s_sd:.1f} tok/s"
         )
+        if row.cached_tokens:
+            render.warning_line(
+                f"{row.test}: the server still reused up to {row.cached_tokens} cached prompt "
+                "tokens, so its prefill rate counts tokens it did not compute"
+            )
     return rows
 
 

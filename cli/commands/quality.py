@@ -205,7 +205,7 @@ def quant_report(
     _check_window(ctx, read_model(source).context_length or ctx)
     registry = load_registry()
     request = parse_model_name(chosen or registry.default, registry)
-    threads = threads or physical_cores()
+    quantize_threads = threads or physical_cores()
     file_type, _ = source_file_type(source)
     baseline_type = weights[0]
     models = []
@@ -219,7 +219,7 @@ def quant_report(
                     "copy, so the report measures re-quantization from those rounded weights"
                 )
             made = make_quantized(
-                label, request, source, baseline_type, registry, threads, force=True,
+                label, request, source, baseline_type, registry, quantize_threads, force=True,
                 on_tensor=progress.update,
             )  # fmt: skip
             baseline = Path(made.result.output)
@@ -227,7 +227,7 @@ def quant_report(
         baseline_request = parse_model_name(str(baseline), registry)
         for target in weights[1:]:
             made = make_quantized(
-                label, baseline_request, baseline, target, registry, threads, force=True,
+                label, baseline_request, baseline, target, registry, quantize_threads, force=True,
                 on_tensor=progress.update,
             )  # fmt: skip
             models.append((target, Path(made.result.output)))
@@ -255,8 +255,9 @@ def quant_report(
         rows.append(row)
         render.info_line(
             f"{row.weights} + KV {row.kv_type}: PPL {row.perplexity:.4f} "
-            f"({row.perplexity_change_pct:+.2f}%), pp {row.prefill_tokens_per_s:.0f}, "
-            f"tg {row.decode_tokens_per_s:.1f} tok/s"
+            f"({row.perplexity_change_pct:+.2f}%), pp {row.prefill_tokens_per_s:.0f} ± "
+            f"{row.prefill_tokens_per_s_sd:.0f}, tg {row.decode_tokens_per_s:.1f} ± "
+            f"{row.decode_tokens_per_s_sd:.1f} tok/s, {row.threads} threads"
         )
     if json_output:
         report = {

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from cli.engine.engine import Engine, LoadOptions
+from cli.engine.events import StreamEvent
 from cli.engine.sampling import SamplingParams
 from cli.errors import UsageError
 from quant.kv import check_kv_type
@@ -81,8 +82,8 @@ class BenchRow:
     test: str  # "pp512" or "tg128"
     depth: int
     kv_type: str
-    threads: int
-    batch: int
+    threads: int | None  # None: a remote server's, unknown here
+    batch: int | None
     tokens_per_s: float
     tokens_per_s_sd: float
     ttft_ms: float | None = None  # pp rows: time to the first token for a prompt of P tokens
@@ -92,6 +93,7 @@ class BenchRow:
     samples: list[float] = field(default_factory=list)
     cpu_path: str = ""  # how the weights sat on the CPU: extra, amx-repack, amx-plain or plain
     acceptance_rate: float | None = None  # tgN+MODE rows: drafted tokens the model agreed with
+    cached_tokens: int | None = None  # remote ppP rows: the most prompt tokens the server reused
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -219,37 +221,55 @@ def measure_generation(
     )
 
 
+ONE_TOKEN_WORDS = (" the", " of", " and", " to", " in", " is", " was", " for")
+
+
+def endpoint_prompt(p: int, rep: int) -> str:
+    """About P one-token words, different for each repetition from its first word on, so that
+    no server can answer a repetition from the prefix cache of an earlier one."""
+    rng = random.Random(rep)
+    return "".join(rng.choice(ONE_TOKEN_WORDS) for _ in range(p))
+
+
 def run_endpoint_bench(
     url: str, model: str, grid: BenchGrid, api_key: str | None = None
 ) -> Iterator[BenchRow]:
     """ppP and tgN against an OpenAI-compatible server, timed from SSE arrivals here.
 
-    The prompt is P copies of a one-token word, so its length is about P tokens (the server's
-    usage count is what the rate is computed from); ppP's rate is prompt tokens over the time to
-    the first token, which includes the network and any queueing, as a client sees it.
+    Each repetition sends a distinct prompt of about P tokens with cache_prompt false (the server's
+    usage count is what the rate is computed from, and its cached count is kept in the row);
+    ppP's rate is prompt tokens over the time to the first token, which includes the network
+    and any queueing, as a client sees it. Threads and batch are the server's, unknown here.
     """
     from cli.api.client import stream_chat
 
-    for p in grid.prompt_tokens:
-        rates, ttfts = [], []
-        for rep in range(grid.repetitions + 1):
-            events = list(
-                stream_chat(url, [("user", " the" * p)], model, 1, GREEDY_NO_EOS, api_key=api_key)
+    def last_event(prompt: str, max_tokens: int) -> StreamEvent:
+        return list(
+            stream_chat(
+                url, [("user", prompt)], model, max_tokens, GREEDY_NO_EOS,
+                api_key=api_key, cache_prompt=False,
             )
-            last = events[-1]
+        )[-1]  # fmt: skip
+
+    for p in grid.prompt_tokens:
+        rates, ttfts, cached = [], [], 0
+        for rep in range(grid.repetitions + 1):
+            last = last_event(endpoint_prompt(p, rep), 1)
             if rep:  # the first round warms the server up
                 ttfts.append(last.prefill_s * 1000)
                 rates.append(last.prompt_tokens / last.prefill_s if last.prefill_s else 0.0)
+                cached = max(cached, last.cached_prompt_tokens)
         rate, rate_sd = mean_sd(rates)
         ttft, ttft_sd = mean_sd(ttfts)
-        yield BenchRow(f"pp{p}", 0, "remote", 0, 0, rate, rate_sd, ttft, ttft_sd, samples=rates)
+        yield BenchRow(
+            f"pp{p}", 0, "remote", None, None, rate, rate_sd, ttft, ttft_sd,
+            samples=rates, cached_tokens=cached,
+        )  # fmt: skip
     for n in grid.gen_tokens:
         rates = []
         for rep in range(grid.repetitions + 1):
-            last = list(
-                stream_chat(url, [("user", "Hi")], model, n + 1, GREEDY_NO_EOS, api_key=api_key)
-            )[-1]
+            last = last_event("Hi", n + 1)
             if rep:
                 rates.append(last.decode_tokens_per_s)
         rate, rate_sd = mean_sd(rates)
-        yield BenchRow(f"tg{n}", 0, "remote", 0, 0, rate, rate_sd, samples=rates)
+        yield BenchRow(f"tg{n}", 0, "remote", None, None, rate, rate_sd, samples=rates)

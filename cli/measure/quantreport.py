@@ -30,7 +30,7 @@ class ReportSettings:
     gen_tokens: int = 64
     repetitions: int = 2
     kv_ctx: int = 4096  # the context the KV bytes are given for
-    threads: int | None = None
+    threads: int | None = None  # None: the free physical cores, measured at each load
 
 
 @dataclass(frozen=True)
@@ -43,7 +43,10 @@ class ReportRow:
     perplexity_change_pct: float | None  # against the F16 weights with an F16 KV cache
     tokens_scored: int
     prefill_tokens_per_s: float
+    prefill_tokens_per_s_sd: float  # over the repetitions, as bench gives it
     decode_tokens_per_s: float
+    decode_tokens_per_s_sd: float
+    threads: int  # that the speeds were measured with
     kv_bytes: int  # at settings.kv_ctx
 
     def as_dict(self) -> dict[str, Any]:
@@ -96,6 +99,9 @@ def measure(
                 perplexity_change_pct=100 * (last.perplexity / baseline - 1),
                 tokens_scored=last.tokens_scored,
                 prefill_tokens_per_s=pp.tokens_per_s,
+                prefill_tokens_per_s_sd=pp.tokens_per_s_sd,
                 decode_tokens_per_s=tg.tokens_per_s,
+                decode_tokens_per_s_sd=tg.tokens_per_s_sd,
+                threads=tg.threads,
                 kv_bytes=plan(shape, settings.kv_ctx, kv, kv).kv_bytes,
             )

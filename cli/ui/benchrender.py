@@ -32,6 +32,15 @@ COLUMNS = (
 )
 
 
+def _known(value: int | None) -> str:
+    """A remote server's threads and batch are its own: shown as "-", not as 0."""
+    return "-" if value is None else str(value)
+
+
+def _settings(row: BenchRow) -> str:
+    return f"{row.kv_type}, {_known(row.threads)} threads, batch {_known(row.batch)}"
+
+
 def _cells(row: BenchRow, with_cpu_path: bool = False) -> list[str]:
     ttft = "" if row.ttft_ms is None else f"{row.ttft_ms:.1f} ± {row.ttft_ms_sd or 0:.1f}"
     per_token = "" if row.bytes_per_token is None else human_bytes(row.bytes_per_token)
@@ -40,8 +49,8 @@ def _cells(row: BenchRow, with_cpu_path: bool = False) -> list[str]:
         row.test,
         str(row.depth),
         row.kv_type,
-        str(row.threads),
-        str(row.batch),
+        _known(row.threads),
+        _known(row.batch),
         f"{row.tokens_per_s:.1f} ± {row.tokens_per_s_sd:.1f}",
         ttft,
         per_token,
@@ -118,7 +127,8 @@ def bars(rows: Sequence[BenchRow], width: int = 40) -> list[Text]:
         several_paths = _compares_cpu_paths(rows)
         pictures.append(Text(title, style="bold"))
         for row in chosen:
-            label = f"{row.test} @ d{row.depth} {row.kv_type} t{row.threads} b{row.batch}"
+            threads, batch = _known(row.threads), _known(row.batch)
+            label = f"{row.test} @ d{row.depth} {row.kv_type} t{threads} b{batch}"
             if several_paths:
                 label += f" {row.cpu_path}"
             filled = value(row) / top * width
@@ -146,9 +156,7 @@ def plot(rows: Sequence[BenchRow], model: str, target: Path) -> None:
     series: dict[tuple[str, str], list[BenchRow]] = {}
     for row in rows:
         path = f", {row.cpu_path}" if several_paths else ""
-        series.setdefault(
-            (row.test, f"{row.kv_type}, {row.threads} threads, batch {row.batch}{path}"), []
-        ).append(row)
+        series.setdefault((row.test, f"{_settings(row)}{path}"), []).append(row)
     for (test, label), points in series.items():
         if test.startswith("tg"):
             points.sort(key=lambda r: r.depth)
@@ -163,7 +171,7 @@ def plot(rows: Sequence[BenchRow], model: str, target: Path) -> None:
     prompts: dict[str, list[BenchRow]] = {}
     for row in rows:
         if row.test.startswith("pp"):
-            key = f"depth {row.depth}, {row.kv_type}, {row.threads} threads, batch {row.batch}"
+            key = f"depth {row.depth}, {_settings(row)}"
             if several_paths:
                 key += f", {row.cpu_path}"
             prompts.setdefault(key, []).append(row)

@@ -348,6 +348,7 @@ def quant_report_table(rows: list[Any], kv_ctx: int, markdown: bool = False) -> 
         "file",
         "PPL",
         "vs F16",
+        "threads",
         "prefill tok/s",
         "decode tok/s",
         f"KV @ {kv_ctx}",
@@ -359,8 +360,9 @@ def quant_report_table(rows: list[Any], kv_ctx: int, markdown: bool = False) -> 
             human_bytes(row.file_bytes),
             f"{row.perplexity:.4f} ± {row.perplexity_error:.4f}",
             f"{row.perplexity_change_pct:+.2f}%",
-            f"{row.prefill_tokens_per_s:.0f}",
-            f"{row.decode_tokens_per_s:.1f}",
+            str(row.threads),
+            f"{row.prefill_tokens_per_s:.0f} ± {row.prefill_tokens_per_s_sd:.0f}",
+            f"{row.decode_tokens_per_s:.1f} ± {row.decode_tokens_per_s_sd:.1f}",
             human_bytes(row.kv_bytes),
         ]
         for row in rows
