@@ -22,7 +22,7 @@ except ImportError:  # pragma: no cover
     from click.exceptions import ClickException, NoArgsIsHelpError
 
 from cli import __version__
-from cli.errors import EXIT_CODES_HELP, EXIT_INTERRUPTED, EXIT_USAGE, QuillError
+from cli.errors import EXIT_INTERRUPTED, EXIT_USAGE, QuillError, exit_codes_help
 
 
 class QuillGroup(TyperGroup):
@@ -44,12 +44,13 @@ class QuillGroup(TyperGroup):
             raise typer.Exit(EXIT_INTERRUPTED) from None
 
 
-# name, module under cli.commands, function, epilog: the module's attribute, or the exit codes.
+# name, module under cli.commands, function, and the module's attribute holding the prose that
+# ends its --help (None: none); the command's exit codes follow it (cli/errors.py).
 COMMANDS: tuple[tuple[str, str, str, str | None], ...] = (
     ("run", "run", "run", None),
     ("pull", "models", "pull", None),
-    ("list", "models", "list_models", ""),
-    ("rm", "models", "rm", ""),
+    ("list", "models", "list_models", None),
+    ("rm", "models", "rm", None),
     ("inspect", "models", "inspect", None),
     ("quantize", "quantize", "quantize", None),
     ("bench", "bench", "bench", None),
@@ -101,7 +102,8 @@ def _command_info(name: str) -> CommandInfo | None:
     for command, module_name, function, epilog in COMMANDS:
         if command == name:
             module = importlib.import_module(f"cli.commands.{module_name}")
-            text = EXIT_CODES_HELP if epilog is None else getattr(module, epilog, "") or None
+            prose = getattr(module, epilog, "") if epilog else ""
+            text = f"{prose} {exit_codes_help(name)}".strip()
             return CommandInfo(name=name, callback=getattr(module, function), epilog=text)
     return None
 

@@ -1,7 +1,8 @@
 """Every error a user can meet, each carrying its exit code, and the one table of exit codes.
 
 Library code raises these; cli/app.py alone turns one into a stderr line and its exit code. The
-exit-code text in every command's --help is generated from EXIT_CODES, so the two cannot drift.
+exit-code sentence that ends each command's --help is generated from EXIT_CODES and
+COMMAND_EXIT_CODES, so the two cannot drift.
 """
 
 from __future__ import annotations
@@ -29,9 +30,34 @@ EXIT_CODES: dict[int, str] = {
     EXIT_INTERRUPTED: "interrupted",
 }
 
-EXIT_CODES_HELP = (
-    "Exit codes: " + ", ".join(f"{code} {meaning}" for code, meaning in EXIT_CODES.items()) + "."
-)
+# The codes each command can return: 0, 1, 2 and 130 (Ctrl-C) are everyone's; a command lists
+# only the others it raises, so its --help does not promise a schema check it never makes.
+_EVERY_COMMAND = (EXIT_OK, EXIT_INTERNAL, EXIT_USAGE)
+_MODEL = (EXIT_MODEL_NOT_FOUND, EXIT_MODEL_LOAD)
+COMMAND_EXIT_CODES: dict[str, tuple[int, ...]] = {
+    "run": (*_MODEL, EXIT_CONTEXT_OVERFLOW, EXIT_ENDPOINT, EXIT_INVALID_OUTPUT),
+    "pull": (EXIT_MODEL_NOT_FOUND,),
+    "list": (),
+    "rm": (EXIT_MODEL_NOT_FOUND,),
+    "inspect": _MODEL,
+    "quantize": _MODEL,
+    "bench": (*_MODEL, EXIT_ENDPOINT),
+    "chat": (*_MODEL, EXIT_CONTEXT_OVERFLOW, EXIT_ENDPOINT),
+    "tokenize": _MODEL,
+    "serve": _MODEL,
+    "perplexity": _MODEL,
+    "quant-report": _MODEL,
+    "cache": (),
+}
+
+
+def exit_codes_help(command: str) -> str:
+    """The sentence that ends a command's --help: the exit codes it can return, in order."""
+    codes = sorted({*_EVERY_COMMAND, *COMMAND_EXIT_CODES[command], EXIT_INTERRUPTED})
+    meanings = [EXIT_CODES[code] if code or command == "run" else "success" for code in codes]
+    return (
+        "Exit codes: " + ", ".join(f"{c} {m}" for c, m in zip(codes, meanings, strict=True)) + "."
+    )
 
 
 class QuillError(Exception):

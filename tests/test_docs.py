@@ -170,6 +170,7 @@ def documented_example_problem(decoders, argv: list[str], reply: str) -> str | N
     """None when quill, on this machine, prints the documented reply or a near-tie of it
     (tests/neartie.py states the rule); else what is wrong. quill's own output on this machine
     is checked the same way: it may differ from the docs only where the docs' text is a near-tie."""
+    from cli.commands.options import model_and_prompt
     from cli.engine.sampling import SamplingParams
 
     from neartie import text_mismatch
@@ -183,6 +184,8 @@ def documented_example_problem(decoders, argv: list[str], reply: str) -> str | N
         printed, reply = json.loads(printed)["text"], json.loads(reply)["text"]
     run_command = typer.main.get_command(app).get_command(None, "run")
     options = run_command.make_context("run", list(argv[1:])).params
+    words = list(options["words"] or ())  # run's positionals: [MODEL] PROMPT
+    options["model"], options["prompt"] = model_and_prompt(words, options["model"])
     prompt = example_prompt(engine, options)
     reference = references(options["kv_type"] or "f16")
     sampling = SamplingParams(temperature=options["temperature"], seed=options["seed"])

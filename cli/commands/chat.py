@@ -18,7 +18,6 @@ import typer
 from cli.commands.basemodel import warn_if_base
 from cli.commands.options import (
     DEFAULT_SAMPLING,
-    EXIT_CODES_HELP,
     ApiKey,
     GpuLayers,
     KvK,
@@ -91,7 +90,7 @@ Ctrl-C while a reply streams stops it; what was written is kept."""
 
 CHAT_EPILOG = (
     "The conversation is saved as it grows to the transcript file (default: "
-    "$QUILL_HOME/chats/). With stdin not a terminal, each line is one message. " + EXIT_CODES_HELP
+    "$QUILL_HOME/chats/). With stdin not a terminal, each line is one message."
 )
 
 

@@ -13,15 +13,13 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from cli.engine.options import ALL_LAYERS, LoadOptions
+from cli.engine.options import ALL_LAYERS, DEFAULT_CTX, LoadOptions
 from cli.engine.sampling import SamplingParams
-from cli.errors import EXIT_CODES_HELP, UsageError
+from cli.errors import UsageError
 
 if TYPE_CHECKING:
     from cli.engine.engine import Engine
     from cli.engine.settings import ModelSettings
-
-__all__ = ["EXIT_CODES_HELP"]
 
 DEFAULT_SAMPLING = SamplingParams()  # the CLI shows the engine's own defaults
 GPU_BUILD_HINT = (
@@ -49,8 +47,12 @@ Threads = Annotated[
 ]
 GpuLayers = Annotated[
     str | None,
-    typer.Option("--gpu-layers", help="Layers to offload: N or all (default: all on a GPU)."),
+    typer.Option(
+        "--gpu-layers", "-ngl", help="Layers to offload: N or all (default: all on a GPU)."
+    ),
 ]
+# run, chat and serve open a model with the same default context (the engine's context_size).
+CTX_DEFAULT_HELP = f"Default: {DEFAULT_CTX}, or the model's trained context if that is less."
 # Sampling, as run and chat take it: the engine's own defaults, and ranges checked at parse time.
 Temperature = Annotated[
     float, typer.Option("--temperature", "--temp", min=0.0, help="0 means greedy.")
@@ -81,6 +83,57 @@ def model_name(argument: str | None, option: str | None) -> str | None:
     if argument is not None and option is not None and argument != option:
         raise UsageError(f"two models given ({argument!r} and -m {option!r}): give one")
     return option if option is not None else argument
+
+
+def names_known_model(name: str) -> bool:
+    """Whether name is a model quill resolves without guessing: a models.yaml alias (alias:tag),
+    a model on disk by its store name, or an existing .gguf file. `quill run A B` takes A as the
+    model only then, so a two-word prompt never becomes a download."""
+    from cli.store.home import quill_home
+    from cli.store.models import load_manifest
+    from cli.store.registry import load_registry
+
+    try:
+        if name.endswith(".gguf") and Path(name).expanduser().is_file():
+            return True
+    except (OSError, ValueError, RuntimeError):  # too long for a path, a NUL, ~nosuchuser
+        return False
+    if name.partition(":")[0] in load_registry().models:
+        return True
+    return any(download.name == name for download in load_manifest(quill_home()))
+
+
+def model_and_prompt(words: list[str], option: str | None) -> tuple[str | None, str | None]:
+    """(model, prompt) from run's positionals and -m: `quill run PROMPT`, or Ollama's order
+    `quill run MODEL PROMPT...` when MODEL names a model quill knows (the words after it are
+    joined, as Ollama joins them)."""
+    if len(words) < 2:
+        return option, words[0] if words else None
+    prompt = " ".join(words[1:])
+    if option is None and names_known_model(words[0]):
+        return words[0], prompt
+    if option is not None:
+        raise UsageError(
+            f"{len(words)} arguments, but -m names the model and a prompt is one: quote it (quill "
+            f'run -m {option} "{shown_text(" ".join(words), 30)[1:-1]}")'
+        )
+    from cli.store.home import quill_home
+    from cli.store.models import load_manifest
+    from cli.store.registry import load_registry, names_near
+
+    local = (download.name for download in load_manifest(quill_home()))
+    if names_near(words[0].partition(":")[0], load_registry(), local):
+        model_label(words[0])  # the unknown-model error, with its "did you mean" (exit 3)
+    raise UsageError(
+        f"{shown_text(words[0])} is not a model quill knows, and a prompt is one argument: quote "
+        f'the whole prompt (quill run "{shown_text(" ".join(words), 30)[1:-1]}") or name a model '
+        "first (quill run MODEL PROMPT)"
+    )
+
+
+def shown_text(text: str, most: int = 80) -> str:
+    """A text as an error message quotes it, cut to a readable length."""
+    return repr(text) if len(text) <= most else repr(text[: most - 3] + "...")
 
 
 # llama.cpp's own limits on what the options become: past them a number is silently cut to

@@ -9,7 +9,6 @@ from typing import Annotated
 import typer
 
 from cli.commands.options import (
-    EXIT_CODES_HELP,
     GpuLayers,
     JsonOutput,
     KvK,
@@ -29,7 +28,7 @@ from cli.errors import Interrupted, UsageError
 
 PPL_EPILOG = (
     "Scores the text the way llama.cpp's llama-perplexity does: windows of --ctx tokens, each "
-    "from an empty cache, the second half of each scored. " + EXIT_CODES_HELP
+    "from an empty cache, the second half of each scored."
 )
 
 

@@ -10,6 +10,7 @@ import typer
 
 from cli.commands.cache import DEFAULT_CACHE_MAX, CacheMax, NoCache
 from cli.commands.options import (
+    CTX_DEFAULT_HELP,
     DEFAULT_SAMPLING,
     ApiKey,
     GpuLayers,
@@ -23,6 +24,7 @@ from cli.commands.options import (
     TopK,
     TopP,
     load_options,
+    model_and_prompt,
     open_model,
     read_prompt,
     sampling_params,
@@ -86,8 +88,15 @@ class RunRequest:
 
 
 def run(
-    prompt: Annotated[
-        str | None, typer.Argument(help="The prompt. Text on stdin comes first, then this.")
+    words: Annotated[
+        list[str] | None,
+        typer.Argument(
+            metavar="[MODEL] PROMPT",
+            show_default=False,
+            help="The prompt; text on stdin comes first, then this. Two arguments are a model "
+            "(as -m takes it: an alias, a model on disk, a .gguf path) and the prompt, in "
+            "Ollama's order.",
+        ),
     ] = None,
     model: ModelOption = None,
     system: Annotated[str | None, typer.Option("-s", "--system", help="System prompt.")] = None,
@@ -119,7 +128,7 @@ def run(
             "-c",
             "--ctx",
             min=16,
-            help="Context window in tokens. Default: 4096, or less if trained less.",
+            help=f"Context window in tokens. {CTX_DEFAULT_HELP}",
         ),
     ] = None,
     threads: Threads = None,
@@ -195,6 +204,7 @@ def run(
     ] = None,
 ) -> None:
     """Generate a reply to PROMPT, streamed to stdout; reasoning and timing go to stderr."""
+    model, prompt = model_and_prompt(words or [], model)
     constraint = build_constraint(schema, schema_multi, json_format, grammar, strict)
     speculation = spec_options(spec, draft, draft_tokens, endpoint, constraint)
     if logprobs is not None and speculation is not None:

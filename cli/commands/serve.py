@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from cli.commands.options import (
-    EXIT_CODES_HELP,
+    CTX_DEFAULT_HELP,
     GpuLayers,
     KvK,
     KvType,
@@ -30,7 +30,7 @@ from cli.errors import UsageError
 SERVE_EPILOG = (
     "Endpoints: POST /v1/chat/completions, POST /v1/completions (stream or not), GET /v1/models, "
     "GET /health. SIGTERM or Ctrl-C drains the server: no new requests, those in flight get "
-    "all but the last second of --drain-timeout to finish, then exit 0. " + EXIT_CODES_HELP
+    "all but the last second of --drain-timeout to finish, then exit 0."
 )
 
 
@@ -45,8 +45,11 @@ def serve(
         int, typer.Option("--parallel", "-np", min=1, help="Requests decoded together.")
     ] = 4,
     ctx: Annotated[
-        int, typer.Option("-c", "--ctx", min=16, help="Context per request, in tokens.")
-    ] = 2048,
+        int | None,
+        typer.Option(
+            "-c", "--ctx", min=16, help=f"Context per request, in tokens. {CTX_DEFAULT_HELP}"
+        ),
+    ] = None,
     api_key: Annotated[
         str | None,
         typer.Option(
@@ -178,11 +181,12 @@ def parked_note(park_bytes: int) -> str:
     return f" · parked caches up to {human_bytes(park_bytes)}" if park_bytes else ""
 
 
-def check_parallel(parallel: int, ctx: int) -> None:
+def check_parallel(parallel: int, ctx: int | None) -> None:
     """Refuse a --parallel that llama.cpp would abort on: every decoding sequence puts a token
     with logits into each batch, and a batch holds at most min(512, --ctx) tokens."""
-    from cli.engine.options import LoadOptions
+    from cli.engine.options import DEFAULT_CTX, LoadOptions
 
+    ctx = ctx or DEFAULT_CTX
     batch = min(LoadOptions().n_batch, ctx)
     if parallel > batch:
         raise UsageError(

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from cli.commands.options import EXIT_CODES_HELP, ModelOption, Offline, obtain_model, read_prompt
+from cli.commands.options import ModelOption, Offline, obtain_model, read_prompt
 
 
 def shown_piece(piece: bytes) -> str:
@@ -56,6 +56,4 @@ def tokenize(
     )
 
 
-EPILOG = (
-    "A piece shown with \\xNN is part of a character split over several tokens. " + EXIT_CODES_HELP
-)
+EPILOG = "A piece shown with \\xNN is part of a character split over several tokens."

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 from cli.errors import ModelLoadError, ModelNotFoundError, NotOwnedError, QuillError
 from cli.store.home import quill_home
 from cli.store.hub import HubSource
-from cli.store.registry import Registry, TagSpec
+from cli.store.registry import Registry, TagSpec, names_near
 from cli.store.sources import Fetch, Fetched, LocalFile, Report, Source, SourceFailed
 from quant.partfiles import write_text_replacing
 
@@ -75,9 +75,12 @@ def parse_model_name(name: str, registry: Registry) -> ModelRequest:
     entry = registry.models.get(base)
     if entry is None:
         known = ", ".join(sorted(registry.models))
+        local = (download.name for download in load_manifest(quill_home()))
+        near = names_near(base, registry, local)
+        guess = f" (did you mean {' or '.join(near)}?)" if near else ""
         raise ModelNotFoundError(
-            f"unknown model {_quoted(base)}: use one of {known}, OWNER/REPO[:QUANT] for a Hugging "
-            "Face GGUF repository, hf://OWNER/REPO/FILE.gguf, or a .gguf path"
+            f"unknown model {_quoted(base)}{guess}: use one of {known}, OWNER/REPO[:QUANT] for a "
+            "Hugging Face GGUF repository, hf://OWNER/REPO/FILE.gguf, or a .gguf path"
         )
     tag = tag or entry.default_tag
     made = made_model(f"{base}:{tag}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -217,3 +218,12 @@ def model_kind(name: str, registry: Registry) -> str | None:
     if entry is None:
         return None
     return "base" if entry.base else "instruct"
+
+
+def names_near(name: str, registry: Registry, local_names: Iterable[str] = ()) -> list[str]:
+    """The model names a mistyped one may have meant, for an error's "did you mean": the
+    registry's aliases and the names of models on disk, closest first by difflib's ratio."""
+    import difflib
+
+    candidates = {*registry.models, *local_names}
+    return difflib.get_close_matches(name, sorted(candidates), n=3, cutoff=0.6)
