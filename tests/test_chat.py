@@ -261,9 +261,7 @@ def test_model_switch_keeps_the_template_and_thinking_settings(runner, tiny_path
     args += ["--chat-template", str(template), "--no-think", "--transcript", str(transcript)]
     result = runner.invoke(app, args, input=f"hello\n/model {tiny_path}\nhello again\n")
     assert result.exit_code == 0, result.stderr
-    (first_new, first_cached), (new, cached) = [
-        tuple(map(int, m)) for m in STATS.findall(result.stderr)
-    ]
+    (_, first_cached), (new, cached) = [tuple(map(int, m)) for m in STATS.findall(result.stderr)]
     assert "now chatting with" in result.stderr and first_cached == cached == 0
     conversation = [(m["role"], m["content"]) for m in saved(transcript)["messages"][:3]]
     options = LoadOptions(n_ctx=512, threads=1)
