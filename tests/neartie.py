@@ -205,11 +205,9 @@ def _greedy_step(follow: _Follow, logits: np.ndarray) -> tuple[int, str | None]:
     return best, follow.why(best, detail)
 
 
-def _sampled_step(
-    follow: _Follow, chain: object, logits: np.ndarray, draw: float, temperature: float
-) -> tuple[int, str | None]:
-    """The token the seeded chain would pick with this draw, or the text's token if the draw could
-    have fallen in its interval on another CPU (sampled_reach)."""
+def apply_chain(chain: object, logits: np.ndarray) -> tuple[np.ndarray, int]:
+    """(the candidates the sampler chain keeps, in its order, with their probabilities; the index
+    it picks): one draw of the chain, as quill's token step makes it."""
     data = np.zeros(len(logits), dtype=TOKEN_DATA)
     data["id"] = np.arange(len(logits))
     data["logit"] = logits
@@ -220,16 +218,24 @@ def _sampled_step(
         sorted=False,
     )
     llama.llama_sampler_apply(chain, ctypes.byref(array))
-    candidates = data[: array.size]
-    picked = int(candidates["id"][array.selected])
+    return data[: array.size].copy(), int(array.selected)
+
+
+def _sampled_step(
+    follow: _Follow, chain: object, logits: np.ndarray, draw: float, temperature: float
+) -> tuple[int, str | None]:
+    """The token the seeded chain would pick with this draw, or the text's token if the draw could
+    have fallen in its interval on another CPU (draw_distance)."""
+    candidates, selected = apply_chain(chain, logits)
+    picked = int(candidates["id"][selected])
     upper = np.cumsum(candidates["p"].astype(np.float64))
     lower = upper - candidates["p"]
     # The replayed draw must fall in the pick's interval (float sums aside), or the replay of
     # llama.cpp's generator is wrong and nothing below means anything.
     slack = 1e-6
-    assert lower[array.selected] - slack <= draw <= upper[array.selected] + slack, (
+    assert lower[selected] - slack <= draw <= upper[selected] + slack, (
         f"the replayed draw {draw:.6f} is not in the pick's interval "
-        f"[{lower[array.selected]:.6f}, {upper[array.selected]:.6f}]"
+        f"[{lower[selected]:.6f}, {upper[selected]:.6f}]"
     )
     if follow.continues(picked):
         return picked, None

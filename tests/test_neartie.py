@@ -4,7 +4,6 @@ clearly would not: for greedy decoding and for seeded sampling."""
 
 from __future__ import annotations
 
-import ctypes
 from collections.abc import Callable
 
 import llama_cpp as llama
@@ -17,8 +16,8 @@ from cli.engine.sampling import SamplingParams
 from neartie import (
     NEAR_TIE_LOGITS,
     NEAR_TIE_PROBABILITY,
-    TOKEN_DATA,
     _Mt19937,
+    apply_chain,
     draw_distance,
     text_mismatch,
     token_mismatch,
@@ -77,20 +76,12 @@ def sample_walk(
     tokens, seen = [], []
     try:
         for i in range(steps):
-            data = np.zeros(reference.n_vocab, dtype=TOKEN_DATA)
-            data["id"] = np.arange(reference.n_vocab)
-            data["logit"] = reference.logits()
-            array = llama.llama_token_data_array(
-                data=data.ctypes.data_as(ctypes.POINTER(llama.llama_token_data)),
-                size=reference.n_vocab, selected=-1, sorted=False,
-            )  # fmt: skip
-            llama.llama_sampler_apply(chain, ctypes.byref(array))
-            candidates = data[: array.size].copy()
+            candidates, selected = apply_chain(chain, reference.logits())
             draw = draws.canonical()
             distance = draw_distance(
                 candidates["logit"], candidates["p"], draw, sampling.temperature
             )
-            step = (candidates["id"], distance, array.selected)
+            step = (candidates["id"], distance, selected)
             token = choose(i, step)
             tokens.append(token)
             seen.append(step)
