@@ -9,30 +9,6 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-_PUBLIC = {
-    "GGUFError": "quant.gguf",
-    "GGUFHeader": "quant.gguf",
-    "GGUFInfo": "quant.gguf",
-    "quant_type": "quant.gguf",
-    "read_gguf": "quant.gguf",
-    "read_header": "quant.gguf",
-    "KV_CACHE_TYPES": "quant.kv",
-    "QUANTIZED_KV_TYPES": "quant.kv",
-    "check_kv_types": "quant.kv",
-    "ggml_type": "quant.kv",
-    "kv_bytes_per_element": "quant.kv",
-    "kv_cache_bytes": "quant.kv",
-    "MemoryPlan": "quant.memory",
-    "ModelShape": "quant.memory",
-    "largest_context": "quant.memory",
-    "parse_size": "quant.memory",
-    "plan": "quant.memory",
-    "QuantizeError": "quant.quantize",
-    "QuantizeResult": "quant.quantize",
-    "quantize": "quant.quantize",
-    "weight_type": "quant.quantize",
-}
-
 __all__ = [
     "KV_CACHE_TYPES",
     "QUANTIZED_KV_TYPES",
@@ -72,12 +48,15 @@ if TYPE_CHECKING:
 
 
 def __getattr__(name: str) -> Any:
-    module = _PUBLIC.get(name)
-    if module is None:
+    if name not in __all__:
         raise AttributeError(f"module 'quant' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+    # In this order the first module that has the name defines it (the later ones import it).
+    for module in ("quant.gguf", "quant.kv", "quant.memory", "quant.quantize"):
+        value = getattr(importlib.import_module(module), name, None)
+        if value is not None:
+            globals()[name] = value
+            return value
+    raise AttributeError(f"module 'quant' lost {name!r}")
 
 
 def __dir__() -> list[str]:

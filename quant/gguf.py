@@ -46,19 +46,7 @@ LLAMA_FILE_TYPES: dict[str, int] = {
 FILE_TYPES: dict[int, str] = {number: name.upper() for name, number in LLAMA_FILE_TYPES.items()}
 
 # GGUF value types: id -> struct format (8: string, 9: array, read by hand).
-_SCALARS = {
-    0: "B",
-    1: "b",
-    2: "H",
-    3: "h",
-    4: "I",
-    5: "i",
-    6: "f",
-    7: "?",
-    10: "Q",
-    11: "q",
-    12: "d",
-}
+_SCALARS = dict(zip((0, 1, 2, 3, 4, 5, 6, 7, 10, 11, 12), "BbHhIif?Qqd", strict=True))
 _STRING, _ARRAY = 8, 9
 _U64 = struct.Struct("<Q")
 # Arrays of numbers up to this length (per-layer head counts, window patterns) are always read;

@@ -1,9 +1,7 @@
-"""KV-cache size arithmetic.
-
-Each layer stores a key and a value vector per KV head for every position of the context, so
-bytes = 2 x layers x KV heads x head dim x context x bytes per element. Quantized caches store
-blocks of 32 elements: q8_0 takes 34 bytes a block (32 int8 plus an f16 scale), q4_0 18 bytes
-(32 nibbles plus an f16 scale).
+"""KV-cache size arithmetic: each layer keeps a key and a value vector per KV head for every
+position, so bytes = layers x KV heads x (K head dim x K bytes + V head dim x V bytes) x context.
+Quantized caches store blocks of 32 values: q8_0 34 bytes a block (32 int8 and an f16 scale),
+q4_0 18 bytes (32 nibbles and an f16 scale).
 """
 
 from __future__ import annotations
@@ -23,10 +21,8 @@ KV_TYPES: dict[str, tuple[int, Fraction]] = {
     "q5_1": (7, Fraction(24, 32)),
 }
 KV_CACHE_TYPES: dict[str, Fraction] = {name: size for name, (_, size) in KV_TYPES.items()}
-
-
-# Types that store blocks of 32 values with a scale: a quantized V cache needs flash attention,
-# and a head size must be a multiple of 32.
+# Blocks of 32 values with a scale: a quantized V cache needs flash attention, and a head size
+# must be a multiple of 32.
 QUANTIZED_KV_TYPES = tuple(name for name in KV_CACHE_TYPES if name.startswith("q"))
 
 
@@ -44,23 +40,20 @@ def kv_cache_bytes(
     type_v: str | None = None,
     head_dim_v: int | None = None,
 ) -> int:
-    """Bytes llama.cpp allocates for the K and V caches of one sequence of n_ctx positions.
-
-    n_kv_heads may be a per-layer list (models whose layers differ in KV heads).
-    """
+    """Bytes llama.cpp allocates for the K and V caches of one sequence of n_ctx positions;
+    n_kv_heads may be a list, one a layer (models whose layers differ in KV heads)."""
     heads = [n_kv_heads] * n_layers if isinstance(n_kv_heads, int) else list(n_kv_heads)
     if len(heads) != n_layers:
         raise ValueError(f"{len(heads)} KV head counts given for {n_layers} layers")
     head_dim_v = head_dim_k if head_dim_v is None else head_dim_v
     per_k = kv_bytes_per_element(type_k)
     per_v = kv_bytes_per_element(type_v or type_k)
-    total = sum(h * n_ctx * (head_dim_k * per_k + head_dim_v * per_v) for h in heads)
-    return int(total)
+    return int(sum(heads) * n_ctx * (head_dim_k * per_k + head_dim_v * per_v))
 
 
 def ggml_type(cache_type: str) -> int:
     """The ggml type id llama.cpp's context parameters take for a KV-cache type."""
-    kv_bytes_per_element(cache_type)  # refuses an unknown type, naming the known ones
+    check_kv_type(cache_type)
     return KV_TYPES[cache_type][0]
 
 
@@ -68,8 +61,7 @@ def check_kv_type(cache_type: str, what: str = "KV cache type") -> None:
     """Refuse a cache type llama.cpp cannot store, before anything is loaded; what names it in
     the message (a flag, or which cache)."""
     if cache_type not in KV_TYPES:
-        known = ", ".join(KV_TYPES)
-        raise ValueError(f"unknown {what} {cache_type!r}; known: {known}")
+        raise ValueError(f"unknown {what} {cache_type!r}; known: {', '.join(KV_TYPES)}")
 
 
 def check_kv_types(type_k: str, type_v: str) -> None:

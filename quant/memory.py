@@ -22,19 +22,12 @@ from pathlib import Path
 from typing import Any
 
 from quant.gguf import GGUFHeader, head_dims, read_header
-from quant.kv import kv_bytes_per_element
+from quant.kv import kv_cache_bytes
 
 CELL_PADDING = 256
-# Sliding-window layer patterns llama.cpp applies when the GGUF does not list them:
-# (period, dense_first). With dense_first False, the last layer of each period is full attention.
-SWA_PATTERNS: dict[str, tuple[int, bool]] = {
-    "gemma2": (2, False),
-    "gemma3": (6, False),
-    "gemma3n": (5, False),
-    "cohere2": (4, False),
-    "llama4": (4, False),
-    "gpt-oss": (2, False),
-}
+# Sliding-window layer patterns llama.cpp applies when the GGUF does not list them: the period,
+# whose last layer is full attention.
+SWA_PERIODS = {"gemma2": 2, "gemma3": 6, "gemma3n": 5, "cohere2": 4, "llama4": 4, "gpt-oss": 2}
 
 
 @dataclass(frozen=True)
@@ -68,42 +61,30 @@ class ModelShape:
         heads = heads if isinstance(heads, int) else max(heads)
         kv = value(f"{arch}.attention.head_count_kv", heads)
         kv_heads = tuple(kv) if isinstance(kv, list) else (int(kv),) * n_layers
-        head_dim_k, head_dim_v = head_dims(value)
+        dims = head_dims(value)  # K and V values per head
         window = int(value(f"{arch}.attention.sliding_window", 0) or 0)
         pattern = value(f"{arch}.attention.sliding_window_pattern")
         if window and isinstance(pattern, list):
             swa = tuple(bool(x) for x in pattern[:n_layers])
-        elif window and arch in SWA_PATTERNS:
-            period, dense_first = SWA_PATTERNS[arch]
-            swa = tuple(
-                (i % period != 0) if dense_first else (i % period < period - 1)
-                for i in range(n_layers)
-            )
+        elif window and arch in SWA_PERIODS:
+            swa = tuple(i % SWA_PERIODS[arch] < SWA_PERIODS[arch] - 1 for i in range(n_layers))
         else:
             # An unknown sliding-window architecture: counted as full attention everywhere.
             swa = (False,) * n_layers
+        n_vocab = header.array_lengths.get("tokenizer.ggml.tokens", 0)
+        trained_ctx = int(value(f"{arch}.context_length", 0))
+        weights = sum(t.n_bytes for t in header.tensors)
         return cls(
-            architecture=arch,
-            n_layers=n_layers,
-            kv_heads=kv_heads,
-            head_dim_k=head_dim_k,
-            head_dim_v=head_dim_v,
-            n_embd=n_embd,
-            n_vocab=header.array_lengths.get("tokenizer.ggml.tokens", 0),
-            trained_ctx=int(value(f"{arch}.context_length", 0)),
-            weights_bytes=sum(t.n_bytes for t in header.tensors),
-            sliding_window=window,
-            swa_layers=swa,
+            arch, n_layers, kv_heads, *dims, n_embd, n_vocab, trained_ctx, weights, window, swa
         )
 
-    def kv_bytes_per_cell(self, type_k: str, type_v: str, layers: list[int] | None = None) -> float:
-        per_k, per_v = kv_bytes_per_element(type_k), kv_bytes_per_element(type_v)
-        chosen = range(self.n_layers) if layers is None else layers
-        return float(
-            sum(
-                self.kv_heads[i] * (self.head_dim_k * per_k + self.head_dim_v * per_v)
-                for i in chosen
-            )
+    def kv_bytes(
+        self, cells: int, type_k: str, type_v: str, layers: list[int] | None = None
+    ) -> int:
+        """The K and V caches of these layers (all by default) at this many cells."""
+        heads = self.kv_heads if layers is None else [self.kv_heads[i] for i in layers]
+        return kv_cache_bytes(
+            len(heads), heads, self.head_dim_k, cells, type_k, type_v, self.head_dim_v
         )
 
 
@@ -124,14 +105,8 @@ class MemoryPlan:
 
     @property
     def total_bytes(self) -> int:
-        return (
-            self.weights_bytes
-            + self.kv_bytes
-            + self.compute_bytes
-            + self.output_bytes
-            + self.parked_bytes
-            + self.draft_bytes
-        )
+        beside = self.parked_bytes + self.draft_bytes
+        return self.weights_bytes + self.kv_bytes + self.compute_bytes + self.output_bytes + beside
 
     def as_dict(self) -> dict[str, Any]:
         return {**asdict(self), "total_bytes": self.total_bytes}
@@ -146,34 +121,33 @@ def plan(
     n_ctx: int,
     type_k: str = "f16",
     type_v: str | None = None,
-    n_ubatch: int = 512,
-    parked_bytes: int = 0,
+    *,
     draft: ModelShape | None = None,
+    parked_bytes: int = 0,
+    n_ubatch: int = 512,
 ) -> MemoryPlan:
     """The memory of a model loaded at n_ctx, with parked prompt caches up to parked_bytes and
     a draft model (loaded at the same context and KV types) where given."""
     type_v = type_v or type_k
     cells = padded(n_ctx)
     n_ubatch = min(n_ubatch, cells)
-    kv = shape.kv_bytes_per_cell(type_k, type_v) * cells
     swa = [i for i, is_swa in enumerate(shape.swa_layers) if is_swa]
     full = [i for i in range(shape.n_layers) if i not in set(swa)]
     window_cells = min(cells, padded(shape.sliding_window + n_ubatch)) if swa else 0
-    windowed = (
-        shape.kv_bytes_per_cell(type_k, type_v, full) * cells
-        + shape.kv_bytes_per_cell(type_k, type_v, swa) * window_cells
-    )
+    windowed = shape.kv_bytes(cells, type_k, type_v, full)
+    windowed += shape.kv_bytes(window_cells, type_k, type_v, swa)
+    draft_bytes = plan(draft, n_ctx, type_k, type_v, n_ubatch=n_ubatch).total_bytes if draft else 0
     return MemoryPlan(
         n_ctx=cells,
         type_k=type_k,
         type_v=type_v,
         weights_bytes=shape.weights_bytes,
-        kv_bytes=int(kv),
-        kv_bytes_windowed=int(windowed),
+        kv_bytes=shape.kv_bytes(cells, type_k, type_v),
+        kv_bytes_windowed=windowed,
         compute_bytes=n_ubatch * 4 * (shape.n_vocab + 2 * shape.n_embd),
         output_bytes=shape.n_vocab * 4,
         parked_bytes=parked_bytes,
-        draft_bytes=plan(draft, n_ctx, type_k, type_v, n_ubatch).total_bytes if draft else 0,
+        draft_bytes=draft_bytes,
     )
 
 
