@@ -1,9 +1,6 @@
-"""Every error a user can meet, each carrying its exit code, and the one table of exit codes.
-
-Library code raises these; cli/app.py alone turns one into a stderr line and its exit code. The
-exit-code sentence that ends each command's --help is generated from EXIT_CODES and
-COMMAND_EXIT_CODES, so the two cannot drift.
-"""
+"""Every error a user can meet, each carrying its exit code, and the one table of exit codes
+(each command's --help ends with a sentence made from it); cli/app.py alone turns an error into
+a stderr line and its exit code."""
 
 from __future__ import annotations
 
@@ -55,9 +52,7 @@ def exit_codes_help(command: str) -> str:
     """The sentence that ends a command's --help: the exit codes it can return, in order."""
     codes = sorted({*_EVERY_COMMAND, *COMMAND_EXIT_CODES[command], EXIT_INTERRUPTED})
     meanings = [EXIT_CODES[code] if code or command == "run" else "success" for code in codes]
-    return (
-        "Exit codes: " + ", ".join(f"{c} {m}" for c, m in zip(codes, meanings, strict=True)) + "."
-    )
+    return f"Exit codes: {', '.join(f'{c} {m}' for c, m in zip(codes, meanings, strict=True))}."
 
 
 class QuillError(Exception):
@@ -93,8 +88,7 @@ class TranscriptError(UsageError):
 
 
 class ChatNotFoundError(UsageError):
-    """No saved chat, or several, go by the name given (matches: the names of those that start
-    with it)."""
+    """No saved chat, or several (matches: those whose names start with it), go by name."""
 
     def __init__(self, name: str, folder: object, matches: list[str]):
         self.name, self.folder, self.matches = name, folder, matches
@@ -109,21 +103,17 @@ class ChatNotFoundError(UsageError):
 
 
 class ChatTemplateError(UsageError):
-    """A chat template that cannot render this conversation (it raised, looped, or does not
-    parse), and no fallback could."""
+    """A chat template that cannot render this conversation, and no fallback could."""
 
 
 class ContextOverflowError(QuillError):
-    """The prompt and the most tokens asked for do not fit the context window (the commands
-    say which options change that: cli/commands/wording.py)."""
+    """The prompt and the most tokens asked for do not fit the context window."""
 
     exit_code = EXIT_CONTEXT_OVERFLOW
 
     def __init__(self, prompt_tokens: int, max_tokens: int, n_ctx: int, trained_ctx: int):
-        self.prompt_tokens = prompt_tokens
-        self.max_tokens = max_tokens
-        self.n_ctx = n_ctx
-        self.trained_ctx = trained_ctx
+        self.prompt_tokens, self.max_tokens = prompt_tokens, max_tokens
+        self.n_ctx, self.trained_ctx = n_ctx, trained_ctx
         super().__init__(
             f"prompt is {prompt_tokens} tokens and the reply may take {max_tokens}, "
             f"{prompt_tokens + max_tokens} in all, but the context window is {n_ctx} tokens "
@@ -132,8 +122,7 @@ class ContextOverflowError(QuillError):
 
 
 class ChatOverflowError(QuillError):
-    """The next chat turn does not fit the context window: the whole conversation, where the
-    policy is not to drop turns, or the last message alone."""
+    """The next chat turn (the whole conversation, or the last message alone) does not fit."""
 
     exit_code = EXIT_CONTEXT_OVERFLOW
 
@@ -168,12 +157,10 @@ class AuthRequiredError(UsageError):
 
 
 class MissingEndpointError(EndpointError):
-    """The server answered 404 for a route it does not have (a server without /v1/completions,
-    or a URL that is not an OpenAI-compatible API's)."""
+    """The server answered 404: it lacks the route (/v1/completions), or is no OpenAI API."""
 
     def __init__(self, url: str, answer: str):
-        self.url = url
-        self.answer = answer
+        self.url, self.answer = url, answer
         super().__init__(f"{url} answered 404: {answer}")
 
 
@@ -188,9 +175,17 @@ class KvCacheTypeError(UsageError):
         )
 
 
+class SpecOptionError(UsageError):
+    """Speculative decoding cannot take a setting's value (None: the draft model is missing)."""
+
+    def __init__(self, setting: str, value: object, takes: str):
+        self.setting, self.value, self.takes = setting, value, takes
+        given = "none was given" if value is None else f"not {value!r}"
+        super().__init__(f"speculative decoding's {setting} takes {takes}; {given}")
+
+
 class QueueFullError(QuillError):
-    """The server's scheduler has more requests waiting than it accepts (the server answers
-    429: the client should retry later)."""
+    """The server's scheduler has as many requests waiting as it accepts (the server says 429)."""
 
     def __init__(self, waiting: int):
         self.waiting = waiting
@@ -198,8 +193,8 @@ class QueueFullError(QuillError):
 
 
 class InvalidOutputError(QuillError):
-    """The reply was printed but breaks its --schema or grammar (cut by --max-tokens, or a
-    keyword the grammar could not enforce): pipelines must not take it as data."""
+    """The printed reply breaks its schema or grammar (cut short, or a keyword the grammar could
+    not enforce): pipelines must not take it as data."""
 
     exit_code = EXIT_INVALID_OUTPUT
 

@@ -3,6 +3,8 @@ change them (cli/commands/wording.py), in the lines the docs show."""
 
 from __future__ import annotations
 
+import pytest
+
 from cli.app import app
 from cli.commands.wording import user_message
 from cli.errors import ContextOverflowError, EndpointError, KvCacheTypeError, QueueFullError
@@ -83,3 +85,23 @@ def test_a_load_failure_llama_cpp_gave_no_reason_for_points_to_verbose(tmp_path)
     assert user_message(silent).endswith("llama.cpp gave no reason (run with --verbose)")
     said = _load_failure(tmp_path / "m.gguf", ["llama_model_load: error loading model: bad"])
     assert not isinstance(said, SilentLoadError) and user_message(said).endswith("model: bad")
+
+
+def test_speculation_settings_are_refused_with_facts_and_worded_with_the_flags():
+    from cli.engine.speculative import SpecOptions
+    from cli.errors import SpecOptionError
+
+    lines = []
+    for refused in (lambda: SpecOptions("fast"), lambda: SpecOptions("ngram", 0)):
+        with pytest.raises(SpecOptionError) as caught:
+            refused()
+        assert "--" not in str(caught.value)
+        lines.append(user_message(caught.value))
+    with pytest.raises(SpecOptionError) as caught:
+        SpecOptions("draft").need_draft(None)
+    lines.append(user_message(caught.value))
+    assert lines == [
+        "--spec takes off, ngram, draft, not 'fast'",
+        "--draft-tokens takes a count of at least 1, not 0",
+        "--spec draft needs --draft NAME (a small model of the same family)",
+    ]

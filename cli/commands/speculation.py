@@ -53,8 +53,7 @@ def spec_options(
     options = SpecOptions(mode, draft_tokens, draft)  # refuses an unknown mode
     if draft is not None and mode != "draft":
         raise UsageError("--draft names the draft model of --spec draft: add --spec draft")
-    if mode == "draft" and draft is None:
-        raise UsageError("--spec draft needs --draft NAME (a small model of the same family)")
+    options.need_draft(draft)
     if endpoint and mode != "off":
         raise UsageError("--spec runs on a local model; a server decides its own speculation")
     if draft_tokens is not None and mode == "off":

@@ -10,6 +10,7 @@ from cli.errors import (
     ContextOverflowError,
     KvCacheTypeError,
     SilentLoadError,
+    SpecOptionError,
 )
 
 
@@ -51,4 +52,9 @@ def user_message(error: Exception) -> str:
         return f"--resume {error}; give more of it"
     if isinstance(error, KvCacheTypeError):
         return f"{error}: use --kv-type f16 for it"
+    if isinstance(error, SpecOptionError) and error.value is None:  # the draft model
+        return f"--spec draft needs --draft NAME ({error.takes})"
+    if isinstance(error, SpecOptionError):
+        flag = "--spec" if error.setting == "mode" else "--draft-tokens"
+        return f"{flag} takes {error.takes}, not {error.value!r}"
     return str(error)

@@ -49,7 +49,7 @@ import numpy as np
 
 from cli.engine.events import StreamEvent
 from cli.engine.sampling import SamplingParams
-from cli.errors import UsageError
+from cli.errors import SpecOptionError, UsageError
 
 if TYPE_CHECKING:
     from cli.engine.engine import Engine, SequenceStep
@@ -73,9 +73,14 @@ class SpecOptions:
 
     def __post_init__(self) -> None:
         if self.mode not in SPEC_MODES:
-            raise UsageError(f"--spec takes {', '.join(SPEC_MODES)}, not {self.mode!r}")
+            raise SpecOptionError("mode", self.mode, ", ".join(SPEC_MODES))
         if self.draft_tokens is not None and self.draft_tokens < 1:
-            raise UsageError(f"--draft-tokens must be at least 1, not {self.draft_tokens}")
+            raise SpecOptionError("draft_tokens", self.draft_tokens, "a count of at least 1")
+
+    def need_draft(self, draft: object) -> None:
+        """Refuse mode draft without its draft model (named, or loaded)."""
+        if self.mode == "draft" and draft is None:
+            raise SpecOptionError("draft", None, "a small model of the same family")
 
 
 @dataclass
@@ -465,15 +470,12 @@ def attach(
     if engine.is_recurrent:
         if draft is not None:
             draft.close()
-        raise UsageError(
-            "speculative decoding needs a model whose rejected guesses can be removed from its "
-            "cache; this one is recurrent: use --spec off"
-        )
+        why = "off on a recurrent model (its cache cannot drop rejected guesses)"
+        raise SpecOptionError("mode", options.mode, why)
     if options.mode == "ngram":
         engine.speculator = Speculator(options, NgramDrafter())
         return
-    if draft is None:
-        raise UsageError("--spec draft needs --draft NAME (a small model of the same family)")
+    options.need_draft(draft)
     try:
         check_same_vocabulary(engine, draft, name or draft.location)
     except UsageError:
