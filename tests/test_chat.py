@@ -274,3 +274,32 @@ def test_model_switch_keeps_the_template_and_thinking_settings(runner, tiny_path
     assert new == tokens(ModelSettings(chat_template=chosen, think=False))
     assert new > tokens(ModelSettings(chat_template=chosen)) + 20  # --no-think's 40 tokens
     assert new != tokens(ModelSettings())  # the model's own template
+
+
+def test_model_in_a_chat_with_an_endpoint_asks_the_server(runner, tiny_path, quill_home, tmp_path):
+    """/model NAME in a chat with --endpoint names the server's model, as ollama's /load asks its
+    server: no local model opens (no-such-model would be a download refused offline), the server
+    answers for the name, and its own name brings replies back."""
+    from cli.app import app
+
+    from test_serve import start_server
+
+    process, url = start_server(quill_home, tmp_path, str(tiny_path), "--ctx", "256", "-np", "1")
+    transcript = tmp_path / "remote.json"
+    try:
+        result = runner.invoke(
+            app,
+            ["chat", "--endpoint", f"{url}/v1", "-n", "3", "--transcript", str(transcript)],
+            input="/model no-such-model\nhello\n/model quill\nhello again\n",
+        )
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+    assert result.exit_code == 0, result.stderr
+    assert f"now chatting with no-such-model at {url}/v1" in result.stderr
+    assert "'no-such-model' does not exist" in result.stderr  # the server's refusal, one line
+    assert f"now chatting with quill at {url}/v1" in result.stderr
+    assert "download" not in result.stderr and len(STATS.findall(result.stderr)) == 1
+    assert saved(transcript)["model"] == "quill"
+    roles = [m["role"] for m in saved(transcript)["messages"]]
+    assert roles[-2:] == ["user", "assistant"]

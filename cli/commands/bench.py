@@ -7,7 +7,15 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from cli.commands.options import ApiKey, ModelArgument, ModelOption, Offline, model_name
+from cli.commands.options import (
+    ApiKey,
+    JsonOutput,
+    MarkdownOutput,
+    ModelArgument,
+    ModelOption,
+    Offline,
+    model_name,
+)
 from cli.commands.speculation import DraftModel, DraftTokens, spec_options
 from cli.errors import UsageError
 
@@ -71,11 +79,9 @@ def bench(
             "repacking by tensor name with AMX avoided).",
         ),
     ] = "on",
-    json_output: Annotated[bool, typer.Option("--json", help="Print JSON on stdout.")] = False,
+    json_output: JsonOutput = False,
     csv_output: Annotated[bool, typer.Option("--csv", help="Print CSV on stdout.")] = False,
-    markdown_output: Annotated[
-        bool, typer.Option("--markdown", help="Print a Markdown table on stdout.")
-    ] = False,
+    markdown_output: MarkdownOutput = False,
     plot: Annotated[
         Path | None,
         typer.Option("--plot", help="Also draw the results into this PNG (needs matplotlib)."),

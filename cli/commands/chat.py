@@ -11,7 +11,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -19,15 +19,22 @@ from cli.commands.basemodel import warn_if_base
 from cli.commands.options import (
     DEFAULT_SAMPLING,
     ApiKey,
+    Ctx,
+    Endpoint,
     GpuLayers,
     KvK,
     KvType,
     KvV,
+    MaxTokens,
     MinP,
+    ModelArgument,
     ModelOption,
+    NoStats,
     Offline,
     RepeatPenalty,
     Seed,
+    Stop,
+    System,
     Temperature,
     Threads,
     TopK,
@@ -36,7 +43,7 @@ from cli.commands.options import (
     load_options,
     model_label,
     model_name,
-    open_model,
+    open_backend,
     sampling_params,
 )
 from cli.commands.speculation import DraftModel, DraftTokens, SpecMode, spec_options
@@ -63,12 +70,13 @@ from cli.engine.chatsession import (
     with_setting,
 )
 from cli.engine.events import StreamEvent
-from cli.engine.options import LoadOptions
 from cli.engine.settings import ModelSettings
 from cli.errors import EXIT_CONTEXT_OVERFLOW, EXIT_OK, QuillError, UsageError
 from cli.ui import render
 
-DEFAULTS = DEFAULT_SAMPLING
+if TYPE_CHECKING:
+    from cli.engine.structured import Constraint
+
 BLOCK = '"""'
 HELP = """\
 /help              this list
@@ -99,27 +107,18 @@ class Quit(Exception):
 
 
 def chat(
-    name: Annotated[
-        str | None,
-        typer.Argument(help="The model, as -m takes it (default: smollm2-135m)."),
-    ] = None,
+    name: ModelArgument = None,
     model: ModelOption = None,
-    system: Annotated[str | None, typer.Option("-s", "--system", help="System prompt.")] = None,
-    max_tokens: Annotated[
-        int, typer.Option("-n", "--max-tokens", min=1, help="Longest reply, in tokens.")
-    ] = 512,
-    temperature: Temperature = DEFAULTS.temperature,
-    top_k: TopK = DEFAULTS.top_k,
-    top_p: TopP = DEFAULTS.top_p,
-    min_p: MinP = DEFAULTS.min_p,
-    repeat_penalty: RepeatPenalty = DEFAULTS.repeat_penalty,
+    system: System = None,
+    max_tokens: MaxTokens = 512,
+    temperature: Temperature = DEFAULT_SAMPLING.temperature,
+    top_k: TopK = DEFAULT_SAMPLING.top_k,
+    top_p: TopP = DEFAULT_SAMPLING.top_p,
+    min_p: MinP = DEFAULT_SAMPLING.min_p,
+    repeat_penalty: RepeatPenalty = DEFAULT_SAMPLING.repeat_penalty,
     seed: Seed = None,
-    stop: Annotated[
-        list[str] | None, typer.Option("--stop", help="Stop a reply at this text (repeatable).")
-    ] = None,
-    ctx: Annotated[
-        int | None, typer.Option("-c", "--ctx", min=16, help="Context window in tokens.")
-    ] = None,
+    stop: Stop = None,
+    ctx: Ctx = None,
     on_overflow: Annotated[
         str,
         typer.Option(
@@ -135,19 +134,10 @@ def chat(
     kv_type: KvType = "f16",
     kv_k: KvK = None,
     kv_v: KvV = None,
-    no_stats: Annotated[
-        bool, typer.Option("--no-stats", help="No stats line after each reply.")
-    ] = False,
+    no_stats: NoStats = False,
     offline: Offline = False,
     verbose: Verbose = False,
-    endpoint: Annotated[
-        str | None,
-        typer.Option(
-            "--endpoint",
-            help="Chat with a model on an OpenAI-compatible server (e.g. "
-            "http://127.0.0.1:8080/v1); NAME is then the server's model name.",
-        ),
-    ] = None,
+    endpoint: Endpoint = None,
     api_key: ApiKey = None,
     resume: Annotated[
         str | None,
@@ -175,7 +165,6 @@ def chat(
     constraint = build_constraint(schema, schema_multi, json_format, grammar, strict)
     system = system_with_schema(system, constraint)
     speculation = spec_options(spec, draft, draft_tokens, endpoint, constraint)
-
     if on_overflow not in OVERFLOW_POLICIES:
         raise UsageError(f"--on-overflow takes truncate or error, not {on_overflow!r}")
     chosen = model_name(name, model)
@@ -184,27 +173,25 @@ def chat(
             raise UsageError("--resume names the transcript itself: drop --transcript")
         transcript = resolve_resume(resume)
     options = load_options(ctx, threads, gpu_layers, kv_type, kv_k, kv_v)
-    settings = ModelSettings(
-        chat_template=read_template_option(chat_template),
-        think=think,
-        spec=speculation,
-    )
+    template = read_template_option(chat_template)
+    settings = ModelSettings(chat_template=template, think=think, spec=speculation)
     if transcript is not None and (not transcript.name or transcript.is_dir()):
         raise UsageError(f"--transcript {transcript} is a directory: give a file such as chat.json")
-    backend: Backend
     if endpoint:
-        from cli.api.client import RemoteModel, first_model
+        from cli.api.client import first_model
 
-        label = chosen or first_model(endpoint, api_key) or "default"
-        backend = RemoteModel(endpoint, label, api_key)
-    else:
-        label = model_label(chosen)
+        chosen = chosen or first_model(endpoint, api_key) or "default"
     if transcript is None:
-        stamp = time.strftime("%Y%m%d-%H%M%S")
+        stamp, label = time.strftime("%Y%m%d-%H%M%S"), chosen if endpoint else model_label(chosen)
         transcript = quill_home() / "chats" / f"{stamp}-{label.replace('/', '_')}.json"
-    if not endpoint:
-        cached = chat_cache_settings(settings, transcript)
-        label, backend = open_model(chosen, options, cached, offline, verbose)
+
+    def opener(settings: ModelSettings) -> Callable[[str | None], tuple[str, Backend]]:
+        return lambda name: open_backend(
+            name, endpoint, api_key, options, settings, offline, verbose
+        )
+
+    # A model /model switches to starts without the chat's saved KV cache, which is the first's.
+    label, backend = opener(chat_cache_settings(settings, transcript))(chosen)
     chat_settings = ChatSettings(
         sampling=constrained_sampling(
             sampling_params(temperature, top_k, top_p, min_p, repeat_penalty, seed), constraint
@@ -217,9 +204,8 @@ def chat(
     session = ChatSession(backend, label, transcript, system, chat_settings)
     if session.continued:
         render.info_line(f"continuing the {session.continued} messages in {transcript}")
-    repl = Repl(session, options, settings, offline, verbose, show_stats=not no_stats)
+    repl = Repl(session, opener(settings), show_stats=not no_stats, constraint=constraint)
     repl.after_turn = report.after_turn
-    repl.constraint = constraint
     try:
         repl.run()
     finally:
@@ -232,24 +218,19 @@ class Repl:
     def __init__(
         self,
         session: ChatSession,
-        options: LoadOptions,
-        settings: ModelSettings,
-        offline: bool,
-        verbose: bool,
+        open_model: Callable[[str], tuple[str, Backend]],  # what /model opens a model with
         show_stats: bool,
+        constraint: Constraint | None = None,  # --schema and co.: each reply is checked
     ) -> None:
         self.session = session
-        self.options = options  # what /model opens another model with, as the first
-        self.settings = settings
-        self.offline = offline
-        self.verbose = verbose
+        self.open_model = open_model
         self.show_stats = show_stats
+        self.constraint = constraint
         self.interactive = sys.stdin.isatty()
         self.last_stats: str | None = None
         self.last_reasoning = ""  # what /think shows
         self.lines_read = 0
         self.after_turn: Callable[[], None] | None = None  # the resumed KV cache's report
-        self.constraint = None  # --schema and co.: each reply is checked against it
         # A turn refused because the conversation does not fit: the chat goes on, and ends
         # with exit 4, so that a script piping messages in can tell.
         self.exit_code = EXIT_OK
@@ -495,15 +476,16 @@ class Repl:
         render.write_stderr("\n".join(lines) + "\n")
 
     def _switch_model(self, name: str) -> None:
+        """Open NAME as the first model was opened: locally with the chat's options, or, in a
+        chat with --endpoint, as the server's model NAME (as ollama's /load asks its server)."""
         if not name:
             raise ValueError("usage: /model NAME")
-        label, engine = open_model(name, self.options, self.settings, self.offline, self.verbose)
-        old = self.session.backend
-        self.session.backend = engine
-        self.session.model_name = label
-        old.close()
+        label, backend = self.open_model(name)
+        self.session.backend.close()
+        self.session.backend, self.session.model_name = backend, label
         self.session.save()
-        render.info_line(f"now chatting with {label}; the conversation is kept")
+        where = "" if backend.is_local else f" at {backend.location}"
+        render.info_line(f"now chatting with {label}{where}; the conversation is kept")
         warn_if_base(label)
 
 

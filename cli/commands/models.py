@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from cli.commands.options import JsonOutput, KvType, stdin_is_terminal
+from cli.commands.options import JsonOutput, KvK, KvType, KvV, stdin_is_terminal
 from cli.errors import Interrupted, ModelNotFoundError, UsageError
 
 # What pull and inspect say of a base model (models.yaml `base: true`).
@@ -130,8 +130,8 @@ def inspect(
         typer.Option("-c", "--ctx", min=1, help="Plan memory for this context (default 4096)."),
     ] = None,
     kv_type: KvType = "f16",
-    kv_k: Annotated[str | None, typer.Option("--kv-k", help="K cache type.")] = None,
-    kv_v: Annotated[str | None, typer.Option("--kv-v", help="V cache type.")] = None,
+    kv_k: KvK = None,
+    kv_v: KvV = None,
     mem: Annotated[
         str | None,
         typer.Option("--mem", help="A memory budget, e.g. 4GiB: the largest context that fits."),

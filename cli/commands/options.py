@@ -18,6 +18,7 @@ from cli.engine.sampling import SamplingParams
 from cli.errors import UsageError
 
 if TYPE_CHECKING:
+    from cli.engine.backend import Backend
     from cli.engine.engine import Engine
     from cli.engine.settings import ModelSettings
 
@@ -53,6 +54,10 @@ GpuLayers = Annotated[
 ]
 # run, chat and serve open a model with the same default context (the engine's context_size).
 CTX_DEFAULT_HELP = f"Default: {DEFAULT_CTX}, or the model's trained context if that is less."
+Ctx = Annotated[
+    int | None,
+    typer.Option("-c", "--ctx", min=16, help=f"Context window in tokens. {CTX_DEFAULT_HELP}"),
+]
 # Sampling, as run and chat take it: the engine's own defaults, and ranges checked at parse time.
 Temperature = Annotated[
     float, typer.Option("--temperature", "--temp", min=0.0, help="0 means greedy.")
@@ -65,17 +70,42 @@ Seed = Annotated[
     int | None,
     typer.Option("--seed", min=0, help="Sampling seed. Default: a new random one each time."),
 ]
+System = Annotated[str | None, typer.Option("-s", "--system", help="System prompt.")]
+MaxTokens = Annotated[
+    int, typer.Option("-n", "--max-tokens", min=1, help="Most tokens to generate in a reply.")
+]
+Stop = Annotated[
+    list[str] | None,
+    typer.Option("--stop", help="Stop when this text appears (repeatable); it is not printed."),
+]
+NoStats = Annotated[bool, typer.Option("--no-stats", help="Do not print the stats line.")]
 KV_TYPE_HELP = "KV-cache type for K and V: f16, q8_0 or q4_0 (also bf16, f32, q4_1, q5_0, q5_1)."
 KvType = Annotated[str, typer.Option("--kv-type", help=KV_TYPE_HELP)]
-KvK = Annotated[str | None, typer.Option("--kv-k", help="KV type for K only.")]
-KvV = Annotated[str | None, typer.Option("--kv-v", help="KV type for V only.")]
-Offline = Annotated[bool, typer.Option("--offline", help="Use only models already on disk.")]
+KvK = Annotated[str | None, typer.Option("--kv-k", help="K cache type (overrides --kv-type).")]
+KvV = Annotated[
+    str | None,
+    typer.Option(
+        "--kv-v", help="V cache type (overrides --kv-type); quantized V turns on flash attention."
+    ),
+]
+Offline = Annotated[
+    bool, typer.Option("--offline", help="Use only models already on disk; no network.")
+]
 Verbose = Annotated[bool, typer.Option("--verbose", "-v", help="Show llama.cpp's log.")]
+Endpoint = Annotated[
+    str | None,
+    typer.Option(
+        "--endpoint",
+        help="An OpenAI-compatible server (e.g. http://127.0.0.1:8080/v1) instead of a local "
+        "model; the model named is the server's model name.",
+    ),
+]
 ApiKey = Annotated[
     str | None,
     typer.Option("--api-key", envvar="QUILL_API_KEY", help="Bearer token for --endpoint."),
 ]
 JsonOutput = Annotated[bool, typer.Option("--json", help="One JSON object on stdout.")]
+MarkdownOutput = Annotated[bool, typer.Option("--markdown", help="A Markdown table on stdout.")]
 
 
 def model_name(argument: str | None, option: str | None) -> str | None:
@@ -338,6 +368,26 @@ def open_model(
 
     engine = open_engine(path, options, settings, verbose, family, draft, note)
     return label, engine
+
+
+def open_backend(
+    name: str | None,
+    endpoint: str | None,
+    api_key: str | None,
+    options: LoadOptions | None,  # None with an endpoint
+    settings: ModelSettings,
+    offline: bool,
+    verbose: bool = False,
+) -> tuple[str, Backend]:
+    """(label, backend): the model a server at endpoint serves as name (None: its first), else
+    the local model as open_model opens it."""
+    if endpoint:
+        from cli.api.client import RemoteModel, first_model
+
+        label = name or first_model(endpoint, api_key) or "default"
+        return label, RemoteModel(endpoint, label, api_key, logprobs=settings.logprobs)
+    assert options is not None
+    return open_model(name, options, settings, offline, verbose)
 
 
 def stdin_is_terminal() -> bool:

@@ -14,6 +14,7 @@ from cli.commands.options import (
     KvK,
     KvType,
     KvV,
+    MarkdownOutput,
     ModelArgument,
     ModelOption,
     Offline,
@@ -175,9 +176,7 @@ def quant_report(
     ] = 4096,
     threads: Threads = None,
     json_output: JsonOutput = False,
-    markdown_output: Annotated[
-        bool, typer.Option("--markdown", help="A Markdown table on stdout.")
-    ] = False,
+    markdown_output: MarkdownOutput = False,
     offline: Offline = False,
 ) -> None:
     """Which quant should I use on this machine? Quantizes the model to each weight type, then

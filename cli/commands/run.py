@@ -10,22 +10,32 @@ import typer
 
 from cli.commands.cache import DEFAULT_CACHE_MAX, CacheMax, NoCache
 from cli.commands.options import (
-    CTX_DEFAULT_HELP,
     DEFAULT_SAMPLING,
     ApiKey,
+    Ctx,
+    Endpoint,
     GpuLayers,
+    JsonOutput,
+    KvK,
     KvType,
+    KvV,
+    MaxTokens,
     MinP,
     ModelOption,
+    NoStats,
+    Offline,
     RepeatPenalty,
     Seed,
+    Stop,
+    System,
     Temperature,
     Threads,
     TopK,
     TopP,
+    Verbose,
     load_options,
     model_and_prompt,
-    open_model,
+    open_backend,
     read_prompt,
     sampling_params,
     size_option,
@@ -99,13 +109,11 @@ def run(
         ),
     ] = None,
     model: ModelOption = None,
-    system: Annotated[str | None, typer.Option("-s", "--system", help="System prompt.")] = None,
+    system: System = None,
     raw: Annotated[
         bool, typer.Option("--raw", help="Send the prompt as it is, without the chat template.")
     ] = False,
-    max_tokens: Annotated[
-        int, typer.Option("-n", "--max-tokens", min=1, help="Most tokens to generate.")
-    ] = 512,
+    max_tokens: MaxTokens = 512,
     temperature: Temperature = DEFAULT_SAMPLING.temperature,
     top_k: TopK = DEFAULT_SAMPLING.top_k,
     top_p: TopP = DEFAULT_SAMPLING.top_p,
@@ -118,58 +126,24 @@ def run(
             "--ignore-eos", help="Never end at the model's end-of-text token (benchmarks)."
         ),
     ] = False,
-    stop: Annotated[
-        list[str] | None,
-        typer.Option("--stop", help="Stop when this text appears (repeatable); it is not printed."),
-    ] = None,
-    ctx: Annotated[
-        int | None,
-        typer.Option(
-            "-c",
-            "--ctx",
-            min=16,
-            help=f"Context window in tokens. {CTX_DEFAULT_HELP}",
-        ),
-    ] = None,
+    stop: Stop = None,
+    ctx: Ctx = None,
     threads: Threads = None,
     gpu_layers: GpuLayers = None,
     kv_type: KvType = "f16",
-    kv_k: Annotated[
-        str | None, typer.Option("--kv-k", help="K cache type (overrides --kv-type).")
-    ] = None,
-    kv_v: Annotated[
-        str | None,
-        typer.Option(
-            "--kv-v",
-            help="V cache type (overrides --kv-type); quantized V turns on flash attention.",
-        ),
-    ] = None,
-    offline: Annotated[
-        bool, typer.Option("--offline", help="Use only models already on disk; no network.")
-    ] = False,
+    kv_k: KvK = None,
+    kv_v: KvV = None,
+    offline: Offline = False,
     timeline: Annotated[
         bool,
         typer.Option(
             "--timeline", help="After the reply, each token's arrival time and a histogram of gaps."
         ),
     ] = False,
-    json_output: Annotated[
-        bool, typer.Option("--json", help="Print one JSON object (text and metrics) on stdout.")
-    ] = False,
-    no_stats: Annotated[
-        bool, typer.Option("--no-stats", help="Do not print the stats line.")
-    ] = False,
-    verbose: Annotated[
-        bool, typer.Option("--verbose", "-v", help="Show llama.cpp's own log lines.")
-    ] = False,
-    endpoint: Annotated[
-        str | None,
-        typer.Option(
-            "--endpoint",
-            help="An OpenAI-compatible server (e.g. http://127.0.0.1:8080/v1) instead of a "
-            "local model; -m names its model.",
-        ),
-    ] = None,
+    json_output: JsonOutput = False,
+    no_stats: NoStats = False,
+    verbose: Verbose = False,
+    endpoint: Endpoint = None,
     api_key: ApiKey = None,
     no_cache: NoCache = False,
     cache_max: CacheMax = DEFAULT_CACHE_MAX,
@@ -251,29 +225,19 @@ def run(
     raise typer.Exit(run_once(request, options))
 
 
-def open_backend(request: RunRequest, options: LoadOptions | None) -> tuple[str, Backend]:
-    """(the model's name, the backend that runs it): a server's model, or a local engine."""
-    if request.endpoint:
-        from cli.api.client import RemoteModel, first_model
-
-        name = request.model or first_model(request.endpoint, request.api_key) or "default"
-        logprobs = request.settings.logprobs
-        return name, RemoteModel(request.endpoint, name, request.api_key, logprobs=logprobs)
-    from cli.commands.cache import prompt_cache_settings
-    from cli.store.registry import load_registry
-
-    assert options is not None
-    settings = prompt_cache_settings(request.settings, request.prompt_cache_max_bytes)
-    _, engine = open_model(request.model, options, settings, request.offline, request.verbose)
-    return request.model or load_registry().default, engine
-
-
 def run_once(request: RunRequest, options: LoadOptions | None = None) -> int:
-    from cli.commands.cache import finish_prompt_cache
+    from cli.commands.cache import finish_prompt_cache, prompt_cache_settings
     from cli.engine.metrics import MetricsRecorder
+    from cli.store.registry import load_registry
     from cli.ui import render
 
-    name, backend = open_backend(request, options)
+    settings = prompt_cache_settings(request.settings, request.prompt_cache_max_bytes)
+    name, backend = open_backend(
+        request.model, request.endpoint, request.api_key, options, settings, request.offline,
+        request.verbose,
+    )  # fmt: skip
+    if backend.is_local:  # named as the user named it (the default: its alias)
+        name = request.model or load_registry().default
     try:
         recorder = MetricsRecorder()  # the request starts here: TTFT includes templating
         system = (

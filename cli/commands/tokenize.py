@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from cli.commands.options import ModelOption, Offline, obtain_model, read_prompt
+from cli.commands.options import JsonOutput, ModelOption, Offline, obtain_model, read_prompt
 
 
 def shown_piece(piece: bytes) -> str:
@@ -22,9 +22,7 @@ def tokenize(
         str | None, typer.Argument(help="The text. Text on stdin comes first, then this.")
     ] = None,
     model: ModelOption = None,
-    json_output: Annotated[
-        bool, typer.Option("--json", help="One JSON object: ids, pieces and counts.")
-    ] = False,
+    json_output: JsonOutput = False,
     offline: Offline = False,
 ) -> None:
     """Show the tokens a text becomes: tokens, not characters, are what context, max_tokens and
