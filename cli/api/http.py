@@ -1,17 +1,14 @@
 """quill serve's HTTP layer: starlette routes on uvicorn's HTTP/1.1 server (h11), in front of
-quill's own batch scheduler. Imported only by `quill serve`.
+quill's batch scheduler. uvicorn and h11 do the protocol: strict Content-Length and chunked
+framing (a body is never read as a next request; a malformed length is a 400), keep-alive, a
+listen backlog of 2048, flow control, one event loop. This module adds what a server exposed to
+hostile clients still needs:
 
-uvicorn and h11 do the protocol: strict Content-Length and chunked framing (a body is never read
-as a next request, a negative or malformed length is a 400), keep-alive, a listen backlog of
-2048, flow control, one event loop instead of a thread per connection. This module adds what a
-server exposed to hostile clients still needs:
-
-- a cap on open connections (beyond it, 429 and close) and a deadline for the request line and
-  headers of each request (slowloris: 408 and close);
-- a deadline and a size cap for each body, counted as it arrives (chunked bodies too);
+- a cap on open connections (beyond it 429 and close); deadlines for each request's line and
+  headers (slowloris: 408 and close) and for its body, whose size is capped as it arrives;
 - a JSON error object for every error, the protocol's own 400s included;
-- the Host header checked when bound to a loopback address (DNS rebinding);
-- CORS only for the origins given with --cors; OPTIONS and HEAD answered;
+- the Host header checked when bound to a loopback address (DNS rebinding); CORS only for the
+  origins given with --cors; OPTIONS and HEAD answered;
 - a request whose client disconnects is cancelled at once, streaming or not;
 - a graceful drain on SIGTERM or Ctrl-C: no new requests, in-flight ones run until the drain
   timeout, then each stream ends with an error event, and the process exits 0;
@@ -49,16 +46,8 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from cli.api.replies import ChatReply, event_logprobs
-from cli.api.server import (
-    ApiError,
-    ChunkMaker,
-    ServerState,
-    completion_body,
-    parse_body,
-    parse_request,
-    sse,
-)
+from cli.api.replies import ReplyWriter, sse
+from cli.api.server import ApiError, ServerState, parse_body, parse_request
 from cli.engine.batching import SchedulerStoppedError
 from cli.engine.events import StreamEvent
 from cli.errors import InvalidOutputError, QueueFullError, UsageError
@@ -82,11 +71,11 @@ Send = Callable[[Message], Awaitable[None]]
 @dataclass(frozen=True)
 class HttpLimits:
     max_connections: int = 1024
+    cors_origins: tuple[str, ...] = ()
+    allowed_hosts: tuple[str, ...] | None = None  # None: any Host header
     header_timeout_s: float = 10.0
     body_timeout_s: float = 30.0
     drain_timeout_s: float = 30.0
-    cors_origins: tuple[str, ...] = ()
-    allowed_hosts: tuple[str, ...] | None = None  # None: any Host header
 
 
 def is_loopback(host: str) -> bool:
@@ -98,16 +87,12 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def error_bytes(error: ApiError) -> bytes:
-    return json.dumps(error.body()).encode()
-
-
 def raw_error_response(error: ApiError) -> bytes:
     """A whole HTTP/1.1 response that closes the connection, for the protocol layer, where no
-    request (or no valid one) exists to answer through the application."""
-    body = error_bytes(error)
+    valid request exists to answer through the application."""
+    body = json.dumps(error.body()).encode()
     head = (
-        f"HTTP/1.1 {int(error.status)} {HTTPStatus(error.status).phrase}\r\n"
+        f"HTTP/1.1 {error.status} {HTTPStatus(error.status).phrase}\r\n"
         "content-type: application/json\r\n"
         f"content-length: {len(body)}\r\n"
         "connection: close\r\n\r\n"
@@ -123,7 +108,7 @@ class JsonResponse(Response):
 
 
 def error_response(error: ApiError, headers: dict[str, str] | None = None) -> JsonResponse:
-    return JsonResponse(error.body(), status_code=int(error.status), headers=headers)
+    return JsonResponse(error.body(), status_code=error.status, headers=headers)
 
 
 # --- the protocol: connection cap, header deadline, JSON for h11's own errors ---------------------
@@ -177,32 +162,23 @@ class QuillH11Protocol(H11Protocol):
         partial, _ = self.conn.trailing_data
         if partial:  # part of a request came: say why the connection ends
             timeout = self.limits.header_timeout_s
+            message = f"the request line and headers did not arrive within {timeout:g} s"
             self.transport.write(
-                raw_error_response(
-                    ApiError(
-                        HTTPStatus.REQUEST_TIMEOUT,
-                        f"the request line and headers did not arrive within {timeout:g} s",
-                        "invalid_request_error",
-                        "header_timeout",
-                    )
-                )
+                raw_error_response(ApiError(HTTPStatus.REQUEST_TIMEOUT, message, "header_timeout"))
             )
         self.transport.close()
 
     def send_400_response(self, msg: str) -> None:
         """h11 refused the request (a malformed line or header, a negative Content-Length,
         conflicting framing): a JSON 400, then close, as the framing can no longer be trusted."""
-        if self.cycle is not None and self.cycle.response_started:
-            self.transport.close()  # in the middle of answering the previous request
-            return
-        error = ApiError(
-            HTTPStatus.BAD_REQUEST,
-            "malformed HTTP request (request line, headers or body framing); "
-            "send HTTP/1.1 with a valid Content-Length or chunked body",
-            "invalid_request_error",
-            "malformed_http",
-        )
-        self.transport.write(raw_error_response(error))
+        if self.cycle is None or not self.cycle.response_started:  # else: mid-way through a reply
+            message = (
+                "malformed HTTP request (request line, headers or body framing); "
+                "send HTTP/1.1 with a valid Content-Length or chunked body"
+            )
+            self.transport.write(
+                raw_error_response(ApiError(HTTPStatus.BAD_REQUEST, message, "malformed_http"))
+            )
         self.transport.close()
 
 
@@ -211,24 +187,15 @@ def make_protocol(limits: HttpLimits) -> type[QuillH11Protocol]:
 
 
 async def _too_many_connections(scope: Scope, receive: Receive, send: Send) -> None:
-    error = ApiError(
-        HTTPStatus.TOO_MANY_REQUESTS,
-        "too many open connections to this server; retry shortly",
-        "rate_limit_error",
-        "too_many_connections",
-    )
+    message = "too many open connections to this server; retry shortly"
+    error = ApiError(HTTPStatus.TOO_MANY_REQUESTS, message, "too_many_connections")
     await error_response(error, {"Connection": "close", "Retry-After": "1"})(scope, receive, send)
 
 
 # --- events from the scheduler thread into the event loop -----------------------------------------
 
 
-class Disconnected:
-    """Put into a request's queue when its client goes away."""
-
-
-class Drained:
-    """Put into a request's queue when the drain timeout ends it."""
+DISCONNECTED = object()  # put into a request's queue when its client goes away
 
 
 class LoopEvents:
@@ -238,6 +205,7 @@ class LoopEvents:
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
         self._queue: asyncio.Queue[Any] = asyncio.Queue()
+        self.outcome = "client left"  # for the request's log line
 
     def put(self, item: Any) -> None:  # from any thread
         # A closed loop: the server has stopped and nobody waits for this any more.
@@ -263,16 +231,14 @@ class QuillApp:
         self.draining = False
         self.in_flight: set[LoopEvents] = set()
         routes = [
-            Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
-            Route("/v1/completions", self.completions, methods=["POST"]),
+            Route("/v1/chat/completions", self._completion, methods=["POST"]),
+            Route("/v1/completions", self._completion, methods=["POST"]),
             Route("/v1/models", self.models, methods=["GET"]),
             Route("/health", self.health, methods=["GET"]),
         ]
-        handlers = {
-            ApiError: self._api_error,
-            HTTPException: self._http_exception,
-            Exception: self._unexpected,
-        }
+        # ApiError and HTTPException are answered where raised; any other exception is then
+        # raised on to __call__, which logs it.
+        handlers = dict.fromkeys((ApiError, HTTPException, Exception), self._error)
         self.routes = Starlette(routes=routes, exception_handlers=handlers)  # type: ignore[arg-type]
         inner: Any = self.routes
         if limits.cors_origins:
@@ -291,9 +257,9 @@ class QuillApp:
         if scope["type"] != "http":
             return
         headers = {name.decode("latin-1"): value for name, value in scope["headers"]}
-        body_read = "content-length" not in headers and "transfer-encoding" not in headers
-        if headers.get("content-length") == b"0":
-            body_read = True
+        body_read = (
+            headers.get("content-length", b"0") == b"0" and "transfer-encoding" not in headers
+        )
         started = False
 
         async def tracked_receive() -> Message:
@@ -342,7 +308,6 @@ class QuillApp:
                 failure = ApiError(
                     HTTPStatus.INTERNAL_SERVER_ERROR,
                     f"the server failed on this request: {error!r}",
-                    "server_error",
                 )
                 await error_response(failure)(scope, tracked_receive, guarded_send)
 
@@ -351,7 +316,7 @@ class QuillApp:
         status = start["status"]
         phrase = HTTPStatus(status).phrase if status in HTTPStatus._value2member_map_ else ""
         message = text.decode("utf-8", "replace").strip() or phrase or f"HTTP {status}"
-        body = error_bytes(ApiError(status, message, "invalid_request_error"))
+        body = json.dumps(ApiError(status, message).body()).encode()
         headers = [
             (name, value)
             for name, value in start["headers"]
@@ -367,15 +332,11 @@ class QuillApp:
         if allowed is not None and "host" in headers:
             host = _host_name(headers["host"].decode("latin-1"))
             if host not in allowed:
-                return error_response(
-                    ApiError(
-                        HTTPStatus.FORBIDDEN,
-                        f"the Host header names '{host}', not this server (listening on a "
-                        f"loopback address, it answers only to {', '.join(allowed)})",
-                        "invalid_request_error",
-                        "invalid_host",
-                    )
+                message = (
+                    f"the Host header names '{host}', not this server (listening on a loopback "
+                    f"address, it answers only to {', '.join(allowed)})"
                 )
+                return error_response(ApiError(HTTPStatus.FORBIDDEN, message, "invalid_host"))
         path, method = scope["path"], scope["method"]
         if method == "OPTIONS":
             preflight = "origin" in headers and "access-control-request-method" in headers
@@ -388,57 +349,37 @@ class QuillApp:
         if key is not None and path != "/health":
             given = headers.get("authorization", b"")
             if not hmac.compare_digest(given, f"Bearer {key}".encode()):
-                return error_response(
-                    ApiError(
-                        HTTPStatus.UNAUTHORIZED,
-                        "Incorrect API key provided; send 'Authorization: Bearer KEY'",
-                        "invalid_request_error",
-                        "invalid_api_key",
-                    )
-                )
+                message = "Incorrect API key provided; send 'Authorization: Bearer KEY'"
+                return error_response(ApiError(HTTPStatus.UNAUTHORIZED, message, "invalid_api_key"))
         return None
 
-    async def _api_error(self, request: Request, error: Exception) -> Response:
-        assert isinstance(error, ApiError)
-        return error_response(error)
-
-    async def _unexpected(self, request: Request, error: Exception) -> Response:
-        return error_response(_request_failed(error))  # then logged by __call__
-
-    async def _http_exception(self, request: Request, error: Exception) -> Response:
-        assert isinstance(error, HTTPException)
+    async def _error(self, request: Request, error: Exception) -> Response:
+        if not isinstance(error, HTTPException):
+            return error_response(_request_failed(error))
         if error.status_code == 404:
             return error_response(_no_route(request.url.path))
-        status = HTTPStatus(error.status_code)
-        message = status.phrase
-        if status == HTTPStatus.METHOD_NOT_ALLOWED:
+        message = HTTPStatus(error.status_code).phrase
+        if error.status_code == HTTPStatus.METHOD_NOT_ALLOWED:
             allow = (error.headers or {}).get("Allow", "")
             message = f"{request.method} is not allowed on {request.url.path}; use {allow}"
-        return error_response(
-            ApiError(status, message, "invalid_request_error"), dict(error.headers or {})
-        )
+        return error_response(ApiError(error.status_code, message), dict(error.headers or {}))
 
     # --- routes -----------------------------------------------------------------------------------
 
     async def health(self, request: Request) -> Response:
         scheduler = self.state.scheduler
-        status, code = "ok", HTTPStatus.OK
-        payload: dict[str, Any] = {}
-        if not scheduler.alive:
-            status, code = "error", HTTPStatus.SERVICE_UNAVAILABLE
-            payload["error"] = scheduler.stopped_reason
-        elif self.draining:
-            status, code = "shutting_down", HTTPStatus.SERVICE_UNAVAILABLE
+        error = {} if scheduler.alive else {"error": scheduler.stopped_reason}
+        status = "error" if error else "shutting_down" if self.draining else "ok"
         payload = {
             "status": status,
-            **payload,
+            **error,
             "slots_processing": scheduler.busy_slots,
             "slots_idle": scheduler.engine.parallel - scheduler.busy_slots,
             "requests_waiting": scheduler.queued,
             "decode_steps": scheduler.steps,
             "max_sequences_in_a_step": scheduler.max_sequences_in_a_step,
         }
-        return JsonResponse(payload, status_code=int(code))
+        return JsonResponse(payload, status_code=200 if status == "ok" else 503)
 
     async def models(self, request: Request) -> Response:
         model = {
@@ -449,73 +390,58 @@ class QuillApp:
         }
         return JsonResponse({"object": "list", "data": [model]})
 
-    async def chat_completions(self, request: Request) -> Response:
-        return await self._completion(request, chat=True)
-
-    async def completions(self, request: Request) -> Response:
-        return await self._completion(request, chat=False)
-
-    async def _completion(self, request: Request, chat: bool) -> Response:
+    async def _completion(self, request: Request) -> Response:
         self._refuse_if_unavailable()
+        chat = request.url.path == "/v1/chat/completions"
         body = parse_body(await self._read_body(request))
-        _, batch_request = await anyio.to_thread.run_sync(parse_request, body, self.state, chat)
+        served = await anyio.to_thread.run_sync(parse_request, body, self.state, chat)
         events = LoopEvents(asyncio.get_running_loop())
-        batch_request.events = events  # type: ignore[assignment]
+        served.events = events  # type: ignore[assignment]
         received = time.perf_counter()
         try:
-            self.state.scheduler.submit(batch_request)
+            self.state.scheduler.submit(served)
         except QueueFullError as error:
-            raise ApiError(
-                HTTPStatus.TOO_MANY_REQUESTS, str(error), "rate_limit_error", "queue_full"
-            ) from None
+            raise ApiError(HTTPStatus.TOO_MANY_REQUESTS, str(error), "queue_full") from None
         except SchedulerStoppedError:
             self._refuse_if_unavailable()
             raise
         self.in_flight.add(events)
-        ident = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
-        outcome: list[str] = ["client left"]
 
         def finished() -> None:
-            batch_request.cancelled.set()  # finished already, or the client left: free the slot
+            served.cancelled.set()  # finished already, or the client left: free the slot
             self.in_flight.discard(events)
             if self.state.on_request is not None:
                 self.state.on_request(
-                    f"{request.method} {request.url.path} {outcome[0]} · "
-                    f"{len(batch_request.prompt_tokens)} prompt tokens "
-                    f"({batch_request.cached_tokens} cached) · "
+                    f"{request.method} {request.url.path} {events.outcome} · "
+                    f"{len(served.prompt_tokens)} prompt tokens ({served.cached_tokens} cached) · "
                     f"{time.perf_counter() - received:.2f} s"
                 )
 
-        reply = getattr(batch_request, "reply", None)  # chat: reasoning and tool calls
+        ident = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
+        writer = ReplyWriter(ident, self.state.model_name, served.reply)
         if body.get("stream"):
-            maker = ChunkMaker(ident, chat, self.state.model_name)
             return StreamingResponse(
-                self._stream(events, maker, received, outcome, reply),
+                self._stream(events, writer, received),
                 # Set as a header, not a media type: starlette would append a charset.
                 headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"},
                 background=BackgroundTask(finished),
             )
         try:
-            return await self._complete(request, events, ident, chat, received, outcome, reply)
+            pieces = await self._gather(request, events)
         finally:
             finished()
+        if pieces is None:
+            return Response(status_code=499)  # nginx's "client closed"; nobody reads it
+        queued_s = time.perf_counter() - received - pieces[-1].prefill_s - pieces[-1].decode_s
+        return JsonResponse(writer.whole(pieces, queued_s))
 
     def _refuse_if_unavailable(self) -> None:
-        scheduler = self.state.scheduler
         if self.draining:
-            raise ApiError(
-                HTTPStatus.SERVICE_UNAVAILABLE,
-                "the server is shutting down; retry against another instance",
-                "server_error",
-                "server_shutting_down",
-            )
-        if not scheduler.alive:
-            raise ApiError(
-                HTTPStatus.SERVICE_UNAVAILABLE,
-                f"{scheduler.stopped_reason}; restart quill serve",
-                "server_error",
-                "scheduler_stopped",
-            )
+            message = "the server is shutting down; retry against another instance"
+            raise ApiError(HTTPStatus.SERVICE_UNAVAILABLE, message, "server_shutting_down")
+        if not self.state.scheduler.alive:
+            message = f"{self.state.scheduler.stopped_reason}; restart quill serve"
+            raise ApiError(HTTPStatus.SERVICE_UNAVAILABLE, message, "scheduler_stopped")
 
     async def _read_body(self, request: Request) -> bytes:
         """The body, refused (413) as soon as it passes --max-body, and (408) if it has not
@@ -526,7 +452,6 @@ class QuillApp:
             HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
             f"the body has {declared or 'more than ' + str(limit)} bytes; this server takes at "
             f"most {limit}",
-            "invalid_request_error",
         )
         if declared is not None and int(declared) > limit:  # h11 has checked it is digits
             raise too_large
@@ -541,91 +466,53 @@ class QuillApp:
                         raise too_large
                     chunks.append(chunk)
         except TimeoutError:
-            raise ApiError(
-                HTTPStatus.REQUEST_TIMEOUT,
-                f"the body did not all arrive within {timeout:g} s ({size} bytes came)",
-                "invalid_request_error",
-                "body_timeout",
-            ) from None
+            message = f"the body did not all arrive within {timeout:g} s ({size} bytes came)"
+            raise ApiError(HTTPStatus.REQUEST_TIMEOUT, message, "body_timeout") from None
         return b"".join(chunks)
 
-    async def _complete(
-        self,
-        request: Request,
-        events: LoopEvents,
-        ident: str,
-        chat: bool,
-        received: float,
-        outcome: list[str],
-        reply: ChatReply | None = None,
-    ) -> Response:
+    async def _gather(self, request: Request, events: LoopEvents) -> list[StreamEvent] | None:
+        """The events of a reply that is not streamed; None if the client left first."""
+
         async def watch_disconnect() -> None:
             while (await request.receive())["type"] != "http.disconnect":
                 pass
-            events.put_here(Disconnected())
+            events.put_here(DISCONNECTED)
 
         watcher = asyncio.ensure_future(watch_disconnect())
+        pieces: list[StreamEvent] = []
         try:
-            pieces: list[StreamEvent] = []
-            while True:
+            while not pieces or pieces[-1].finish_reason is None:
                 item = await events.get()
-                if isinstance(item, Disconnected):
-                    return Response(status_code=499)  # nginx's "client closed"; nobody reads it
-                if isinstance(item, Drained):
-                    outcome[0] = "503"
-                    return error_response(_shutting_down())
-                if isinstance(item, BaseException):
-                    outcome[0] = "500"
-                    return error_response(_request_failed(item))
+                if item is DISCONNECTED:
+                    return None
+                if isinstance(item, BaseException):  # a failure, or the drain's ApiError
+                    error = _request_failed(item)
+                    events.outcome = str(error.status)
+                    raise error
                 pieces.append(item)
-                if item.finish_reason is not None:
-                    break
         finally:
             watcher.cancel()
-        last: StreamEvent = item
-        queued_s = time.perf_counter() - received - last.prefill_s - last.decode_s
-        outcome[0] = "200"
-        text = "".join(piece.text for piece in pieces)
-        logprobs = event_logprobs(pieces)
-        return JsonResponse(
-            completion_body(
-                ident, chat, self.state.model_name, text, last, queued_s, reply, logprobs
-            )
-        )
+        events.outcome = "200"
+        return pieces
 
-    async def _stream(
-        self,
-        events: LoopEvents,
-        maker: ChunkMaker,
-        received: float,
-        outcome: list[str],
-        reply: ChatReply | None = None,
-    ):
-        if maker.chat:
-            yield sse(maker.chunk("", None, first=True))
+    async def _stream(self, events: LoopEvents, writer: ReplyWriter, received: float):
+        if writer.chat:
+            yield sse(writer.chunk("", first=True))
         first_at = None
         while True:
             item = await events.get()
-            if isinstance(item, (Drained, BaseException)):
-                error = _shutting_down() if isinstance(item, Drained) else _request_failed(item)
-                outcome[0] = "200, then " + str(int(error.status))
+            if isinstance(item, BaseException):  # a failure, or the drain's ApiError
+                error = _request_failed(item)
+                events.outcome = f"200, then {error.status}"
                 yield sse(error.body())
                 return
-            if first_at is None:
-                first_at = time.perf_counter()
-            finished = item.finish_reason is not None
-            maker.hold(item)  # its logprobs ride on the next chunk
-            if reply is not None:
-                for delta in reply.feed(item.text, finished):
-                    yield sse(maker.chunk(delta, None))
-            elif item.text:
-                yield sse(maker.chunk(item.text, None))
-            if finished:
-                finish = reply.finish_reason(item.finish_reason) if reply else None
-                yield sse(maker.final(item, (first_at - received) - item.prefill_s, finish))
-                break
-        outcome[0] = "200"
-        yield ChunkMaker.DONE
+            first_at = first_at or time.perf_counter()
+            for payload in writer.chunks(item, (first_at - received) - item.prefill_s):
+                yield sse(payload)
+            if item.finish_reason is not None:
+                events.outcome = "200"
+                yield ReplyWriter.DONE
+                return
 
     # --- shutdown ---------------------------------------------------------------------------------
 
@@ -639,8 +526,11 @@ class QuillApp:
         )
 
     def _end_in_flight(self) -> None:
+        message = "the server shut down before this reply was finished"
         for events in list(self.in_flight):
-            events.put_here(Drained())
+            events.put_here(
+                ApiError(HTTPStatus.SERVICE_UNAVAILABLE, message, "server_shutting_down")
+            )
 
 
 def streams_end_after(drain_timeout_s: float) -> float:
@@ -652,26 +542,15 @@ def streams_end_after(drain_timeout_s: float) -> float:
 
 
 def _no_route(path: str) -> ApiError:
-    return ApiError(HTTPStatus.NOT_FOUND, f"no route {path}", "invalid_request_error")
-
-
-def _shutting_down() -> ApiError:
-    return ApiError(
-        HTTPStatus.SERVICE_UNAVAILABLE,
-        "the server shut down before this reply was finished",
-        "server_error",
-        "server_shutting_down",
-    )
+    return ApiError(HTTPStatus.NOT_FOUND, f"no route {path}")
 
 
 def _request_failed(error: BaseException) -> ApiError:
+    if isinstance(error, ApiError):
+        return error
     if isinstance(error, (UsageError, InvalidOutputError)):  # the request's grammar, say
-        return ApiError(HTTPStatus.BAD_REQUEST, str(error), "invalid_request_error")
-    return ApiError(
-        HTTPStatus.INTERNAL_SERVER_ERROR,
-        f"the server failed on this request: {error}",
-        "server_error",
-    )
+        return ApiError(HTTPStatus.BAD_REQUEST, str(error))
+    return ApiError(HTTPStatus.INTERNAL_SERVER_ERROR, f"the server failed on this request: {error}")
 
 
 def _host_name(host: str) -> str:

@@ -1,16 +1,14 @@
-"""One chat reply as the OpenAI wire format shapes it: reasoning in reasoning_content (as
-DeepSeek's API and llama-server send it), the answer in content, tool calls in tool_calls.
-
-Fed the raw text of each event; gives the deltas a stream sends and the message a whole reply
-holds. While tools are offered, text that may be the start of a call is held back; each call is
-sent whole, as one tool_calls delta (arguments complete): a Hermes/Qwen <tool_call> block as soon
-as it closes, the formats that are one JSON value when the reply ends.
+"""A reply in OpenAI's wire format: ChatReply splits a chat reply into reasoning_content (as
+DeepSeek's API and llama-server send it), content and tool_calls; ReplyWriter makes the JSON
+bodies and Server-Sent Events of replies, logprobs included.
 """
 
 from __future__ import annotations
 
 import codecs
+import json
 import re
+import time
 from collections.abc import Iterable
 from typing import Any
 
@@ -28,6 +26,11 @@ _BLOCK = re.compile(re.escape(HERMES_OPEN) + r".*?" + re.escape(HERMES_CLOSE), r
 
 
 class ChatReply:
+    """Fed the raw text of each event: the deltas a stream sends, and the message of a whole
+    reply. While tools are offered, text that may start a call is held back; each call goes out
+    whole, as one tool_calls delta: a Hermes/Qwen <tool_call> block as soon as it closes, the
+    formats that are one JSON value when the reply ends."""
+
     def __init__(self, prompt: str, tools: list[dict] | None, call_format: str) -> None:
         self.splitter = ReasoningSplitter(prompt_opens_thinking(prompt))
         self.tools = tools
@@ -40,64 +43,58 @@ class ChatReply:
         self.scanned = 0  # characters of answer already searched for complete calls
 
     def feed(self, text: str, finished: bool) -> list[dict[str, Any]]:
-        """The deltas this piece of text releases (reasoning, content)."""
+        """The deltas this piece of text releases."""
         reasoning, answer = self.splitter.push(text)
         if finished:
             more_reasoning, more_answer = self.splitter.finish()
             reasoning, answer = reasoning + more_reasoning, answer + more_answer
-        deltas: list[dict[str, Any]] = []
-        if reasoning:
-            self.reasoning += reasoning
-            deltas.append({"reasoning_content": reasoning})
+        deltas: list[dict[str, Any]] = [{"reasoning_content": reasoning}] if reasoning else []
+        self.reasoning += reasoning
         self.answer += answer
         if self.tools and self.call_format == "hermes":
             deltas += self._completed_blocks()
         if self.calls:  # calls went out as they closed: after them nothing is content
             if finished:
                 _, more = parse_tool_calls(self.answer[self.scanned :], "hermes")
-                if more:
-                    first = len(self.calls)
-                    deltas.append({"tool_calls": [c.as_openai(first + i) for i, c in
-                                                  enumerate(more)]})  # fmt: skip
-                    self.calls.extend(more)
+                deltas += [self._calls_delta(more)] if more else []
             return deltas
         safe = may_start_call(self.answer) if self.tools else len(self.answer)
+        calls: list[ToolCall] = []
         if finished:
             safe = len(self.answer)
             if self.tools:
-                content, self.calls = parse_tool_calls(self.answer, self.call_format)
-                safe = min(len(content), len(self.answer)) if self.calls else safe
-                if self.calls and self.sent > len(content):
-                    safe = self.sent  # sent already (it looked like content): nothing more
-            self.content = self.answer[:safe] if self.calls else self.answer
+                content, calls = parse_tool_calls(self.answer, self.call_format)
+                if calls:  # what went out already (it looked like content) stays sent
+                    safe = max(min(len(content), safe), self.sent)
+            self.content = self.answer[:safe] if calls else self.answer
         if safe > self.sent:
             deltas.append({"content": self.answer[self.sent : safe]})
             self.sent = safe
-        if finished and self.calls:
-            deltas.append({"tool_calls": [c.as_openai(i) for i, c in enumerate(self.calls)]})
-        return deltas
+        return [*deltas, self._calls_delta(calls)] if calls else deltas
 
     def _completed_blocks(self) -> list[dict[str, Any]]:
-        """Each <tool_call> block whose closing tag has come, sent at once as a tool_calls
-        delta (Hermes/Qwen: a block closes before the reply ends, so the client need not wait
-        for the end); the content before the first one is sent first."""
+        """Each <tool_call> block whose closing tag has come, as a tool_calls delta (a Hermes
+        block closes before the reply ends: the client need not wait), after the content
+        before the first one."""
         deltas: list[dict[str, Any]] = []
-        while True:
-            match = _BLOCK.search(self.answer, self.scanned)
-            if match is None:
-                return deltas
+        while match := _BLOCK.search(self.answer, self.scanned):
             _, calls = parse_tool_calls(match.group(0), "hermes")
             if not calls:
-                return deltas  # not a call that parses: the end decides
+                break  # not a call that parses: the end decides
             if not self.calls:
                 self.content = self.answer[: match.start()].strip()
                 head = len(self.answer[: match.start()].rstrip())
                 if head > self.sent:
                     deltas.append({"content": self.answer[self.sent : head]})
-            first = len(self.calls)
-            deltas.append({"tool_calls": [c.as_openai(first + i) for i, c in enumerate(calls)]})
-            self.calls.extend(calls)
+            deltas.append(self._calls_delta(calls))
             self.scanned = self.sent = match.end()
+        return deltas
+
+    def _calls_delta(self, calls: list[ToolCall]) -> dict[str, Any]:
+        """A tool_calls delta, numbered on from the calls sent before."""
+        first = len(self.calls)
+        self.calls.extend(calls)
+        return {"tool_calls": [call.as_openai(first + i) for i, call in enumerate(calls)]}
 
     def finish_reason(self, reason: str | None) -> str | None:
         return "tool_calls" if self.calls else reason
@@ -105,73 +102,145 @@ class ChatReply:
     def message(self) -> dict[str, Any]:
         """The assistant message of a whole (not streamed) reply."""
         content = self.content if self.content is not None else self.answer
-        message: dict[str, Any] = {"role": "assistant", "content": content or None}
-        if not self.calls:
-            message["content"] = content
+        message: dict[str, Any] = {"role": "assistant", "content": content}
         if self.reasoning:
             message["reasoning_content"] = self.reasoning
         if self.calls:
-            message["tool_calls"] = [c.as_openai() for c in self.calls]
+            message["content"] = content or None
+            message["tool_calls"] = [call.as_openai() for call in self.calls]
         return message
 
 
 def _candidate(candidate: Candidate) -> dict[str, Any]:
-    return {
-        "token": candidate.text,
-        "logprob": candidate.logprob,
-        "bytes": list(candidate.piece),
-    }
+    return {"token": candidate.text, "logprob": candidate.logprob, "bytes": list(candidate.piece)}
 
 
 def chat_logprob(entry: TokenLogprobs) -> dict[str, Any]:
-    """One token of OpenAI's chat logprobs.content: its text, logprob and UTF-8 bytes (a token
-    that ends inside a character shows U+FFFD in its text; its bytes are exact), and the most
-    likely tokens at its step."""
+    """One token of OpenAI's chat logprobs.content: its text (U+FFFD where it ends inside a
+    character; its bytes are exact), logprob, bytes, and the most likely tokens at its step."""
     return {**_candidate(entry.chosen), "top_logprobs": [_candidate(c) for c in entry.top]}
-
-
-def chat_logprobs(entries: Iterable[TokenLogprobs]) -> dict[str, Any]:
-    """A chat choice's logprobs object."""
-    return {"content": [chat_logprob(entry) for entry in entries], "refusal": None}
-
-
-def event_logprobs(events: Iterable[StreamEvent]) -> list[TokenLogprobs] | None:
-    """The logprobs entries of a whole reply, in order; None where none were asked for."""
-    entries: list[TokenLogprobs] | None = None
-    for event in events:
-        if event.logprobs is not None:
-            entries = (entries or []) + list(event.logprobs)
-    return entries
 
 
 class CompletionLogprobs:
     """The legacy logprobs object of /v1/completions, chunk by chunk: tokens, token_logprobs,
-    top_logprobs (one object per token, text to logprob: the N most likely and the chosen token,
-    as OpenAI's legacy API gives up to logprobs+1) and text_offset, the character where each
-    token's text starts in the choice's text, counted on across the chunks of a stream."""
+    top_logprobs (per token, text to logprob of the N most likely and the chosen one, as OpenAI
+    gives up to logprobs+1) and text_offset, counted on across the chunks of a stream."""
 
     def __init__(self) -> None:
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._offset = 0
 
     def shape(self, entries: Iterable[TokenLogprobs]) -> dict[str, Any]:
-        tokens: list[str] = []
-        token_logprobs: list[float] = []
-        top_logprobs: list[dict[str, float]] = []
-        text_offset: list[int] = []
+        shaped: dict[str, list[Any]] = {
+            "tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []
+        }  # fmt: skip
         for entry in entries:
-            chosen = entry.chosen
-            tokens.append(chosen.text)
-            token_logprobs.append(chosen.logprob)
             top: dict[str, float] = {}
-            for candidate in (*entry.top, chosen):  # two tokens of one text: the likelier
+            for candidate in (*entry.top, entry.chosen):  # two tokens of one text: the likelier
                 top.setdefault(candidate.text, candidate.logprob)
-            top_logprobs.append(top)
-            text_offset.append(self._offset)
-            self._offset += len(self._decoder.decode(chosen.piece))
-        return {
-            "tokens": tokens,
-            "token_logprobs": token_logprobs,
-            "top_logprobs": top_logprobs,
-            "text_offset": text_offset,
+            shaped["tokens"].append(entry.chosen.text)
+            shaped["token_logprobs"].append(entry.chosen.logprob)
+            shaped["top_logprobs"].append(top)
+            shaped["text_offset"].append(self._offset)
+            self._offset += len(self._decoder.decode(entry.chosen.piece))
+        return shaped
+
+
+def timings(last: StreamEvent, queued_s: float) -> dict[str, float]:
+    """llama-server's timings object (cache_n: prompt tokens reused from the slot's cache,
+    prompt_n: those prefilled), plus TTFT."""
+    return {
+        "cache_n": last.cached_prompt_tokens,
+        "prompt_n": last.prompt_tokens - last.cached_prompt_tokens,
+        "prompt_ms": last.prefill_s * 1000,
+        "prompt_per_second": last.prefill_tokens_per_s,
+        "predicted_n": last.generation_tokens,
+        "predicted_ms": last.decode_s * 1000,
+        "predicted_per_second": last.decode_tokens_per_s,
+        "ttft_ms": (max(queued_s, 0.0) + last.prefill_s) * 1000,
+    }
+
+
+class ReplyWriter:
+    """One reply in OpenAI's wire format: whole, or as the chunks of a stream (chat's first
+    carries the role, then one per piece of text, the last finish_reason, usage and timings).
+
+    A streamed chunk carries the logprobs entries released since the previous chunk: an event
+    whose text is all held back (by the reply shaper too) adds its entries to a later chunk."""
+
+    DONE = b"data: [DONE]\n\n"
+
+    def __init__(self, ident: str, model_name: str, reply: ChatReply | None) -> None:
+        self.reply = reply  # None: /v1/completions
+        self.chat = reply is not None
+        self._held: list[TokenLogprobs] = []
+        self._legacy = CompletionLogprobs()
+        self.base = {"id": ident, "object": "", "created": int(time.time()), "model": model_name}
+
+    def chunk(self, delta: str | dict | None, finish: str | None = None, first: bool = False):
+        """A streamed chunk: delta is text, or chat's reasoning_content, content or tool_calls."""
+        if self.chat:
+            content: dict[str, Any] = {"role": "assistant"} if first else {}
+            if isinstance(delta, dict):
+                content.update(delta)
+            elif delta is not None:
+                content["content"] = delta
+            choice = {"index": 0, "delta": content, "finish_reason": finish}
+        else:
+            choice = {"index": 0, "text": delta or "", "finish_reason": finish}
+        held, self._held = self._held, []
+        choice["logprobs"] = self._logprobs(held or None)
+        kind = "chat.completion.chunk" if self.chat else "text_completion"
+        return {**self.base, "object": kind, "choices": [choice]}
+
+    def chunks(self, event: StreamEvent, queued_s: float) -> list[dict[str, Any]]:
+        """The chunks an event of the stream releases; the last event's end with the final one."""
+        self._held.extend(event.logprobs or ())
+        finished = event.finish_reason is not None
+        if self.reply is not None:
+            chunks = [self.chunk(delta) for delta in self.reply.feed(event.text, finished)]
+        else:
+            chunks = [self.chunk(event.text)] if event.text else []
+        if finished:
+            final = self.chunk(None if self.chat else "", self._finish_reason(event))
+            chunks.append({**final, **self._totals(event, queued_s)})
+        return chunks
+
+    def whole(self, events: list[StreamEvent], queued_s: float) -> dict[str, Any]:
+        """The body of a reply that was not streamed."""
+        last, text = events[-1], "".join(event.text for event in events)
+        asked = [event.logprobs for event in events if event.logprobs is not None]
+        entries = [entry for some in asked for entry in some] if asked else None
+        choice: dict[str, Any] = {"index": 0, "logprobs": self._logprobs(entries)}
+        if self.reply is not None:
+            self.reply.feed(text, finished=True)
+            choice["message"] = self.reply.message()
+        else:
+            choice["text"] = text
+        choice["finish_reason"] = self._finish_reason(last)
+        kind = "chat.completion" if self.chat else "text_completion"
+        return {**self.base, "object": kind, "choices": [choice], **self._totals(last, queued_s)}
+
+    def _finish_reason(self, last: StreamEvent) -> str | None:
+        return self.reply.finish_reason(last.finish_reason) if self.reply else last.finish_reason
+
+    def _logprobs(self, entries: list[TokenLogprobs] | None) -> dict[str, Any] | None:
+        if entries is None:
+            return None
+        if self.chat:
+            return {"content": [chat_logprob(entry) for entry in entries], "refusal": None}
+        return self._legacy.shape(entries)
+
+    @staticmethod
+    def _totals(last: StreamEvent, queued_s: float) -> dict[str, Any]:
+        usage = {
+            "prompt_tokens": last.prompt_tokens,
+            "completion_tokens": last.generation_tokens,
+            "total_tokens": last.prompt_tokens + last.generation_tokens,
+            "prompt_tokens_details": {"cached_tokens": last.cached_prompt_tokens},
         }
+        return {"usage": usage, "timings": timings(last, queued_s)}
+
+
+def sse(payload: dict) -> bytes:
+    return b"data: " + json.dumps(payload).encode() + b"\n\n"

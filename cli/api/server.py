@@ -1,8 +1,6 @@
-"""The OpenAI wire format over the batch scheduler: what a request body may hold (validated,
-every refusal an OpenAI error object with its HTTP status), and the JSON bodies and Server-Sent
-Events of the replies.
-
-No HTTP here: cli/api/http.py carries these over uvicorn and starlette.
+"""What an OpenAI request body may hold, validated: every refusal is an OpenAI error object with
+its HTTP status (cli/api/http.py carries them over uvicorn and starlette; cli/api/replies.py
+shapes the replies).
 """
 
 from __future__ import annotations
@@ -11,18 +9,25 @@ import contextlib
 import dataclasses
 import json
 import math
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any
 
-from cli.api.replies import ChatReply, CompletionLogprobs, chat_logprobs
+from cli.api.replies import ChatReply
 from cli.engine.batching import BatchRequest, BatchScheduler
-from cli.engine.events import MAX_TOP_LOGPROBS, StreamEvent, TokenLogprobs
+from cli.engine.events import MAX_TOP_LOGPROBS
 from cli.engine.sampling import SamplingParams
+from cli.engine.structured import (
+    Constraint,
+    UnenforcedError,
+    check_schema,
+    grammar_constraint,
+    json_object_constraint,
+    schema_constraint,
+)
 from cli.engine.toolcalls import ToolsError, call_format, check_tools, forcing_grammar
-from cli.errors import ChatTemplateError
+from cli.errors import ChatTemplateError, UsageError
 
 
 @dataclass(frozen=True)
@@ -37,34 +42,27 @@ class ServerLimits:
 
 
 class ApiError(Exception):
+    """A refusal: an OpenAI error object and its HTTP status, which decides its type."""
+
     def __init__(
-        self,
-        status: HTTPStatus,
-        message: str,
-        kind: str,
-        code: str | None = None,
-        param: str | None = None,
+        self, status: int, message: str, code: str | None = None, param: str | None = None
     ) -> None:
         super().__init__(message)
-        self.status = status
+        self.status = int(status)
         self.message = message
-        self.kind = kind
         self.code = code
         self.param = param
 
     def body(self) -> dict[str, Any]:
-        return {
-            "error": {
-                "message": self.message,
-                "type": self.kind,
-                "param": self.param,
-                "code": self.code,
-            }
-        }
+        kind = "server_error" if self.status >= 500 else "invalid_request_error"
+        if self.status == HTTPStatus.TOO_MANY_REQUESTS:
+            kind = "rate_limit_error"
+        error = {"message": self.message, "type": kind, "param": self.param, "code": self.code}
+        return {"error": error}
 
 
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> ApiError:
-    return ApiError(HTTPStatus.BAD_REQUEST, message, "invalid_request_error", code, param)
+    return ApiError(HTTPStatus.BAD_REQUEST, message, code, param)
 
 
 @dataclass
@@ -164,8 +162,29 @@ def _stop_strings(body: dict, limits: ServerLimits) -> tuple[str, ...]:
     return tuple(_text(s, "a stop string", "stop") for s in stop)
 
 
-def parse_request(body: dict, state: ServerState, chat: bool) -> tuple[list[int], BatchRequest]:
-    """Validate an OpenAI request body; the prompt tokens and the request for the scheduler."""
+# The sampling fields a request may set: type, lowest, highest (seed: llama.cpp's is a uint32 whose
+# largest value means random).
+SAMPLING_RANGES = {
+    "temperature": (float, 0, 2),
+    "top_p": (float, 0, 1),
+    "top_k": (int, 0, 1 << 20),
+    "min_p": (float, 0, 1),
+    "repeat_penalty": (float, 0, 10),
+    "frequency_penalty": (float, -2, 2),
+    "presence_penalty": (float, -2, 2),
+    "seed": (int, 0, 2**32 - 2),
+}
+
+
+@dataclass
+class ServedRequest(BatchRequest):
+    """A request for the scheduler, with what shapes a chat reply (reasoning, tool calls)."""
+
+    reply: ChatReply | None = None  # None: /v1/completions
+
+
+def parse_request(body: dict, state: ServerState, chat: bool) -> ServedRequest:
+    """An OpenAI request body, validated, as a request for the scheduler."""
     engine = state.scheduler.engine
     model = body.get("model")
     known = (state.model_name, state.model_name.partition(":")[0], "quill")
@@ -173,7 +192,6 @@ def parse_request(body: dict, state: ServerState, chat: bool) -> tuple[list[int]
         raise ApiError(
             HTTPStatus.NOT_FOUND,
             f"The model '{model}' does not exist; this server has '{state.model_name}'",
-            "invalid_request_error",
             "model_not_found",
             "model",
         )
@@ -200,14 +218,10 @@ def parse_request(body: dict, state: ServerState, chat: bool) -> tuple[list[int]
     ) or min(limits.default_max_tokens, limits.max_tokens)
     defaults = SamplingParams()
     sampling = SamplingParams(
-        temperature=_number(body, "temperature", float, 0, 2, defaults.temperature),
-        top_p=_number(body, "top_p", float, 0, 1, defaults.top_p),
-        top_k=_number(body, "top_k", int, 0, 1 << 20, defaults.top_k),
-        min_p=_number(body, "min_p", float, 0, 1, defaults.min_p),
-        repeat_penalty=_number(body, "repeat_penalty", float, 0, 10, defaults.repeat_penalty),
-        frequency_penalty=_number(body, "frequency_penalty", float, -2, 2, 0.0),
-        presence_penalty=_number(body, "presence_penalty", float, -2, 2, 0.0),
-        seed=_number(body, "seed", int, 0, 2**32 - 2, None),  # llama.cpp: uint32, max = random
+        **{
+            name: _number(body, name, kind, low, high, getattr(defaults, name))
+            for name, (kind, low, high) in SAMPLING_RANGES.items()
+        },
         ignore_eos=bool(body.get("ignore_eos", False)),  # llama-server's extension
         grammar=grammar,
     )
@@ -226,14 +240,14 @@ def parse_request(body: dict, state: ServerState, chat: bool) -> tuple[list[int]
     if not isinstance(cache_prompt, bool):
         raise bad_request("'cache_prompt' must be true or false", "cache_prompt")
     logprobs = _logprobs_request(body, chat)
-    if chat:
-        request: BatchRequest = ChatBatchRequest(
-            tokens, max_tokens, sampling, stop, cache_prompt=cache_prompt, reply=reply
-        )
-        request.logprobs = logprobs
-        return tokens, request
-    return tokens, BatchRequest(
-        tokens, max_tokens, sampling, stop, cache_prompt=cache_prompt, logprobs=logprobs
+    return ServedRequest(
+        tokens,
+        max_tokens,
+        sampling,
+        stop,
+        cache_prompt=cache_prompt,
+        logprobs=logprobs,
+        reply=reply,
     )
 
 
@@ -278,13 +292,6 @@ def _logprobs_request(body: dict, chat: bool) -> int | None:
             )
         wanted = n_probs
     return wanted
-
-
-@dataclass
-class ChatBatchRequest(BatchRequest):
-    """A chat request: what shapes its reply (reasoning, tool calls) rides with it."""
-
-    reply: ChatReply | None = None
 
 
 def _message(message: Any, index: int) -> dict[str, Any]:
@@ -361,12 +368,11 @@ def _chat_prompt(
     return ChatReply(prompt, tools, fmt), prompt, grammar
 
 
-def _with_constraint(body: dict, sampling: SamplingParams, engine) -> SamplingParams:
+def _with_constraint(body: dict, sampling: SamplingParams, engine: Any) -> SamplingParams:
     """response_format, json_schema or grammar: the grammar the sequence samples under."""
-    from cli.api.structured_request import constraint_from_body
     from cli.engine.grammar import GrammarError, check_grammar
 
-    constraint = constraint_from_body(body, bad_request)
+    constraint = _constraint(body)
     if constraint is None:
         if sampling.grammar:  # a forced tool call's: checked (and tried) as any other
             try:
@@ -383,121 +389,66 @@ def _with_constraint(body: dict, sampling: SamplingParams, engine) -> SamplingPa
     return dataclasses.replace(sampling, grammar=constraint.grammar)
 
 
-def timings(last: StreamEvent, queued_s: float) -> dict[str, float]:
-    """llama-server's timings object, plus TTFT: prefill and decode ms and tokens/s."""
-    return {
-        # llama-server's names: cache_n prompt tokens reused from the slot's cache, prompt_n
-        # the rest, which were prefilled.
-        "cache_n": last.cached_prompt_tokens,
-        "prompt_n": last.prompt_tokens - last.cached_prompt_tokens,
-        "prompt_ms": last.prefill_s * 1000,
-        "prompt_per_second": last.prefill_tokens_per_s,
-        "predicted_n": last.generation_tokens,
-        "predicted_ms": last.decode_s * 1000,
-        "predicted_per_second": last.decode_tokens_per_s,
-        "ttft_ms": (queued_s + last.prefill_s) * 1000,
-    }
+# A grammar (or schema) is parsed by llama.cpp for every request: bound what one may send.
+MAX_GRAMMAR_CHARS = 64 * 1024
 
 
-def _usage(last: StreamEvent) -> dict[str, Any]:
-    return {
-        "prompt_tokens": last.prompt_tokens,
-        "completion_tokens": last.generation_tokens,
-        "total_tokens": last.prompt_tokens + last.generation_tokens,
-        "prompt_tokens_details": {"cached_tokens": last.cached_prompt_tokens},
-    }
-
-
-def completion_body(
-    ident: str,
-    chat: bool,
-    model_name: str,
-    text: str,
-    last: StreamEvent,
-    queued_s: float,
-    reply: ChatReply | None = None,
-    logprobs: list[TokenLogprobs] | None = None,
-) -> dict[str, Any]:
-    """The whole reply of a request that did not ask to stream (logprobs: its tokens' entries,
-    None where the request asked for none)."""
-    choice: dict[str, Any] = {"index": 0, "finish_reason": last.finish_reason}
-    choice["logprobs"] = _choice_logprobs(chat, logprobs, CompletionLogprobs())
-    if chat and reply is not None:
-        reply.feed(text, finished=True)
-        choice["message"] = reply.message()
-        choice["finish_reason"] = reply.finish_reason(last.finish_reason)
-    elif chat:
-        choice["message"] = {"role": "assistant", "content": text}
-    else:
-        choice["text"] = text
-    return {
-        "id": ident,
-        "object": "chat.completion" if chat else "text_completion",
-        "created": int(time.time()),
-        "model": model_name,
-        "choices": [choice],
-        "usage": _usage(last),
-        "timings": timings(last, max(queued_s, 0.0)),
-    }
-
-
-def _choice_logprobs(
-    chat: bool, entries: list[TokenLogprobs] | None, legacy: CompletionLogprobs
-) -> dict[str, Any] | None:
-    if entries is None:
+def _constraint(body: dict[str, Any]) -> Constraint | None:
+    """The constraint of OpenAI's response_format (json_object, json_schema with strict) or
+    llama-server's json_schema and grammar fields; None: free text."""
+    asked = [key for key in ("response_format", "json_schema", "grammar") if body.get(key)]
+    if not asked:
         return None
-    return chat_logprobs(entries) if chat else legacy.shape(entries)
+    if len(asked) > 1:
+        raise bad_request(f"{' and '.join(asked)} both constrain the output: send one", asked[1])
+    key = asked[0]
+    try:
+        if key == "grammar":
+            if not isinstance(body["grammar"], str):
+                raise bad_request("'grammar' must be a GBNF string", "grammar")
+            return grammar_constraint(_bounded(body["grammar"], "grammar"))
+        if key == "json_schema":
+            return _schema(body["json_schema"], "json_schema", False)
+        return _response_format(body["response_format"])
+    except UnenforcedError as error:  # only a strict schema raises it
+        raise bad_request(f"strict: {error}", key) from None
+    except UsageError as error:  # a schema or grammar that is malformed or over the budget
+        raise bad_request(str(error), key) from None
 
 
-class ChunkMaker:
-    """The chunks of one streamed reply, as Server-Sent Events: a first one with the role (chat),
-    one per piece of text, a last one with finish_reason, usage and timings, then [DONE].
-
-    Logprobs: hold(event) keeps the entries each event releases; the next chunk carries them
-    (an event whose text is all held back, by the reply shaper too, adds its entries to a
-    later chunk, the last one at the latest)."""
-
-    DONE = b"data: [DONE]\n\n"
-
-    def __init__(self, ident: str, chat: bool, model_name: str) -> None:
-        self.chat = chat
-        self._held: list[TokenLogprobs] = []
-        self._legacy = CompletionLogprobs()
-        self.base = {
-            "id": ident,
-            "object": "chat.completion.chunk" if chat else "text_completion",
-            "created": int(time.time()),
-            "model": model_name,
-        }
-
-    def chunk(
-        self, delta: str | dict | None, finish: str | None = None, first: bool = False
-    ) -> dict:
-        if self.chat:
-            content: dict[str, Any] = {}
-            if first:
-                content["role"] = "assistant"
-            if isinstance(delta, dict):  # reasoning_content, content or tool_calls
-                content.update(delta)
-            elif delta is not None:
-                content["content"] = delta
-            choice = {"index": 0, "delta": content, "finish_reason": finish}
-        else:
-            choice = {"index": 0, "text": delta or "", "finish_reason": finish}
-        held, self._held = self._held, []
-        choice["logprobs"] = _choice_logprobs(self.chat, held or None, self._legacy)
-        return {**self.base, "choices": [choice]}
-
-    def hold(self, event: StreamEvent) -> None:
-        """Keep the logprobs entries event released, for the next chunk."""
-        self._held.extend(event.logprobs or ())
-
-    def final(self, last: StreamEvent, queued_s: float, finish: str | None = None) -> dict:
-        payload = self.chunk(None if self.chat else "", finish or last.finish_reason)
-        payload["usage"] = _usage(last)
-        payload["timings"] = timings(last, max(queued_s, 0.0))
-        return payload
+def _response_format(value: Any) -> Constraint | None:
+    if not isinstance(value, dict) or not isinstance(value.get("type"), str):
+        raise bad_request("'response_format' must be an object with a type", "response_format")
+    kind = value["type"]
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        if "schema" in value:  # llama-server's extension
+            return _schema(value["schema"], "response_format", False)
+        return json_object_constraint()
+    if kind == "json_schema":
+        spec = value.get("json_schema")
+        if not isinstance(spec, dict) or "schema" not in spec:
+            raise bad_request(
+                "response_format json_schema needs {'json_schema': {'name': ..., 'schema': {...}}}",
+                "response_format",
+            )
+        return _schema(spec["schema"], "response_format", bool(spec.get("strict")))
+    raise bad_request(
+        f"response_format type {kind!r} is not one of text, json_object, json_schema",
+        "response_format",
+    )
 
 
-def sse(payload: dict) -> bytes:
-    return b"data: " + json.dumps(payload).encode() + b"\n\n"
+def _schema(schema: Any, param: str, strict: bool) -> Constraint:
+    if not isinstance(schema, dict):
+        raise bad_request("a JSON Schema is a JSON object", param)
+    _bounded(json.dumps(schema), param)
+    check_schema(schema)
+    return schema_constraint(schema, strict)
+
+
+def _bounded(text: str, param: str) -> str:
+    if len(text) > MAX_GRAMMAR_CHARS:
+        raise bad_request(f"'{param}' is over {MAX_GRAMMAR_CHARS} characters", param)
+    return text
