@@ -71,6 +71,14 @@ class ModelNotFoundError(QuillError):
     exit_code = EXIT_MODEL_NOT_FOUND
 
 
+class NotOnDiskError(ModelNotFoundError):
+    """The model is not on disk, and the caller asked not to download it."""
+
+    def __init__(self, name: str, label: str):
+        self.name, self.label = name, label
+        super().__init__(f"{label} is not on disk")
+
+
 class DiskSpaceError(ModelNotFoundError):
     """Not enough free disk space to download the model."""
 
@@ -144,6 +152,10 @@ class ModelLoadError(QuillError):
 
 class SilentLoadError(ModelLoadError):
     """llama.cpp refused the file and logged no error (its full log may say more)."""
+
+
+class SilentQuantizeError(SilentLoadError):
+    """llama.cpp's quantizer failed and logged no reason (its full log may say more)."""
 
 
 class EndpointError(QuillError):

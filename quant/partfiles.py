@@ -19,15 +19,23 @@ def partial_path(target: Path, pid: int | None = None) -> Path:
     return target.with_name(f".{target.name}.{pid or os.getpid()}.part")
 
 
-def write_text_replacing(target: Path, text: str) -> None:
-    """Write text to target through this process's part file and a rename: a reader sees the
-    old file or the new one, never half of one (OSError when the folder refuses)."""
+def write_replacing(target: Path, data: str | bytes) -> None:
+    """Write data (text as UTF-8) to target through this process's part file, synced, and a
+    rename: a reader sees the old file or the new one, never half of one. Part files that dead
+    writers left go first (OSError when the folder refuses)."""
+    remove_stale_parts(target)
     partial = partial_path(target)
     try:
-        partial.write_text(text, encoding="utf-8")
+        with partial.open("wb") as file:
+            file.write(data.encode() if isinstance(data, str) else data)
+            file.flush()
+            os.fsync(file.fileno())
         partial.replace(target)
     finally:
         partial.unlink(missing_ok=True)
+
+
+write_text_replacing = write_replacing  # the name chat transcripts are written with
 
 
 def process_alive(pid: int) -> bool:

@@ -9,7 +9,9 @@ from cli.errors import (
     ChatOverflowError,
     ContextOverflowError,
     KvCacheTypeError,
+    NotOnDiskError,
     SilentLoadError,
+    SilentQuantizeError,
     SpecOptionError,
 )
 
@@ -40,8 +42,12 @@ def user_message(error: Exception) -> str:
         return f"{error}: /clear, or restart with --on-overflow truncate or a larger --ctx"
     if isinstance(error, ChatOverflowError):
         return f"{error}: shorten it or restart with a larger --ctx"
+    if isinstance(error, SilentQuantizeError):
+        return f"{error}: run with --verbose for llama.cpp's log"
     if isinstance(error, SilentLoadError):
         return f"{error} (run with --verbose)"
+    if isinstance(error, NotOnDiskError):
+        return f"{error}; get it with `quill pull {error.name}`"
     if isinstance(error, AuthRequiredError):
         return f"{error} (pass --api-key)"
     if isinstance(error, ChatNotFoundError):

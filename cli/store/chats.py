@@ -5,11 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from cli.errors import ChatNotFoundError
+from cli.store.home import quill_home
 
 
-def find_transcript(value: str, folder: Path) -> Path:
-    """The transcript value names: last (the newest in folder), a file name there or the start
-    of one, or a path to a .json file; ChatNotFoundError (with the near matches) otherwise."""
+def find_transcript(value: str, folder: Path | None = None) -> Path:
+    """The transcript value names: last (the newest in folder, QUILL_HOME/chats by default), a
+    file name there or the start of one, or a path to a .json file; ChatNotFoundError (with the
+    near matches) otherwise."""
+    folder = folder or quill_home() / "chats"
     saved = (
         sorted(folder.glob("*.json"), key=lambda p: p.stat().st_mtime) if folder.is_dir() else []
     )

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cli.engine.llamalog import llama_log
-from cli.errors import ModelLoadError, UsageError
+from cli.errors import ModelLoadError, SilentQuantizeError, UsageError
 from cli.store.home import quill_home
 from cli.store.models import Download, ModelRequest, file_quant, read_model, record
 from cli.store.registry import Registry
@@ -83,7 +83,9 @@ def make_quantized(
             source, output, target, threads, allow_requantize=allow_requantize, force=force
         )
     except QuantizeFailedError as error:
-        reasons = "; ".join(log.drain()[-2:]) or "run with --verbose for llama.cpp's log"
+        reasons = "; ".join(log.drain()[-2:])
+        if not reasons:
+            raise SilentQuantizeError(str(error)) from None
         raise ModelLoadError(f"{error}: {reasons}") from None
     except QuantizeError as error:
         raise UsageError(str(error)) from None

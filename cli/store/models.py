@@ -20,12 +20,18 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from cli.errors import ModelLoadError, ModelNotFoundError, NotOwnedError, QuillError
+from cli.errors import (
+    ModelLoadError,
+    ModelNotFoundError,
+    NotOnDiskError,
+    NotOwnedError,
+    QuillError,
+)
 from cli.store.home import quill_home
 from cli.store.hub import HubSource
 from cli.store.registry import Registry, TagSpec, names_near
 from cli.store.sources import Fetch, Fetched, LocalFile, Report, Source, SourceFailed
-from quant.partfiles import write_text_replacing
+from quant.partfiles import write_replacing
 
 if TYPE_CHECKING:
     from quant.gguf import GGUFHeader, GGUFInfo
@@ -144,7 +150,7 @@ def _save_manifest(home: Path, downloads: list[Download]) -> None:
     home.mkdir(parents=True, exist_ok=True)
     # A part file per process: two quills may record at once.
     text = json.dumps({"downloads": [asdict(d) for d in downloads]}, indent=1)
-    write_text_replacing(_manifest_path(home), text)
+    write_replacing(_manifest_path(home), text)
 
 
 def made_model(name: str, home: Path | None = None) -> Path | None:
@@ -333,14 +339,6 @@ def list_local(registry: Registry, home: Path | None = None) -> list[LocalModel]
                         f"{entry.alias}:{tag}", cached, size, source, ours
                     )
     return sorted(found.values(), key=lambda m: m.name)
-
-
-class NotOnDiskError(ModelNotFoundError):
-    """The model is not on disk, and the caller asked not to download it."""
-
-    def __init__(self, name: str, label: str):
-        self.name, self.label = name, label
-        super().__init__(f"{label} is not on disk; get it with `quill pull {name}`")
 
 
 def local_path(request: ModelRequest, home: Path | None = None) -> Path:

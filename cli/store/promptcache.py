@@ -1,15 +1,11 @@
 """Prompt caches on disk: the KV state of a sequence, kept so that a later process whose prompt
 starts with the same tokens loads it instead of prefilling them again.
 
-A cache file holds a header (what makes the state valid: the model file's sha256, the context
-size, the KV types, the llama.cpp build; the exact tokens it holds; the state's size and sha256)
-and the state llama.cpp serialized. A file is trusted only when all of that checks out: a
-foreign one (another model, context, KV type, llama.cpp) is never used, a damaged one is removed
-with one warning. Files are written to a part file and renamed, under a lock that also guards
-eviction, so two quill processes never read a half-written cache. The directory is bounded in
-bytes; the least recently used files go first.
-
-No llama.cpp here: the engine serializes and restores; this module keeps bytes and tokens.
+A file holds a header (the key that makes the state valid: model sha256, context size, KV types,
+llama.cpp build; the tokens; the state's size and sha256) and the state llama.cpp serialized. It
+is used only when all of that checks out; a damaged one is removed with one warning. Files are
+written to a part file and renamed under a lock that also guards eviction (least recently used
+first, beyond a byte budget). No llama.cpp here: the engine serializes and restores.
 """
 
 from __future__ import annotations
@@ -26,14 +22,20 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from cli.sequence import common_prefix
+from cli.store.home import quill_home
 from cli.store.models import sha256_of
-from quant.partfiles import partial_path, remove_stale_parts, write_text_replacing
+from quant.partfiles import write_replacing
+
+if TYPE_CHECKING:
+    from cli.engine.engine import Engine
 
 MAGIC = b"QUILLKV1"
 SUFFIX = ".kv"
 MIN_TOKENS = 512  # shorter prompts prefill in about a second on a laptop: not worth a file
+CHAT_MIN_TOKENS = 64  # shorter conversations prefill faster than a file loads
 DEFAULT_MAX_BYTES = 2 << 30
 _LENGTH = struct.Struct("<I")
 MAX_HEADER_BYTES = 64 << 20  # some 5 million tokens of JSON: far past any context window
@@ -56,9 +58,43 @@ class CacheEntry:
     size: int  # of the whole file
     used: float  # last written or loaded (the file's mtime)
 
+    @property
+    def n_ctx(self) -> int | str:
+        return self.key.get("n_ctx", "?")
 
-def cache_dir(home: Path) -> Path:
-    return home / "cache" / "prompts"
+    @property
+    def kv_types(self) -> str:
+        return f"{self.key.get('kv_type_k')}/{self.key.get('kv_type_v')}"
+
+
+def cache_dir(home: Path | None = None) -> Path:
+    return (home or quill_home()) / "cache" / "prompts"
+
+
+def engine_key(engine: Engine) -> dict:
+    """What makes a saved state valid for this engine: the model file's sha256, the context
+    size, the KV types and the llama.cpp build."""
+    return {
+        "model_sha256": model_sha256(engine.path, cache_dir()),
+        "n_ctx": engine.n_ctx,
+        "kv_type_k": engine.kv_type_k,
+        "kv_type_v": engine.kv_type_v,
+        "llama": engine.llama_version,
+    }
+
+
+def run_cache(max_bytes: int) -> Callable[[Engine], PromptCacheStore]:
+    """The prompt caches of quill run, under QUILL_HOME/cache/prompts, for an engine."""
+    return lambda engine: PromptCacheStore(cache_dir(), lambda: engine_key(engine), max_bytes)
+
+
+def chat_cache(transcript: Path) -> Callable[[Engine], PromptCacheStore]:
+    """A chat's KV state, one file beside its transcript: loaded by the first turn of a resumed
+    chat, which goes on as the process that kept its cells would have (not exact)."""
+    folder = transcript.with_name(transcript.stem + ".kvcache")
+    return lambda engine: PromptCacheStore(
+        folder, lambda: engine_key(engine), min_tokens=CHAT_MIN_TOKENS, max_files=1, exact=False
+    )
 
 
 def entry_name(key: dict, tokens: Sequence[int]) -> str:
@@ -70,24 +106,15 @@ def entry_name(key: dict, tokens: Sequence[int]) -> str:
 
 
 def encode(key: dict, tokens: Sequence[int], state: bytes) -> bytes:
-    header = json.dumps(
-        {
-            "key": key,
-            "tokens": list(tokens),
-            "state_bytes": len(state),
-            "state_sha256": hashlib.sha256(state).hexdigest(),
-        },
-        sort_keys=True,
-    ).encode()
+    sha = hashlib.sha256(state).hexdigest()
+    fields = {"key": key, "tokens": list(tokens), "state_bytes": len(state), "state_sha256": sha}
+    header = json.dumps(fields, sort_keys=True).encode()
     return MAGIC + _LENGTH.pack(len(header)) + header + state
 
 
 def read_header(path: Path) -> CacheEntry:
-    """The header of a cache file (the state is not read); CacheFileError if it is not one.
-
-    The file is untrusted input: every field is checked for its type and range here, so that
-    nothing later (the name's digest, the size sum, the state's slice, quill cache list) can
-    fail on a crafted header."""
+    """The header of a cache file, not its state; CacheFileError if it is not one. Every field
+    is checked here, so that nothing later can fail on a crafted header."""
     try:
         with path.open("rb") as file:
             stat = os.fstat(file.fileno())
@@ -126,7 +153,7 @@ def _is_token(value: object) -> bool:
 
 
 def _valid_key(key: object) -> bool:
-    """A key as cache_key writes one: a small map of names to strings or integers."""
+    """A key as engine_key writes one: a small map of names to strings or integers."""
     if not isinstance(key, dict) or len(key) > 64:
         return False
     for name, value in key.items():
@@ -157,10 +184,8 @@ def read_state(entry: CacheEntry) -> bytes:
 
 
 class PromptCacheStore:
-    """One directory of cache files for one key (model, context, KV types, llama.cpp build).
-
-    find() and keep() never raise for a bad file or a full disk: they note one line in
-    warnings and the caller carries on without the cache."""
+    """One directory of cache files for one key. find() and keep() never raise for a bad file
+    or a full disk: they note one line in warnings and the caller goes on without the cache."""
 
     def __init__(
         self,
@@ -184,8 +209,7 @@ class PromptCacheStore:
 
     @functools.cached_property
     def key(self) -> dict:
-        """What makes a state valid; computed when first needed (hashing the model takes a
-        moment, and a short prompt never needs it)."""
+        # Computed when first needed: hashing the model takes a moment, a short prompt never does.
         return self._key() if callable(self._key) else self._key
 
     def entries(self) -> Iterator[CacheEntry]:
@@ -230,9 +254,8 @@ class PromptCacheStore:
         self._discard(self.folder / entry_name(self.key, tokens), "llama.cpp refused its state")
 
     def keep(self, tokens: Sequence[int], state: bytes) -> Path | None:
-        """Write a cache file (part file, then rename) and evict the least recently used files
-        beyond max_bytes; the path, or None where it was not kept (too big, or the disk said
-        no: noted in warnings)."""
+        """Write a cache file and evict the least recently used beyond max_bytes; the path, or
+        None where it was not kept (too big, or the disk said no: noted in warnings)."""
         data = encode(self.key, tokens, state)
         if len(data) > self.max_bytes:
             return None
@@ -240,16 +263,7 @@ class PromptCacheStore:
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
             with self._lock():
-                remove_stale_parts(target)
-                part = partial_path(target)
-                try:
-                    with part.open("wb") as file:
-                        file.write(data)
-                        file.flush()
-                        os.fsync(file.fileno())
-                    part.replace(target)
-                finally:
-                    part.unlink(missing_ok=True)
+                write_replacing(target, data)
                 self._evict(keep=target)
         except OSError as error:
             self.warnings.append(
@@ -369,20 +383,18 @@ def content_sample(path: Path) -> str:
 
 
 def model_sha256(path: Path, folder: Path) -> str:
-    """The model file's sha256, hashed once and remembered beside the caches against the
-    file's size, mtime, ctime and inode and a sample of its content: a file replaced, or
-    edited in place with its mtime set back, is hashed again (a stale prompt cache of the old
-    weights would otherwise be loaded)."""
+    """The model file's sha256, remembered in folder against the file's size, times, inode and
+    a sample of its content: a file replaced, or edited in place with its mtime set back, is
+    hashed again (a stale prompt cache of the old weights would otherwise be loaded)."""
     stat = path.stat()
     stamp = [stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_ino, content_sample(path)]
     memo_path = folder / "models.json"
     where = str(path.resolve())
     try:
         memo = json.loads(memo_path.read_text(encoding="utf-8"))
-        if not isinstance(memo, dict):
-            memo = {}
     except (OSError, ValueError, RecursionError):  # unreadable or damaged: hash again
         memo = {}
+    memo = memo if isinstance(memo, dict) else {}
     known = memo.get(where)
     if isinstance(known, dict) and known.get("stamp") == stamp:
         remembered = known.get("sha256")
@@ -392,7 +404,7 @@ def model_sha256(path: Path, folder: Path) -> str:
     memo[where] = {"stamp": stamp, "sha256": sha}
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        write_text_replacing(memo_path, json.dumps(memo, indent=1))
+        write_replacing(memo_path, json.dumps(memo, indent=1))
     except OSError:
         pass  # remembering is an optimization: the next run hashes again
     return sha

@@ -14,7 +14,7 @@ from cli.store.home import quill_home
 from cli.store.hub import HubSource
 from cli.store.sources import Source
 from cli.store.wheels import WheelPart, WheelSource
-from quant.partfiles import write_text_replacing
+from quant.partfiles import write_replacing
 
 
 @dataclass(frozen=True)
@@ -96,7 +96,7 @@ def _registry_data(path: Path) -> Any:
         return data  # keys JSON would turn into strings: the same
     try:
         cached.parent.mkdir(parents=True, exist_ok=True)
-        write_text_replacing(cached, text)
+        write_replacing(cached, text)
     except OSError:
         pass  # a read-only home: parse it every time
     return data
