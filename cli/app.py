@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import importlib
 import sys
-from functools import cache
 from typing import Annotated, Any
 
 import typer
@@ -23,26 +22,6 @@ except ImportError:  # pragma: no cover
 
 from cli import __version__
 from cli.errors import EXIT_INTERRUPTED, EXIT_USAGE, QuillError, exit_codes_help
-
-
-class QuillGroup(TyperGroup):
-    """Every command runs inside invoke: the one handler of QuillError and Ctrl-C."""
-
-    def invoke(self, ctx: Any) -> Any:
-        try:
-            return super().invoke(ctx)
-        except QuillError as error:
-            from cli.commands.wording import user_message
-            from cli.ui.render import error_line
-
-            error_line(user_message(error))
-            raise typer.Exit(error.exit_code) from None
-        except KeyboardInterrupt:
-            from cli.ui.render import error_line
-
-            error_line("interrupted")
-            raise typer.Exit(EXIT_INTERRUPTED) from None
-
 
 # name, module under cli.commands, function, and the module's attribute holding the prose that
 # ends its --help (None: none); the command's exit codes follow it (cli/errors.py).
@@ -108,10 +87,25 @@ def _command_info(name: str) -> CommandInfo | None:
     return None
 
 
-class LazyQuillGroup(QuillGroup):
-    """The group main() runs: it imports and builds only the command being run. Typer would
-    otherwise import every command module and read every signature (a dozen get_type_hints) on
-    every start, whichever command is asked for."""
+class QuillGroup(TyperGroup):
+    """The group main() runs. It imports and builds only the command being run (Typer would
+    otherwise import every command module and read every signature on every start), and every
+    command runs inside invoke: the one handler of QuillError and Ctrl-C."""
+
+    def invoke(self, ctx: Any) -> Any:
+        try:
+            return super().invoke(ctx)
+        except QuillError as error:
+            from cli.commands.wording import user_message
+            from cli.ui.render import error_line
+
+            error_line(user_message(error))
+            raise typer.Exit(error.exit_code) from None
+        except KeyboardInterrupt:
+            from cli.ui.render import error_line
+
+            error_line("interrupted")
+            raise typer.Exit(EXIT_INTERRUPTED) from None
 
     def list_commands(self, ctx: Any) -> list[str]:
         return [name for name, *_ in COMMANDS]
@@ -140,7 +134,8 @@ SETTINGS: dict[str, Any] = {
     "rich_markup_mode": None,
     "context_settings": {"help_option_names": ["-h", "--help"]},
 }
-lazy_app = typer.Typer(cls=LazyQuillGroup, **SETTINGS)
+# The console script, tests (CliRunner) and docgen all run this app.
+app = typer.Typer(cls=QuillGroup, **SETTINGS)
 
 
 def _version(value: bool) -> None:
@@ -149,7 +144,7 @@ def _version(value: bool) -> None:
         raise typer.Exit()
 
 
-@lazy_app.callback()
+@app.callback()
 def _root(
     version: Annotated[
         bool, typer.Option("--version", callback=_version, is_eager=True, help="Show the version.")
@@ -158,30 +153,10 @@ def _root(
     """Run quantized language models on your own machine, with honest numbers."""
 
 
-@cache
-def _full_app() -> typer.Typer:
-    """Every command registered at once: what tests (CliRunner), docgen and --help listings
-    read. The console script runs lazy_app instead."""
-    full = typer.Typer(cls=QuillGroup, **SETTINGS)
-    full.callback()(_root)
-    for name, *_ in COMMANDS:
-        info = _command_info(name)
-        assert info is not None
-        full.command(name=name, epilog=info.epilog)(info.callback)
-    return full
-
-
-def __getattr__(name: str) -> Any:
-    # `from cli.app import app` builds the full app; `quill list` never touches it.
-    if name == "app":
-        return _full_app()
-    raise AttributeError(f"module 'cli.app' has no attribute {name!r}")
-
-
 def main() -> None:
     """The console script: every outcome leaves through here with a documented exit code."""
     try:
-        code = lazy_app(standalone_mode=False)
+        code = app(standalone_mode=False)
     except NoArgsIsHelpError as error:
         sys.stderr.write(error.ctx.get_help() + "\n")
         sys.exit(EXIT_USAGE)

@@ -15,37 +15,8 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from cli.commands import options as shared
 from cli.commands.basemodel import warn_if_base
-from cli.commands.options import (
-    DEFAULT_SAMPLING,
-    ApiKey,
-    Ctx,
-    Endpoint,
-    GpuLayers,
-    KvK,
-    KvType,
-    KvV,
-    MaxTokens,
-    MinP,
-    ModelArgument,
-    ModelOption,
-    NoStats,
-    Offline,
-    RepeatPenalty,
-    Seed,
-    Stop,
-    System,
-    Temperature,
-    Threads,
-    TopK,
-    TopP,
-    Verbose,
-    load_options,
-    model_label,
-    model_name,
-    open_backend,
-    sampling_params,
-)
 from cli.commands.speculation import DraftModel, DraftTokens, SpecMode, spec_options
 from cli.commands.structured_options import (
     FormatOption,
@@ -107,18 +78,18 @@ class Quit(Exception):
 
 
 def chat(
-    name: ModelArgument = None,
-    model: ModelOption = None,
-    system: System = None,
-    max_tokens: MaxTokens = 512,
-    temperature: Temperature = DEFAULT_SAMPLING.temperature,
-    top_k: TopK = DEFAULT_SAMPLING.top_k,
-    top_p: TopP = DEFAULT_SAMPLING.top_p,
-    min_p: MinP = DEFAULT_SAMPLING.min_p,
-    repeat_penalty: RepeatPenalty = DEFAULT_SAMPLING.repeat_penalty,
-    seed: Seed = None,
-    stop: Stop = None,
-    ctx: Ctx = None,
+    name: shared.ModelArgument = None,
+    model: shared.ModelOption = None,
+    system: shared.System = None,
+    max_tokens: shared.MaxTokens = 512,
+    temperature: shared.Temperature = shared.DEFAULT_SAMPLING.temperature,
+    top_k: shared.TopK = shared.DEFAULT_SAMPLING.top_k,
+    top_p: shared.TopP = shared.DEFAULT_SAMPLING.top_p,
+    min_p: shared.MinP = shared.DEFAULT_SAMPLING.min_p,
+    repeat_penalty: shared.RepeatPenalty = shared.DEFAULT_SAMPLING.repeat_penalty,
+    seed: shared.Seed = None,
+    stop: shared.Stop = None,
+    ctx: shared.Ctx = None,
     on_overflow: Annotated[
         str,
         typer.Option(
@@ -129,16 +100,16 @@ def chat(
     transcript: Annotated[
         Path | None, typer.Option("--transcript", help="Where the conversation is saved.")
     ] = None,
-    threads: Threads = None,
-    gpu_layers: GpuLayers = None,
-    kv_type: KvType = "f16",
-    kv_k: KvK = None,
-    kv_v: KvV = None,
-    no_stats: NoStats = False,
-    offline: Offline = False,
-    verbose: Verbose = False,
-    endpoint: Endpoint = None,
-    api_key: ApiKey = None,
+    threads: shared.Threads = None,
+    gpu_layers: shared.GpuLayers = None,
+    kv_type: shared.KvType = "f16",
+    kv_k: shared.KvK = None,
+    kv_v: shared.KvV = None,
+    no_stats: shared.NoStats = False,
+    offline: shared.Offline = False,
+    verbose: shared.Verbose = False,
+    endpoint: shared.Endpoint = None,
+    api_key: shared.ApiKey = None,
     resume: Annotated[
         str | None,
         typer.Option(
@@ -167,12 +138,12 @@ def chat(
     speculation = spec_options(spec, draft, draft_tokens, endpoint, constraint)
     if on_overflow not in OVERFLOW_POLICIES:
         raise UsageError(f"--on-overflow takes truncate or error, not {on_overflow!r}")
-    chosen = model_name(name, model)
+    chosen = shared.model_name(name, model)
     if resume is not None:
         if transcript is not None:
             raise UsageError("--resume names the transcript itself: drop --transcript")
         transcript = resolve_resume(resume)
-    options = load_options(ctx, threads, gpu_layers, kv_type, kv_k, kv_v)
+    options = shared.load_options(ctx, threads, gpu_layers, kv_type, kv_k, kv_v)
     template = read_template_option(chat_template)
     settings = ModelSettings(chat_template=template, think=think, spec=speculation)
     if transcript is not None and (not transcript.name or transcript.is_dir()):
@@ -182,11 +153,11 @@ def chat(
 
         chosen = chosen or first_model(endpoint, api_key) or "default"
     if transcript is None:
-        stamp, label = time.strftime("%Y%m%d-%H%M%S"), chosen if endpoint else model_label(chosen)
-        transcript = quill_home() / "chats" / f"{stamp}-{label.replace('/', '_')}.json"
+        label = (chosen if endpoint else shared.model_label(chosen)).replace("/", "_")
+        transcript = quill_home() / "chats" / f"{time.strftime('%Y%m%d-%H%M%S')}-{label}.json"
 
     def opener(settings: ModelSettings) -> Callable[[str | None], tuple[str, Backend]]:
-        return lambda name: open_backend(
+        return lambda name: shared.open_backend(
             name, endpoint, api_key, options, settings, offline, verbose
         )
 
@@ -194,7 +165,8 @@ def chat(
     label, backend = opener(chat_cache_settings(settings, transcript))(chosen)
     chat_settings = ChatSettings(
         sampling=constrained_sampling(
-            sampling_params(temperature, top_k, top_p, min_p, repeat_penalty, seed), constraint
+            shared.sampling_params(temperature, top_k, top_p, min_p, repeat_penalty, seed),
+            constraint,
         ),
         max_tokens=max_tokens,
         stop=tuple(stop or ()),
@@ -204,8 +176,7 @@ def chat(
     session = ChatSession(backend, label, transcript, system, chat_settings)
     if session.continued:
         render.info_line(f"continuing the {session.continued} messages in {transcript}")
-    repl = Repl(session, opener(settings), show_stats=not no_stats, constraint=constraint)
-    repl.after_turn = report.after_turn
+    repl = Repl(session, opener(settings), not no_stats, constraint, report.after_turn)
     try:
         repl.run()
     finally:
@@ -221,16 +192,14 @@ class Repl:
         open_model: Callable[[str], tuple[str, Backend]],  # what /model opens a model with
         show_stats: bool,
         constraint: Constraint | None = None,  # --schema and co.: each reply is checked
+        after_turn: Callable[[], None] | None = None,  # the resumed KV cache's report
     ) -> None:
-        self.session = session
-        self.open_model = open_model
-        self.show_stats = show_stats
-        self.constraint = constraint
+        self.session, self.open_model, self.show_stats = session, open_model, show_stats
+        self.constraint, self.after_turn = constraint, after_turn
         self.interactive = sys.stdin.isatty()
         self.last_stats: str | None = None
         self.last_reasoning = ""  # what /think shows
         self.lines_read = 0
-        self.after_turn: Callable[[], None] | None = None  # the resumed KV cache's report
         # A turn refused because the conversation does not fit: the chat goes on, and ends
         # with exit 4, so that a script piping messages in can tell.
         self.exit_code = EXIT_OK
@@ -248,7 +217,7 @@ class Repl:
                 "continue"
             )
         if self.interactive:
-            _start_history()
+            _history()
             where = f"at {backend.location}"
             if backend.is_local:
                 where = f"context {backend.n_ctx} tokens"
@@ -271,7 +240,7 @@ class Repl:
             pass
         finally:
             if self.interactive:
-                _save_history()
+                _history(save=True)
         render.info_line(f"transcript saved to {session.transcript}")
 
     def _messages(self) -> Iterator[str]:
@@ -489,30 +458,20 @@ class Repl:
         warn_if_base(label)
 
 
-def _history_file() -> Path:
+def _history(save: bool = False) -> None:
+    """Read, or save, the lines typed before (QUILL_HOME/chat_history) where readline exists."""
     from cli.store.models import quill_home
 
-    return quill_home() / "chat_history"
-
-
-def _start_history() -> None:
-    try:
-        import readline
-    except ImportError:  # pragma: no cover  (Windows without pyreadline)
-        return
-    readline.set_history_length(1000)
-    with contextlib.suppress(OSError):
-        readline.read_history_file(_history_file())
-
-
-def _save_history() -> None:
-    try:
+    with contextlib.suppress(ImportError, OSError):  # no readline (Windows), no history yet
         import readline
 
-        _history_file().parent.mkdir(parents=True, exist_ok=True)
-        readline.write_history_file(_history_file())
-    except (ImportError, OSError):
-        pass
+        path = quill_home() / "chat_history"
+        if save:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            readline.write_history_file(path)
+        else:
+            readline.set_history_length(1000)
+            readline.read_history_file(path)
 
 
 def _line_buffer() -> str:

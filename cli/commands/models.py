@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from typing import Annotated
 
 import typer
@@ -26,10 +25,10 @@ def pull(
     ] = False,
 ) -> None:
     """Download a model into the local cache: resumable, checked against its sha256."""
-    from cli.store.models import local_path, obtain, parse_model_name
+    from cli.commands.options import obtain_request
+    from cli.store.models import local_path, parse_model_name
     from cli.store.registry import load_registry, model_kind
     from cli.ui import render
-    from cli.ui.progress import download_progress
     from cli.units import human_bytes
 
     request = parse_model_name(name, load_registry())
@@ -40,14 +39,7 @@ def pull(
         render.info_line(f"{request.label}: already on disk at {path}")
     except ModelNotFoundError:
         try:
-            path = obtain(
-                request,
-                offline=offline,
-                report=render.info_line,
-                progress=download_progress(),
-                terminal=sys.stderr.isatty(),
-                verbose=verbose,
-            )
+            path = obtain_request(request, offline, verbose)
         except KeyboardInterrupt:
             raise Interrupted(
                 "interrupted; run the same command again to resume the download"

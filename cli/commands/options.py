@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from cli.engine.backend import Backend
     from cli.engine.engine import Engine
     from cli.engine.settings import ModelSettings
+    from cli.store.models import ModelRequest
 
 DEFAULT_SAMPLING = SamplingParams()  # the CLI shows the engine's own defaults
 GPU_BUILD_HINT = (
@@ -204,26 +205,13 @@ def sampling_params(
     seed: int | None,
     ignore_eos: bool = False,
 ) -> SamplingParams:
-    floats = {
-        "--temperature": temperature,
-        "--top-p": top_p,
-        "--min-p": min_p,
-        "--repeat-penalty": repeat_penalty,
-    }
-    for option, number in floats.items():
+    floats = dict(temperature=temperature, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty)
+    for name, number in floats.items():
         if not math.isfinite(number):  # nan passes typer's range checks: every comparison fails
-            raise UsageError(f"{option} takes a finite number, not {number}")
+            raise UsageError(f"--{name.replace('_', '-')} takes a finite number, not {number}")
     check_at_most("--top-k", top_k, MAX_TOP_K, "llama.cpp's top-k is a 32-bit integer")
     check_at_most("--seed", seed, MAX_SEED, "llama.cpp's seeds are 32-bit")
-    return SamplingParams(
-        temperature=temperature,
-        top_k=top_k,
-        top_p=top_p,
-        min_p=min_p,
-        repeat_penalty=repeat_penalty,
-        seed=seed,
-        ignore_eos=ignore_eos,
-    )
+    return SamplingParams(**floats, top_k=top_k, seed=seed, ignore_eos=ignore_eos)
 
 
 def parse_gpu_layers(value: str | None) -> int | None:
@@ -302,25 +290,26 @@ def load_options(
     )
 
 
-def model_label(name: str | None) -> str:
-    """The label a model name goes by (None: the default), without obtaining it."""
+def model_request(name: str | None) -> ModelRequest:
+    """What a model name asks for (None: the default model), without obtaining it."""
     from cli.store.models import parse_model_name
     from cli.store.registry import load_registry
 
     registry = load_registry()
-    return parse_model_name(name or registry.default, registry).label
+    return parse_model_name(name or registry.default, registry)
 
 
-def obtain_model(name: str | None, offline: bool, verbose: bool = False) -> tuple[str, Path]:
-    """(label, local path) for a model name, downloading it if needed; None means the default."""
-    from cli.store.models import obtain, parse_model_name
-    from cli.store.registry import load_registry
+def model_label(name: str | None) -> str:
+    return model_request(name).label
+
+
+def obtain_request(request: ModelRequest, offline: bool, verbose: bool = False) -> Path:
+    """The local path of a requested model, downloaded (with a progress bar) if needed."""
+    from cli.store.models import obtain
     from cli.ui import render
     from cli.ui.progress import download_progress
 
-    registry = load_registry()
-    request = parse_model_name(name or registry.default, registry)
-    path = obtain(
+    return obtain(
         request,
         offline=offline,
         report=render.info_line,
@@ -328,7 +317,12 @@ def obtain_model(name: str | None, offline: bool, verbose: bool = False) -> tupl
         terminal=sys.stderr.isatty(),
         verbose=verbose,
     )
-    return request.label, path
+
+
+def obtain_model(name: str | None, offline: bool, verbose: bool = False) -> tuple[str, Path]:
+    """(label, local path) for a model name (None: the default), downloaded if needed."""
+    request = model_request(name)
+    return request.label, obtain_request(request, offline, verbose)
 
 
 def open_model(

@@ -8,23 +8,7 @@ from typing import Annotated
 
 import typer
 
-from cli.commands.options import (
-    GpuLayers,
-    JsonOutput,
-    KvK,
-    KvType,
-    KvV,
-    MarkdownOutput,
-    ModelArgument,
-    ModelOption,
-    Offline,
-    Threads,
-    Verbose,
-    kv_types,
-    load_options,
-    model_name,
-    obtain_model,
-)
+from cli.commands import options as shared
 from cli.errors import Interrupted, UsageError
 
 PPL_EPILOG = (
@@ -55,8 +39,8 @@ def _check_window(window: int, trained_ctx: int) -> None:
 
 
 def perplexity(
-    name: ModelArgument = None,
-    model: ModelOption = None,
+    name: shared.ModelArgument = None,
+    model: shared.ModelOption = None,
     file: Annotated[
         Path, typer.Option("-f", "--file", help="The text to score (UTF-8).", show_default=False)
     ] = ...,  # type: ignore[assignment]
@@ -65,14 +49,14 @@ def perplexity(
         int | None,
         typer.Option("--chunks", min=1, help="Score only the first N windows (default: all)."),
     ] = None,
-    kv_type: KvType = "f16",
-    kv_k: KvK = None,
-    kv_v: KvV = None,
-    threads: Threads = None,
-    gpu_layers: GpuLayers = None,
-    json_output: JsonOutput = False,
-    offline: Offline = False,
-    verbose: Verbose = False,
+    kv_type: shared.KvType = "f16",
+    kv_k: shared.KvK = None,
+    kv_v: shared.KvV = None,
+    threads: shared.Threads = None,
+    gpu_layers: shared.GpuLayers = None,
+    json_output: shared.JsonOutput = False,
+    offline: shared.Offline = False,
+    verbose: shared.Verbose = False,
 ) -> None:
     """Perplexity of a model over a text file, with its ± error: lower is better, and the change
     against the F16 model is what a quantization costs."""
@@ -83,10 +67,12 @@ def perplexity(
     from cli.ui.progress import StepProgress
 
     last = None
-    options = load_options(ctx, threads, gpu_layers, kv_type, kv_k, kv_v, n_batch=min(ctx, 2048))
+    options = shared.load_options(
+        ctx, threads, gpu_layers, kv_type, kv_k, kv_v, n_batch=min(ctx, 2048)
+    )
     type_k, type_v = options.kv_type_k, options.kv_type_v
     text = read_text(file)
-    label, path = obtain_model(model_name(name, model), offline)
+    label, path = shared.obtain_model(shared.model_name(name, model), offline)
     _check_window(ctx, read_model(path).context_length or ctx)
     try:
         with Engine(path, options, verbose=verbose) as engine:
@@ -147,8 +133,8 @@ def perplexity(
 
 
 def quant_report(
-    name: ModelArgument = None,
-    model: ModelOption = None,
+    name: shared.ModelArgument = None,
+    model: shared.ModelOption = None,
     file: Annotated[
         Path, typer.Option("-f", "--file", help="The text to score (UTF-8).", show_default=False)
     ] = ...,  # type: ignore[assignment]
@@ -174,10 +160,10 @@ def quant_report(
     kv_ctx: Annotated[
         int, typer.Option("--kv-ctx", min=1, help="Context the KV bytes are given for.")
     ] = 4096,
-    threads: Threads = None,
-    json_output: JsonOutput = False,
-    markdown_output: MarkdownOutput = False,
-    offline: Offline = False,
+    threads: shared.Threads = None,
+    json_output: shared.JsonOutput = False,
+    markdown_output: shared.MarkdownOutput = False,
+    offline: shared.Offline = False,
 ) -> None:
     """Which quant should I use on this machine? Quantizes the model to each weight type, then
     measures size, perplexity and its change against F16, prefill and decode speed and KV bytes
@@ -185,50 +171,47 @@ def quant_report(
     from cli.engine.hardware import physical_cores
     from cli.measure.quantreport import ReportSettings, measure
     from cli.store.making import make_quantized, target_type
-    from cli.store.models import parse_model_name, read_model
+    from cli.store.models import ModelRequest, parse_model_name, read_model
     from cli.store.registry import load_registry
     from cli.ui import render
     from cli.ui.progress import StepProgress
     from quant.quantize import FLOAT_FILE_TYPES, source_file_type
 
-    chosen = model_name(name, model)
+    chosen = shared.model_name(name, model)
     weights = [target_type(t) for t in types.split(",")]
     kvs = kv_types_option.split(",")
     for kv in kvs:
-        kv_types(kv, None, None)
+        shared.kv_types(kv, None, None)
     if json_output and markdown_output:
         raise UsageError("choose one of --json and --markdown")
     text = read_text(file)
-    label, source = obtain_model(chosen, offline)
+    request = shared.model_request(chosen)
+    label, source = request.label, shared.obtain_request(request, offline)
     _check_window(ctx, read_model(source).context_length or ctx)
     registry = load_registry()
-    request = parse_model_name(chosen or registry.default, registry)
     quantize_threads = threads or physical_cores()
     file_type, _ = source_file_type(source)
-    baseline_type = weights[0]
-    models = []
+    if file_type not in FLOAT_FILE_TYPES:
+        render.warning_line(
+            f"{label} is quantized: the {weights[0]} baseline is its dequantized copy, so the "
+            "report measures re-quantization from those rounded weights"
+        )
     with StepProgress("quantizing") as progress:
-        if file_type in FLOAT_FILE_TYPES and FLOAT_FILE_TYPES[file_type] == baseline_type:
-            baseline = source
-        else:
-            if file_type not in FLOAT_FILE_TYPES:
-                render.warning_line(
-                    f"{label} is quantized: the {baseline_type} baseline is its dequantized "
-                    "copy, so the report measures re-quantization from those rounded weights"
-                )
+
+        def quantized(request: ModelRequest, source: Path, target: str) -> Path:
             made = make_quantized(
-                label, request, source, baseline_type, registry, quantize_threads, force=True,
+                label, request, source, target, registry, quantize_threads, force=True,
                 on_tensor=progress.update,
             )  # fmt: skip
-            baseline = Path(made.result.output)
-        models.append((baseline_type, baseline))
-        baseline_request = parse_model_name(str(baseline), registry)
-        for target in weights[1:]:
-            made = make_quantized(
-                label, baseline_request, baseline, target, registry, quantize_threads, force=True,
-                on_tensor=progress.update,
-            )  # fmt: skip
-            models.append((target, Path(made.result.output)))
+            return Path(made.result.output)
+
+        # The first type is the baseline (the source itself when it is of that type); the others
+        # are quantized from it.
+        same = FLOAT_FILE_TYPES.get(file_type) == weights[0]
+        baseline = source if same else quantized(request, source, weights[0])
+        from_baseline = parse_model_name(str(baseline), registry)
+        models = [(weights[0], baseline)]
+        models += [(target, quantized(from_baseline, baseline, target)) for target in weights[1:]]
     settings = ReportSettings(
         weight_types=tuple(weights),
         kv_types=tuple(kvs),

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -40,25 +39,20 @@ def quantize(
     into F16 (it cannot restore the precision already lost)."""
     import json
 
+    from cli.commands.options import obtain_request
     from cli.engine.hardware import physical_cores
     from cli.engine.llamalog import llama_log
     from cli.store.making import make_quantized, target_type
-    from cli.store.models import obtain, parse_model_name
+    from cli.store.models import parse_model_name
     from cli.store.registry import load_registry
     from cli.ui import render
-    from cli.ui.progress import StepProgress, download_progress
+    from cli.ui.progress import StepProgress
     from cli.units import human_bytes
 
     target = target_type(to)
     registry = load_registry()
     request = parse_model_name(name, registry)
-    source = obtain(
-        request,
-        offline=offline,
-        report=render.info_line,
-        progress=download_progress(),
-        terminal=sys.stderr.isatty(),
-    )
+    source = obtain_request(request, offline)
     threads = threads or physical_cores()
     llama_log().verbose = verbose
     render.info_line(f"quantizing {source.name} to {target} with {threads} threads")

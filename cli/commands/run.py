@@ -3,43 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from cli.commands import options as shared
 from cli.commands.cache import DEFAULT_CACHE_MAX, CacheMax, NoCache
-from cli.commands.options import (
-    DEFAULT_SAMPLING,
-    ApiKey,
-    Ctx,
-    Endpoint,
-    GpuLayers,
-    JsonOutput,
-    KvK,
-    KvType,
-    KvV,
-    MaxTokens,
-    MinP,
-    ModelOption,
-    NoStats,
-    Offline,
-    RepeatPenalty,
-    Seed,
-    Stop,
-    System,
-    Temperature,
-    Threads,
-    TopK,
-    TopP,
-    Verbose,
-    load_options,
-    model_and_prompt,
-    open_backend,
-    read_prompt,
-    sampling_params,
-    size_option,
-)
 from cli.commands.speculation import DraftModel, DraftTokens, SpecMode, spec_options
 from cli.commands.structured_options import (
     FormatOption,
@@ -68,33 +38,26 @@ if TYPE_CHECKING:
     from cli.engine.backend import Backend
     from cli.engine.events import StreamEvent, TokenLogprobs
     from cli.engine.metrics import MetricsRecorder
-    from cli.engine.options import LoadOptions
     from cli.engine.structured import Constraint
 
 
 @dataclass(frozen=True)
 class RunRequest:
+    """What run_once does with an opened backend."""
+
     prompt: str
-    model: str | None = None
-    system: str | None = None
-    raw: bool = False
-    max_tokens: int = 512
-    sampling: SamplingParams = field(default_factory=SamplingParams)
-    stop: tuple[str, ...] = ()
-    offline: bool = False
-    json_output: bool = False
-    show_stats: bool = True
-    timeline: bool = False
-    verbose: bool = False
-    endpoint: str | None = None  # an OpenAI-compatible server instead of a local model
-    api_key: str | None = None
-    prompt_cache_max_bytes: int | None = None  # None: no prompt cache across runs
-    hide_thinking: bool = False
-    constraint: Constraint | None = None  # --schema, --format json or --grammar
-    logprobs: int | None = None  # alternatives per token in the JSON's logprobs; None: none
-    # Template, reasoning, speculation and logprobs of a local model (the cache is added when
-    # it opens, from prompt_cache_max_bytes).
-    settings: ModelSettings = field(default_factory=ModelSettings)
+    system: str | None  # with the schema told, unless raw
+    raw: bool
+    max_tokens: int
+    sampling: SamplingParams
+    stop: tuple[str, ...]
+    json_output: bool
+    show_stats: bool
+    timeline: bool
+    verbose: bool
+    hide_thinking: bool
+    constraint: Constraint | None  # --schema, --format json or --grammar
+    logprobs: int | None  # alternatives per token in the JSON's logprobs; None: none
 
 
 def run(
@@ -108,43 +71,43 @@ def run(
             "Ollama's order.",
         ),
     ] = None,
-    model: ModelOption = None,
-    system: System = None,
+    model: shared.ModelOption = None,
+    system: shared.System = None,
     raw: Annotated[
         bool, typer.Option("--raw", help="Send the prompt as it is, without the chat template.")
     ] = False,
-    max_tokens: MaxTokens = 512,
-    temperature: Temperature = DEFAULT_SAMPLING.temperature,
-    top_k: TopK = DEFAULT_SAMPLING.top_k,
-    top_p: TopP = DEFAULT_SAMPLING.top_p,
-    min_p: MinP = DEFAULT_SAMPLING.min_p,
-    repeat_penalty: RepeatPenalty = DEFAULT_SAMPLING.repeat_penalty,
-    seed: Seed = None,
+    max_tokens: shared.MaxTokens = 512,
+    temperature: shared.Temperature = shared.DEFAULT_SAMPLING.temperature,
+    top_k: shared.TopK = shared.DEFAULT_SAMPLING.top_k,
+    top_p: shared.TopP = shared.DEFAULT_SAMPLING.top_p,
+    min_p: shared.MinP = shared.DEFAULT_SAMPLING.min_p,
+    repeat_penalty: shared.RepeatPenalty = shared.DEFAULT_SAMPLING.repeat_penalty,
+    seed: shared.Seed = None,
     ignore_eos: Annotated[
         bool,
         typer.Option(
             "--ignore-eos", help="Never end at the model's end-of-text token (benchmarks)."
         ),
     ] = False,
-    stop: Stop = None,
-    ctx: Ctx = None,
-    threads: Threads = None,
-    gpu_layers: GpuLayers = None,
-    kv_type: KvType = "f16",
-    kv_k: KvK = None,
-    kv_v: KvV = None,
-    offline: Offline = False,
+    stop: shared.Stop = None,
+    ctx: shared.Ctx = None,
+    threads: shared.Threads = None,
+    gpu_layers: shared.GpuLayers = None,
+    kv_type: shared.KvType = "f16",
+    kv_k: shared.KvK = None,
+    kv_v: shared.KvV = None,
+    offline: shared.Offline = False,
     timeline: Annotated[
         bool,
         typer.Option(
             "--timeline", help="After the reply, each token's arrival time and a histogram of gaps."
         ),
     ] = False,
-    json_output: JsonOutput = False,
-    no_stats: NoStats = False,
-    verbose: Verbose = False,
-    endpoint: Endpoint = None,
-    api_key: ApiKey = None,
+    json_output: shared.JsonOutput = False,
+    no_stats: shared.NoStats = False,
+    verbose: shared.Verbose = False,
+    endpoint: shared.Endpoint = None,
+    api_key: shared.ApiKey = None,
     no_cache: NoCache = False,
     cache_max: CacheMax = DEFAULT_CACHE_MAX,
     chat_template: ChatTemplateFile = None,
@@ -178,7 +141,7 @@ def run(
     ] = None,
 ) -> None:
     """Generate a reply to PROMPT, streamed to stdout; reasoning and timing go to stderr."""
-    model, prompt = model_and_prompt(words or [], model)
+    model, prompt = shared.model_and_prompt(words or [], model)
     constraint = build_constraint(schema, schema_multi, json_format, grammar, strict)
     speculation = spec_options(spec, draft, draft_tokens, endpoint, constraint)
     if logprobs is not None and speculation is not None:
@@ -195,58 +158,49 @@ def run(
         from cli.ui import render
 
         render.warning_line("--logprobs shows only in --json output; none are computed without it")
+    from cli.commands.cache import prompt_cache_settings
+    from cli.store.registry import load_registry
+
     template, shown = read_template_option(chat_template), logprobs if json_output else None
     settings = ModelSettings(template, think, think_budget, speculation, shown)
+    cache_bytes = None if no_cache else shared.size_option("--cache-max", cache_max)
+    sampling = shared.sampling_params(
+        temperature, top_k, top_p, min_p, repeat_penalty, seed, ignore_eos
+    )
     request = RunRequest(
-        prompt=read_prompt(prompt),
-        model=model,
-        system=system,
+        prompt=shared.read_prompt(prompt),
+        system=system if raw else system_with_schema(system, constraint),
         raw=raw,
         max_tokens=max_tokens,
-        sampling=constrained_sampling(
-            sampling_params(temperature, top_k, top_p, min_p, repeat_penalty, seed, ignore_eos),
-            constraint,
-        ),
+        sampling=constrained_sampling(sampling, constraint),
         stop=tuple(stop or ()),
-        offline=offline,
         json_output=json_output,
         show_stats=not no_stats,
         timeline=timeline,
         verbose=verbose,
-        endpoint=endpoint,
-        api_key=api_key,
-        prompt_cache_max_bytes=None if no_cache else size_option("--cache-max", cache_max),
         hide_thinking=hide_thinking,
         constraint=constraint,
         logprobs=logprobs,
-        settings=settings,
     )
-    options = None if endpoint else load_options(ctx, threads, gpu_layers, kv_type, kv_k, kv_v)
-    raise typer.Exit(run_once(request, options))
+    options = None
+    if not endpoint:
+        options = shared.load_options(ctx, threads, gpu_layers, kv_type, kv_k, kv_v)
+    settings = prompt_cache_settings(settings, cache_bytes)
+    name, backend = shared.open_backend(
+        model, endpoint, api_key, options, settings, offline, verbose
+    )
+    if backend.is_local:  # named as the user named it (the default: its alias)
+        name = model or load_registry().default
+    raise typer.Exit(run_once(request, name, backend))
 
 
-def run_once(request: RunRequest, options: LoadOptions | None = None) -> int:
-    from cli.commands.cache import finish_prompt_cache, prompt_cache_settings
+def run_once(request: RunRequest, name: str, backend: Backend) -> int:
+    from cli.commands.cache import finish_prompt_cache
     from cli.engine.metrics import MetricsRecorder
-    from cli.store.registry import load_registry
     from cli.ui import render
 
-    settings = prompt_cache_settings(request.settings, request.prompt_cache_max_bytes)
-    name, backend = open_backend(
-        request.model, request.endpoint, request.api_key, options, settings, request.offline,
-        request.verbose,
-    )  # fmt: skip
-    if backend.is_local:  # named as the user named it (the default: its alias)
-        name = request.model or load_registry().default
     try:
         recorder = MetricsRecorder()  # the request starts here: TTFT includes templating
-        system = (
-            request.system
-            if request.raw
-            else system_with_schema(request.system, request.constraint)
-        )
-        messages = [("system", system)] if system else []
-        messages.append(("user", request.prompt))
         if request.raw:
             try:
                 events = backend.stream_text(
@@ -267,6 +221,8 @@ def run_once(request: RunRequest, options: LoadOptions | None = None) -> int:
                     "as 'user: ...' lines, which base models only continue (--raw sends it as it "
                     "is)"
                 )
+            messages = [("system", request.system)] if request.system else []
+            messages.append(("user", request.prompt))
             events = backend.stream_chat(
                 messages, request.max_tokens, request.sampling, request.stop
             )

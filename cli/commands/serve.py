@@ -8,22 +8,7 @@ from typing import Annotated
 
 import typer
 
-from cli.commands.options import (
-    CTX_DEFAULT_HELP,
-    GpuLayers,
-    KvK,
-    KvType,
-    KvV,
-    ModelArgument,
-    ModelOption,
-    Offline,
-    Threads,
-    Verbose,
-    load_options,
-    model_name,
-    open_model,
-    size_option,
-)
+from cli.commands import options as shared
 from cli.commands.templating import ChatTemplateFile, Think, read_template_option
 from cli.errors import UsageError
 
@@ -35,8 +20,8 @@ SERVE_EPILOG = (
 
 
 def serve(
-    name: ModelArgument = None,
-    model: ModelOption = None,
+    name: shared.ModelArgument = None,
+    model: shared.ModelOption = None,
     host: Annotated[
         str, typer.Option("--host", help="Address to listen on (0.0.0.0: every interface).")
     ] = "127.0.0.1",
@@ -47,7 +32,7 @@ def serve(
     ctx: Annotated[
         int | None,
         typer.Option(
-            "-c", "--ctx", min=16, help=f"Context per request, in tokens. {CTX_DEFAULT_HELP}"
+            "-c", "--ctx", min=16, help=f"Context per request, in tokens. {shared.CTX_DEFAULT_HELP}"
         ),
     ] = None,
     api_key: Annotated[
@@ -106,13 +91,13 @@ def serve(
             "prefilling.",
         ),
     ] = "0",
-    threads: Threads = None,
-    gpu_layers: GpuLayers = None,
-    kv_type: KvType = "f16",
-    kv_k: KvK = None,
-    kv_v: KvV = None,
-    offline: Offline = False,
-    verbose: Verbose = False,
+    threads: shared.Threads = None,
+    gpu_layers: shared.GpuLayers = None,
+    kv_type: shared.KvType = "f16",
+    kv_k: shared.KvK = None,
+    kv_v: shared.KvV = None,
+    offline: shared.Offline = False,
+    verbose: shared.Verbose = False,
     chat_template: ChatTemplateFile = None,
     think: Think = None,
 ) -> None:
@@ -122,10 +107,10 @@ def serve(
     from cli.engine.batching import BatchScheduler
     from cli.engine.settings import ModelSettings
     from cli.ui import render
+    from cli.units import human_bytes
 
-    park_bytes = size_option("--cache-ram", cache_ram)
-    options = load_options(ctx, threads, gpu_layers, kv_type, kv_k, kv_v, parallel=parallel)
-    type_k, type_v = options.kv_type_k, options.kv_type_v
+    park_bytes = shared.size_option("--cache-ram", cache_ram)
+    options = shared.load_options(ctx, threads, gpu_layers, kv_type, kv_k, kv_v, parallel=parallel)
     check_parallel(parallel, ctx)
     max_connections = open_file_room(max_connections)
     settings = ModelSettings(chat_template=read_template_option(chat_template), think=think)
@@ -135,7 +120,7 @@ def serve(
         raise UsageError(
             f"cannot listen on {host}:{port}: {error.strerror}; choose another --port"
         ) from None
-    label, engine = open_model(model_name(name, model), options, settings, offline)
+    label, engine = shared.open_model(shared.model_name(name, model), options, settings, offline)
     scheduler = BatchScheduler(engine, max_queued=max_queue, park_bytes=park_bytes)
     limits = ServerLimits(
         max_body_bytes=max_body,
@@ -158,9 +143,11 @@ def serve(
             f"listening on {host} without --api-key: anyone who can reach this port can use it"
         )
     bound_port = sock.getsockname()[1]
+    kv = f"KV {options.kv_type_k}/{options.kv_type_v}"
+    parked = f" · parked caches up to {human_bytes(park_bytes)}" if park_bytes else ""
     render.info_line(
         f"quill serve: {label} on http://{host}:{bound_port}/v1 · {parallel} slots of "
-        f"{engine.n_ctx} tokens · KV {type_k}/{type_v}{parked_note(park_bytes)} · Ctrl-C to stop"
+        f"{engine.n_ctx} tokens · {kv}{parked} · Ctrl-C to stop"
     )
     if os.environ.get("QUILL_SERVE_READY_FILE"):  # tests and scripts learn the port from here
         with open(os.environ["QUILL_SERVE_READY_FILE"], "w") as ready:
@@ -174,38 +161,27 @@ def serve(
         engine.close()
 
 
-def parked_note(park_bytes: int) -> str:
-    """The parked caches' budget, for the startup line (nothing when there is none)."""
-    from cli.units import human_bytes
-
-    return f" · parked caches up to {human_bytes(park_bytes)}" if park_bytes else ""
-
-
 def check_parallel(parallel: int, ctx: int | None) -> None:
     """Refuse a --parallel that llama.cpp would abort on: every decoding sequence puts a token
     with logits into each batch, and a batch holds at most min(512, --ctx) tokens."""
+    import llama_cpp
+
     from cli.engine.options import DEFAULT_CTX, LoadOptions
 
-    ctx = ctx or DEFAULT_CTX
-    batch = min(LoadOptions().n_batch, ctx)
+    ctx, n_batch = ctx or DEFAULT_CTX, LoadOptions().n_batch
+    batch = min(n_batch, ctx)
     if parallel > batch:
         raise UsageError(
             f"--parallel {parallel} needs a batch of {parallel} tokens, but batches hold "
             f"{batch} (the smaller of 512 and --ctx {ctx}): use --parallel {batch} or less"
-            + (", or raise --ctx" if ctx < LoadOptions().n_batch else "")
+            + (", or raise --ctx" if ctx < n_batch else "")
         )
-    most = max_sequences()
+    most = int(llama_cpp.llama_max_parallel_sequences())
     if parallel > most:
         raise UsageError(
             f"--parallel {parallel} exceeds the {most} sequences llama.cpp can decode together: "
             f"use --parallel {most} or less"
         )
-
-
-def max_sequences() -> int:
-    import llama_cpp as llama
-
-    return int(llama.llama_max_parallel_sequences())
 
 
 def open_file_room(max_connections: int) -> int:
