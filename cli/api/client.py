@@ -5,7 +5,6 @@ what this client saw, queueing and network included; token counts come from the 
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import time
 import urllib.error
@@ -28,30 +27,19 @@ from cli.errors import (
 
 @dataclass
 class RemoteModel:
-    """A model behind an OpenAI-compatible server, as a Backend: the server keeps its own cache,
-    window and load, so those numbers are zero here."""
+    """A model behind an OpenAI-compatible server, as a Backend."""
 
     url: str
     model: str
     api_key: str | None = None
     logprobs: int | None = None  # ask the server for logprobs with this many alternatives
-    # What a local engine reports of itself; the server keeps its own load, window, KV cache,
+    # What a local engine reports of itself: the server keeps its own load, window, KV cache,
     # threads, prompt cache and speculation, and says nothing of them.
-    load_s: float = 0.0
-    n_ctx: int = 0
-    kv_type_k: str | None = None
-    kv_type_v: str | None = None
-    kv_cache_bytes: int = 0
-    threads: int = 0
-    gpu_layers: int = 0
-    core_load: None = None
-    has_chat_template: bool = True  # the server applies its own
-    cached_tokens: int = 0
-    prompt_cache: None = None
-    restored_tokens: int = 0
-    restore_s: float = 0.0
-    speculation_stats: None = None
-    is_local: bool = False
+    is_local = False
+    has_chat_template = True  # the server applies its own
+    load_s = restore_s = 0.0
+    n_ctx = kv_cache_bytes = threads = gpu_layers = cached_tokens = restored_tokens = 0
+    kv_type_k = kv_type_v = core_load = prompt_cache = speculation_stats = None
 
     @property
     def location(self) -> str:
@@ -78,16 +66,7 @@ class RemoteModel:
             logprobs=self.logprobs,
         )
 
-    def stream_text(
-        self,
-        text: str,
-        max_tokens: int,
-        sampling: SamplingParams,
-        stop: Sequence[str] = (),
-    ) -> Iterator[StreamEvent]:
-        """The text as it is, to /v1/completions (no chat template; MissingEndpointError where
-        the server has no such route)."""
-        return self.stream_chat(text, max_tokens, sampling, stop)
+    stream_text = stream_chat  # a text goes as it is to /v1/completions: no chat template
 
     def perf_note(self) -> str:
         return ""
@@ -102,28 +81,24 @@ class RemoteModel:
         pass
 
 
-def chat_url(base: str) -> str:
+def _root(base: str) -> str:
+    """The server's /v1 URL, from what the user gave: it, the server, or its chat URL."""
     base = base.rstrip("/")
     if base.endswith("/chat/completions"):
-        return base
-    if not base.endswith("/v1"):
-        base += "/v1"
-    return base + "/chat/completions"
+        return base.removesuffix("/chat/completions")
+    return base if base.endswith("/v1") else base + "/v1"
 
 
 def first_model(base_url: str, api_key: str | None, timeout_s: float = 10) -> str | None:
     """The first model GET /v1/models lists: what to ask for when the user names none."""
-    url = chat_url(base_url).removesuffix("/chat/completions") + "/models"
+    url = _root(base_url) + "/models"
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
         request = urllib.request.Request(url, headers=headers)
         with urllib.request.urlopen(request, timeout=timeout_s) as response:
             listed = json.loads(response.read()).get("data") or []
-    except urllib.error.HTTPError as error:
-        raise _refusal(url, error) from None
-    except (urllib.error.URLError, OSError) as error:
-        reason = getattr(error, "reason", error)
-        raise EndpointError(f"cannot reach {url}: {reason}; is the server running?") from None
+    except OSError as error:
+        raise _failure(url, error) from None
     except ValueError:
         return None
     return listed[0].get("id") if listed and isinstance(listed[0], dict) else None
@@ -143,32 +118,9 @@ def stream_chat(
 ) -> Iterator[StreamEvent]:
     """Send the request now (a refusal or an unreachable server raises here, before any reply),
     and return the events of the reply as they arrive. messages: a conversation, to
-    /v1/chat/completions; or a text, sent as it is to /v1/completions. cache_prompt=False asks
-    the server (llama-server's and quill serve's extension) to prefill the whole prompt."""
-    body = _body(base_url, model, max_tokens, sampling, stop, api_key)
-    if not cache_prompt:
-        body["cache_prompt"] = False
-    url = chat_url(base_url)
-    if isinstance(messages, str):
-        url = url.removesuffix("/chat/completions") + "/completions"
-        body["prompt"] = messages
-        if logprobs is not None:
-            body["logprobs"] = logprobs  # the legacy field: the number of alternatives
-    else:
-        body["messages"] = [{"role": role, "content": text} for role, text in messages]
-        if logprobs is not None:
-            body["logprobs"], body["top_logprobs"] = True, logprobs
-    return _send(url, body, api_key, timeout_s, sampling, logprobs)
-
-
-def _body(
-    base_url: str,
-    model: str | None,
-    max_tokens: int,
-    sampling: SamplingParams,
-    stop: Sequence[str],
-    api_key: str | None,
-) -> dict[str, Any]:
+    /v1/chat/completions; or a text, sent as it is to /v1/completions (MissingEndpointError
+    where the server has no such route). cache_prompt=False asks the server (llama-server's and
+    quill serve's extension) to prefill the whole prompt."""
     body: dict[str, Any] = {
         "model": model or first_model(base_url, api_key) or "default",
         "stream": True,
@@ -188,17 +140,18 @@ def _body(
         body["ignore_eos"] = True
     if sampling.grammar:  # llama-server's field, which quill serve takes too
         body["grammar"] = sampling.grammar
-    return body
-
-
-def _send(
-    url: str,
-    body: dict[str, Any],
-    api_key: str | None,
-    timeout_s: float,
-    sampling: SamplingParams,
-    logprobs: int | None,
-) -> Iterator[StreamEvent]:
+    if not cache_prompt:
+        body["cache_prompt"] = False
+    if isinstance(messages, str):
+        url = _root(base_url) + "/completions"
+        body["prompt"] = messages
+        if logprobs is not None:
+            body["logprobs"] = logprobs  # the legacy field: the number of alternatives
+    else:
+        url = _root(base_url) + "/chat/completions"
+        body["messages"] = [{"role": role, "content": text} for role, text in messages]
+        if logprobs is not None:
+            body["logprobs"], body["top_logprobs"] = True, logprobs
     headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
     if api_key:
         headers["Authorization"] = f"Bearer {api_key}"
@@ -206,11 +159,8 @@ def _send(
     started = time.perf_counter()
     try:
         response = urllib.request.urlopen(request, timeout=timeout_s)
-    except urllib.error.HTTPError as error:
-        raise _refusal(url, error) from None
-    except (urllib.error.URLError, OSError) as error:
-        reason = getattr(error, "reason", error)
-        raise EndpointError(f"cannot reach {url}: {reason}; is the server running?") from None
+    except OSError as error:
+        raise _failure(url, error) from None
     return _events(response, started, sampling, logprobs is not None)
 
 
@@ -240,24 +190,25 @@ def _events(
                 # DeepSeek's API, llama-server and quill serve send reasoning apart.
                 reasoning = delta.get("reasoning_content") or ""
                 finish = choice.get("finish_reason") or finish
-                if logprobs:
-                    entries += _entries(choice.get("logprobs"))
+                entries += _entries(choice.get("logprobs")) if logprobs else []
                 if not text and not reasoning:
                     continue
                 now = time.perf_counter()
                 generated += 1
-                if first_at is None:
-                    first_at = now
-                event = _event(text, generated, first_at - started, now - first_at)
-                if reasoning:
-                    event = dataclasses.replace(event, reasoning=reasoning, thinking=True)
-                if logprobs:
-                    event = dataclasses.replace(event, logprobs=tuple(entries))
-                    entries = []
-                yield event
+                first_at = first_at or now
+                yield _event(
+                    text,
+                    generated,
+                    first_at - started,
+                    now - first_at,
+                    reasoning=reasoning,
+                    thinking=bool(reasoning),
+                    logprobs=tuple(entries) if logprobs else None,
+                )
+                entries = []
     now = time.perf_counter()
     ttft = (first_at or now) - started  # as the client saw it: queueing and the network included
-    last = _event(
+    yield _event(
         "",
         int(usage.get("completion_tokens") or generated),
         ttft,
@@ -266,8 +217,8 @@ def _events(
         cached_prompt_tokens=_cached_tokens(usage),
         finish_reason=finish or "stop",
         seed=sampling.seed if sampling.seed is not None else -1,
+        logprobs=tuple(entries) if logprobs else None,
     )
-    yield dataclasses.replace(last, logprobs=tuple(entries)) if logprobs else last
 
 
 def _entries(logprobs: Any) -> list[TokenLogprobs]:
@@ -313,30 +264,25 @@ def _candidate(item: Any) -> Candidate | None:
     return Candidate(-1, piece, float(item["logprob"]))
 
 
-def _event(
-    text: str,
-    generated: int,
-    ttft: float,
-    decode_s: float,
-    prompt_tokens: int = 0,
-    finish_reason: str | None = None,
-    seed: int = -1,
-    cached_prompt_tokens: int = 0,
-) -> StreamEvent:
-    """One content chunk as an event (the server does not say which token), or with
-    finish_reason set, the last event, carrying the server's usage counts."""
+def _event(text: str, generated: int, ttft: float, decode_s: float, **more: Any) -> StreamEvent:
+    """A content chunk as an event (the server does not say which token), or, with
+    finish_reason in more, the last event, carrying the server's usage counts."""
+    more = {
+        "prompt_tokens": 0,
+        "cached_prompt_tokens": 0,
+        "finish_reason": None,
+        "seed": -1,
+        **more,
+    }
     return StreamEvent(
         text=text,
-        token=-1 if finish_reason is None else None,
-        prompt_tokens=prompt_tokens,
-        cached_prompt_tokens=cached_prompt_tokens,
+        token=-1 if more["finish_reason"] is None else None,
         prefill_s=ttft,
         generation_tokens=generated,
         decode_s=decode_s,
-        finish_reason=finish_reason,
         stop_string=None,
-        seed=seed,
         peak_rss_bytes=0,
+        **more,
     )
 
 
@@ -347,7 +293,11 @@ def _cached_tokens(usage: dict) -> int:
     return cached if isinstance(cached, int) and cached >= 0 else 0
 
 
-def _refusal(url: str, error: urllib.error.HTTPError) -> QuillError:
+def _failure(url: str, error: OSError) -> QuillError:
+    """The error for a server that refused (by its status and message) or could not be reached."""
+    if not isinstance(error, urllib.error.HTTPError):
+        reason = getattr(error, "reason", error)
+        return EndpointError(f"cannot reach {url}: {reason}; is the server running?")
     try:
         message = json.loads(error.read())["error"]["message"]
     except (ValueError, KeyError, TypeError):
