@@ -109,6 +109,7 @@ def bench(
 ) -> None:
     """Measure prefill and decode speed over a grid of lengths, depths, KV types and threads."""
     from cli.commands.options import obtain_model
+    from cli.engine.opening import speculate as attach
     from cli.measure.bench import BenchGrid, run_bench
     from cli.store.models import read_model
     from cli.ui import render
@@ -143,18 +144,15 @@ def bench(
         return
     label, path = obtain_model(chosen, offline)
     grid.check(read_model(path).context_length)
-    rows = []
-
-    def name_cpu_path(engine) -> None:
-        render.info_line(f"CPU path: {engine.cpu_path.describe()}")
-
-    from cli.engine.opening import speculate as attach
-
     drafted = obtain_model(draft, offline) if "draft" in specs else None
 
     def speculate(engine, mode: str) -> None:
         attach(engine, specs[mode], drafted if mode == "draft" else None)
 
+    def name_cpu_path(engine) -> None:
+        render.info_line(f"CPU path: {engine.cpu_path.describe()}")
+
+    rows = []
     for row in run_bench(path, grid, on_load=name_cpu_path, speculate=speculate):
         rows.append(row)
         render.info_line(

@@ -67,6 +67,13 @@ HELP = """\
 \"\"\" ... \"\"\"        a message of several lines
 Ctrl-C while a reply streams stops it; what was written is kept."""
 
+# The commands that need an argument, and what it is.
+USAGE = {
+    "/set": "KEY VALUE, e.g. /set temperature 0.2",
+    "/save": "FILE",
+    "/load": "FILE",
+    "/model": "NAME",
+}
 CHAT_EPILOG = (
     "The conversation is saved as it grows to the transcript file (default: "
     "$QUILL_HOME/chats/). With stdin not a terminal, each line is one message."
@@ -218,9 +225,9 @@ class Repl:
             )
         if self.interactive:
             _history()
-            where = f"at {backend.location}"
-            if backend.is_local:
-                where = f"context {backend.n_ctx} tokens"
+            where = (
+                f"context {backend.n_ctx} tokens" if backend.is_local else f"at {backend.location}"
+            )
             render.info_line(
                 f"quill chat · {session.model_name} · {where} · "
                 f"/help for commands, Ctrl-D to leave · transcript {session.transcript}"
@@ -252,10 +259,9 @@ class Repl:
                     render.write_stderr("\n")
                 return
             except KeyboardInterrupt:
-                if self.interactive and _line_buffer():
-                    render.write_stderr("\n")
-                    continue
                 render.write_stderr("\n")
+                if self.interactive and _line_buffer():  # Ctrl-C drops a half-typed line
+                    continue
                 return
             if line.strip() == BLOCK or (line.startswith(BLOCK) and not line.endswith(BLOCK)):
                 block = self._block(line.strip()[len(BLOCK) :])
@@ -369,8 +375,9 @@ class Repl:
 
     def _command(self, line: str) -> None:
         command, _, argument = line.partition(" ")
-        argument = argument.strip()
-        session = self.session
+        argument, session = argument.strip(), self.session
+        if command in USAGE and not argument:
+            raise ValueError(f"usage: {command} {USAGE[command]}")
         if command in ("/bye", "/exit", "/quit"):
             raise Quit
         if command in ("/help", "/?"):
@@ -383,8 +390,6 @@ class Repl:
             render.info_line("system prompt set" if argument else "system prompt removed")
         elif command == "/set":
             key, _, value = argument.partition(" ")
-            if not key:
-                raise ValueError("usage: /set KEY VALUE, e.g. /set temperature 0.2")
             session.settings = with_setting(session.settings, key, value.strip())
             render.info_line(f"{key} = {value.strip() or '(none)'}")
         elif command == "/show":
@@ -392,13 +397,9 @@ class Repl:
         elif command == "/stats":
             render.info_line(self.last_stats or "no reply yet")
         elif command == "/save":
-            if not argument:
-                raise ValueError("usage: /save FILE")
             session.save(Path(argument).expanduser())
             render.info_line(f"saved to {argument}")
         elif command == "/load":
-            if not argument:
-                raise ValueError("usage: /load FILE")
             session.load(Path(argument).expanduser())
             render.info_line(f"loaded {len(session.messages)} messages from {argument}")
         elif command == "/retry":
@@ -447,8 +448,6 @@ class Repl:
     def _switch_model(self, name: str) -> None:
         """Open NAME as the first model was opened: locally with the chat's options, or, in a
         chat with --endpoint, as the server's model NAME (as ollama's /load asks its server)."""
-        if not name:
-            raise ValueError("usage: /model NAME")
         label, backend = self.open_model(name)
         self.session.backend.close()
         self.session.backend, self.session.model_name = backend, label

@@ -1,8 +1,5 @@
 """The option kit the commands share: option types declared once, and the builders that turn
-options into what the library takes (load options, sampling, a model on disk).
-
-Importing this is cheap (typer only); whatever a builder needs is imported when it runs.
-"""
+options into what the library takes. Importing it is cheap: a builder imports what it needs."""
 
 from __future__ import annotations
 
@@ -116,12 +113,17 @@ def model_name(argument: str | None, option: str | None) -> str | None:
     return option if option is not None else argument
 
 
+def downloaded_names() -> list[str]:
+    from cli.store.home import quill_home
+    from cli.store.models import load_manifest
+
+    return [download.name for download in load_manifest(quill_home())]
+
+
 def names_known_model(name: str) -> bool:
     """Whether name is a model quill resolves without guessing: a models.yaml alias (alias:tag),
     a model on disk by its store name, or an existing .gguf file. `quill run A B` takes A as the
     model only then, so a two-word prompt never becomes a download."""
-    from cli.store.home import quill_home
-    from cli.store.models import load_manifest
     from cli.store.registry import load_registry
 
     try:
@@ -129,36 +131,30 @@ def names_known_model(name: str) -> bool:
             return True
     except (OSError, ValueError, RuntimeError):  # too long for a path, a NUL, ~nosuchuser
         return False
-    if name.partition(":")[0] in load_registry().models:
-        return True
-    return any(download.name == name for download in load_manifest(quill_home()))
+    return name.partition(":")[0] in load_registry().models or name in downloaded_names()
 
 
 def model_and_prompt(words: list[str], option: str | None) -> tuple[str | None, str | None]:
     """(model, prompt) from run's positionals and -m: `quill run PROMPT`, or Ollama's order
     `quill run MODEL PROMPT...` when MODEL names a model quill knows (the words after it are
     joined, as Ollama joins them)."""
+    from cli.store.registry import load_registry, names_near
+
     if len(words) < 2:
         return option, words[0] if words else None
-    prompt = " ".join(words[1:])
     if option is None and names_known_model(words[0]):
-        return words[0], prompt
+        return words[0], " ".join(words[1:])
+    quoted = shown_text(" ".join(words), 30)[1:-1]
     if option is not None:
         raise UsageError(
             f"{len(words)} arguments, but -m names the model and a prompt is one: quote it (quill "
-            f'run -m {option} "{shown_text(" ".join(words), 30)[1:-1]}")'
+            f'run -m {option} "{quoted}")'
         )
-    from cli.store.home import quill_home
-    from cli.store.models import load_manifest
-    from cli.store.registry import load_registry, names_near
-
-    local = (download.name for download in load_manifest(quill_home()))
-    if names_near(words[0].partition(":")[0], load_registry(), local):
+    if names_near(words[0].partition(":")[0], load_registry(), downloaded_names()):
         model_label(words[0])  # the unknown-model error, with its "did you mean" (exit 3)
     raise UsageError(
         f"{shown_text(words[0])} is not a model quill knows, and a prompt is one argument: quote "
-        f'the whole prompt (quill run "{shown_text(" ".join(words), 30)[1:-1]}") or name a model '
-        "first (quill run MODEL PROMPT)"
+        f'the whole prompt (quill run "{quoted}") or name a model first (quill run MODEL PROMPT)'
     )
 
 
@@ -355,13 +351,11 @@ def open_model(
         if draft is not None:
             memory = plan(ModelShape.from_gguf(draft[1]), n_ctx, *kv)
             render.info_line(f"draft {draft[0]}: {render.memory_line(memory)}")
-    family = registry_family(name)
 
     def note(line: str) -> None:
         render.warning_line(note_words(line))
 
-    engine = open_engine(path, options, settings, verbose, family, draft, note)
-    return label, engine
+    return label, open_engine(path, options, settings, verbose, registry_family(name), draft, note)
 
 
 def open_backend(

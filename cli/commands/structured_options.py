@@ -1,7 +1,6 @@
-"""The structured-output options run and chat share (--schema, --schema-multi, --format json,
---grammar, --strict): what the user typed read into a constraint (llm's concise schema syntax,
-@file), and what the constraint does around a reply: the grammar into the sampling, the schema
-into the system prompt, the finished text checked against the schema."""
+"""The structured-output options of run and chat (--schema, --schema-multi, --format json,
+--grammar, --strict) read into a constraint, and what it does around a reply: its grammar in the
+sampling, its schema in the system prompt, the finished text checked against it."""
 
 from __future__ import annotations
 
@@ -59,8 +58,7 @@ def build_constraint(
     strict: bool,
 ) -> Constraint | None:
     """The constraint asked for (at most one of --schema, --format, --grammar), checked before
-    any model loads: a schema that cannot become a grammar is a usage error, and so is one with
-    unenforceable keywords under --strict."""
+    any model loads (under --strict, unenforceable keywords are a usage error)."""
     from cli.engine import structured
     from cli.ui import render
 
