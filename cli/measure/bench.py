@@ -1,14 +1,12 @@
 """quill bench: prefill and decode speed over a grid, as llama.cpp's llama-bench measures them.
 
 For every combination of KV-cache type, threads and batch size a model is loaded; for every KV
-depth D, prompt length P and generation length N it measures, after one warm-up round:
-  ppP @ dD: P random tokens prefilled after D tokens already in the cache (tokens/s, and the time
-            to the first token, which is what a user waits for with a P-token prompt)
-  tgN @ dD: N tokens decoded one by one after D tokens in the cache (tokens/s, and the bytes each
-            step must read: all weights plus the KV cache so far, hence the memory bandwidth that
-            speed implies)
-Like every other consumer, it only drives Engine.stream_generate: the depth is filled once and the
-engine's prefix cache keeps it, so only the measured tokens are computed in the timed call.
+depth D, prompt length P and generation length N, after one warm-up round:
+  ppP @ dD: P random tokens prefilled after D cached tokens (tokens/s; time to the first token)
+  tgN @ dD: N tokens decoded one by one after D cached tokens (tokens/s; the bytes each step
+            reads, all weights plus the KV cache so far, hence the bandwidth that speed implies)
+It only drives Engine.stream_generate: the engine's prefix cache keeps the depth filled once, so
+the timed call computes only the measured tokens.
 """
 
 from __future__ import annotations
@@ -17,14 +15,16 @@ import itertools
 import random
 import statistics
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field, replace
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from cli.engine.engine import Engine, LoadOptions
 from cli.engine.events import StreamEvent
+from cli.engine.opening import open_engine
 from cli.engine.sampling import SamplingParams
+from cli.engine.settings import ModelSettings
 from cli.errors import UsageError
 from quant.kv import check_kv_type
 
@@ -95,11 +95,8 @@ class BenchRow:
     acceptance_rate: float | None = None  # tgN+MODE rows: drafted tokens the model agreed with
     cached_tokens: int | None = None  # remote ppP rows: the most prompt tokens the server reused
 
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
-
-def mean_sd(values: list[float]) -> tuple[float, float]:
+def mean_sd(values: Sequence[float]) -> tuple[float, float]:
     return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
 
 
@@ -123,7 +120,7 @@ def run_bench(
             kv_type_v=kv_type,
             repack=repack,
         )
-        with Engine(model, options) as engine:
+        with open_engine(model, options, ModelSettings()) as engine:
             on_load(engine)
             for depth in grid.depths:
                 context = [rng.randrange(engine.n_vocab) for _ in range(depth)]
@@ -141,6 +138,29 @@ def run_bench(
                 speculate(engine, "off")
 
 
+T = TypeVar("T")
+
+
+def _rounds(reps: int, measure: Callable[[int], T]) -> list[T]:
+    """measure(round) for a warm-up round, which is dropped, and reps measured ones."""
+    return [measure(round_) for round_ in range(reps + 1)][1:]
+
+
+Where = tuple[int, str, int | None, int | None]  # a row's depth, KV type, threads and batch
+
+
+def _row(
+    test: str, where: Where, rates: list[float], ttfts: Sequence[float] = (), **facts: Any
+) -> BenchRow:
+    """A test's row from the rates (and times to the first token) of its rounds."""
+    ttft = mean_sd(ttfts) if ttfts else (None, None)
+    return BenchRow(test, *where, *mean_sd(rates), *ttft, samples=rates, **facts)
+
+
+def _where(engine: Engine, context: list[int]) -> Where:
+    return len(context), engine.kv_type_k, engine.threads, engine.n_batch
+
+
 def _fill(engine: Engine, context: list[int]) -> None:
     if context:
         for _ in engine.stream_generate(context, 1, GREEDY_NO_EOS):
@@ -148,80 +168,50 @@ def _fill(engine: Engine, context: list[int]) -> None:
 
 
 def measure_prompt(
-    engine: Engine,
-    context: list[int],
-    p: int,
-    reps: int,
-    rng: random.Random,
-    warmup: bool = True,
+    engine: Engine, context: list[int], p: int, reps: int, rng: random.Random
 ) -> BenchRow:
     """ppP at depth len(context): prefill speed and time to the first token."""
-    rates: list[float] = []
-    ttfts: list[float] = []
-    for rep in range(reps + warmup):  # a warm-up round is dropped
+
+    def prefill(_round: int) -> tuple[float, float]:
         _fill(engine, context)
         prompt = context + [rng.randrange(engine.n_vocab) for _ in range(p)]
         started = time.perf_counter()
         first = next(iter(engine.stream_generate(prompt, 1, GREEDY_NO_EOS)))
         waited = time.perf_counter() - started
         assert first.cached_prompt_tokens >= len(context) - 1
-        if rep or not warmup:
-            rates.append(first.prefill_tokens_per_s)
-            ttfts.append(waited * 1000)
-    rate, rate_sd = mean_sd(rates)
-    ttft, ttft_sd = mean_sd(ttfts)
-    return BenchRow(
-        f"pp{p}",
-        len(context),
-        engine.kv_type_k,
-        engine.threads,
-        engine.n_batch,
-        rate,
-        rate_sd,
-        ttft,
-        ttft_sd,
-        samples=rates,
-        cpu_path=engine.cpu_path.label,
-    )
+        return first.prefill_tokens_per_s, waited * 1000
+
+    rates, ttfts = zip(*_rounds(reps, prefill), strict=True)
+    path = engine.cpu_path.label
+    return _row(f"pp{p}", _where(engine, context), list(rates), ttfts, cpu_path=path)
 
 
 def measure_generation(
-    engine: Engine,
-    context: list[int],
-    n: int,
-    reps: int,
-    rng: random.Random,
-    warmup: bool = True,
+    engine: Engine, context: list[int], n: int, reps: int, rng: random.Random
 ) -> BenchRow:
     """tgN at depth len(context): decode speed, bytes read per token, implied bandwidth."""
-    rates: list[float] = []
-    for rep in range(reps + warmup):
+
+    def decode(_round: int) -> float:
         _fill(engine, context)
         prompt = [*context, rng.randrange(engine.n_vocab)]
         last = list(engine.stream_generate(prompt, n + 1, GREEDY_NO_EOS))[-1]
         assert last.generation_tokens == n + 1
-        if rep or not warmup:
-            rates.append(last.decode_tokens_per_s)
-    rate, rate_sd = mean_sd(rates)
+        return last.decode_tokens_per_s
+
+    row = _row(f"tg{n}", _where(engine, context), _rounds(reps, decode))
     # Each decode step reads every weight once and the KV cache of every position before it.
     average_depth = len(context) + 1 + n / 2
-    bytes_per_token = int(engine.weights_bytes + average_depth * engine.kv_bytes_per_position)
-    return BenchRow(
-        f"tg{n}",
-        len(context),
-        engine.kv_type_k,
-        engine.threads,
-        engine.n_batch,
-        rate,
-        rate_sd,
-        bytes_per_token=bytes_per_token,
-        bandwidth_gb_s=bytes_per_token * rate / 1e9,
-        samples=rates,
+    per_token = int(engine.weights_bytes + average_depth * engine.kv_bytes_per_position)
+    return replace(
+        row,
+        bytes_per_token=per_token,
+        bandwidth_gb_s=per_token * row.tokens_per_s / 1e9,
         cpu_path=engine.cpu_path.label,
     )
 
 
 ONE_TOKEN_WORDS = (" the", " of", " and", " to", " in", " is", " was", " for")
+REMOTE: Where = (0, "remote", None, None)  # threads and batch are the server's, unknown here
 
 
 def endpoint_prompt(p: int, rep: int) -> str:
@@ -234,13 +224,10 @@ def endpoint_prompt(p: int, rep: int) -> str:
 def run_endpoint_bench(
     url: str, model: str, grid: BenchGrid, api_key: str | None = None
 ) -> Iterator[BenchRow]:
-    """ppP and tgN against an OpenAI-compatible server, timed from SSE arrivals here.
-
-    Each repetition sends a distinct prompt of about P tokens with cache_prompt false (the server's
-    usage count is what the rate is computed from, and its cached count is kept in the row);
-    ppP's rate is prompt tokens over the time to the first token, which includes the network
-    and any queueing, as a client sees it. Threads and batch are the server's, unknown here.
-    """
+    """ppP and tgN against an OpenAI-compatible server, timed from SSE arrivals here. Each
+    repetition sends a distinct prompt of about P tokens with cache_prompt false; ppP's rate is
+    the server's count of prompt tokens over the time to the first token, network and queueing
+    included, as a client sees it; the row keeps the most tokens the server still had cached."""
     from cli.api.client import stream_chat
 
     def last_event(prompt: str, max_tokens: int) -> StreamEvent:
@@ -252,24 +239,11 @@ def run_endpoint_bench(
         )[-1]  # fmt: skip
 
     for p in grid.prompt_tokens:
-        rates, ttfts, cached = [], [], 0
-        for rep in range(grid.repetitions + 1):
-            last = last_event(endpoint_prompt(p, rep), 1)
-            if rep:  # the first round warms the server up
-                ttfts.append(last.prefill_s * 1000)
-                rates.append(last.prompt_tokens / last.prefill_s if last.prefill_s else 0.0)
-                cached = max(cached, last.cached_prompt_tokens)
-        rate, rate_sd = mean_sd(rates)
-        ttft, ttft_sd = mean_sd(ttfts)
-        yield BenchRow(
-            f"pp{p}", 0, "remote", None, None, rate, rate_sd, ttft, ttft_sd,
-            samples=rates, cached_tokens=cached,
-        )  # fmt: skip
+        firsts = _rounds(grid.repetitions, lambda rep, p=p: last_event(endpoint_prompt(p, rep), 1))
+        rates = [e.prompt_tokens / e.prefill_s if e.prefill_s else 0.0 for e in firsts]
+        ttfts = [e.prefill_s * 1000 for e in firsts]
+        cached = max(e.cached_prompt_tokens for e in firsts)
+        yield _row(f"pp{p}", REMOTE, rates, ttfts, cached_tokens=cached)
     for n in grid.gen_tokens:
-        rates = []
-        for rep in range(grid.repetitions + 1):
-            last = last_event("Hi", n + 1)
-            if rep:
-                rates.append(last.decode_tokens_per_s)
-        rate, rate_sd = mean_sd(rates)
-        yield BenchRow(f"tg{n}", 0, "remote", None, None, rate, rate_sd, samples=rates)
+        lasts = _rounds(grid.repetitions, lambda _rep, n=n: last_event("Hi", n + 1))
+        yield _row(f"tg{n}", REMOTE, [e.decode_tokens_per_s for e in lasts])

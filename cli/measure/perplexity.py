@@ -36,8 +36,7 @@ class PerplexityProgress:
     seconds: float
 
     @property
-    def tokens_per_s(self) -> float:
-        """Tokens evaluated (scored or not) per second."""
+    def tokens_per_s(self) -> float:  # evaluated, scored or not
         evaluated = self.windows_done * self.window
         return evaluated / self.seconds if self.seconds > 0 else 0.0
 

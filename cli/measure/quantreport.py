@@ -1,9 +1,8 @@
 """quant-report: what each weight type and KV-cache type costs and buys, measured here.
 
-For every weight type the model is quantized from one F16 baseline (made by dequantizing first
-when the source is itself quantized); for every KV-cache type the same text is scored for
-perplexity and prefill and decode speed are measured with bench's own routines. Every number in
-a row comes from this machine; nothing is looked up.
+Every weight type is quantized from one F16 baseline (dequantized first from a quantized source);
+with every KV-cache type the same text is scored for perplexity and bench's routines measure
+prefill and decode speed. Nothing in a row is looked up.
 """
 
 from __future__ import annotations
@@ -15,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from cli.engine.engine import Engine, LoadOptions
+from cli.engine.opening import open_engine
+from cli.engine.settings import ModelSettings
 from cli.measure.bench import measure_generation, measure_prompt
 from cli.measure.perplexity import PerplexityProgress, perplexity
 from quant.memory import ModelShape, plan
@@ -64,30 +65,20 @@ def measure(
     for weights, path in models:
         shape = ModelShape.from_gguf(path)
         for kv in settings.kv_types:
-            scoring = LoadOptions(
-                n_ctx=settings.window,
-                n_batch=min(settings.window, 2048),
-                threads=settings.threads,
-                kv_type_k=kv,
-                kv_type_v=kv,
-            )
-            with Engine(path, scoring) as engine:
+            # what the scoring load and the speed load share
+            both = {"threads": settings.threads, "kv_type_k": kv, "kv_type_v": kv}
+            window = settings.window
+            scoring = LoadOptions(n_ctx=window, n_batch=min(window, 2048), **both)
+            with open_engine(path, scoring, ModelSettings()) as engine:
                 last = None
-                for last in perplexity(
-                    engine, tokens_for(engine), settings.window, settings.max_windows
-                ):
+                for last in perplexity(engine, tokens_for(engine), window, settings.max_windows):
                     on_window(weights, kv, last)
             assert last is not None
             if baseline is None:
                 baseline = last.perplexity
-            speed = LoadOptions(
-                n_ctx=settings.prompt_tokens + settings.gen_tokens + 2,
-                threads=settings.threads,
-                kv_type_k=kv,
-                kv_type_v=kv,
-            )
+            speed = LoadOptions(n_ctx=settings.prompt_tokens + settings.gen_tokens + 2, **both)
             rng = random.Random(0)
-            with Engine(path, speed) as engine:
+            with open_engine(path, speed, ModelSettings()) as engine:
                 pp = measure_prompt(engine, [], settings.prompt_tokens, settings.repetitions, rng)
                 tg = measure_generation(engine, [], settings.gen_tokens, settings.repetitions, rng)
             yield ReportRow(

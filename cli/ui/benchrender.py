@@ -6,30 +6,20 @@ import csv
 import io
 import json
 from collections.abc import Sequence
+from dataclasses import asdict
 from pathlib import Path
 
-from rich.table import Table
 from rich.text import Text
 
 from cli.errors import UsageError
 from cli.measure.bench import BenchRow
-from cli.ui.render import stdout_console
+from cli.ui.render import markdown_table, print_table
 from cli.units import human_bytes
 
-COLUMNS = (
-    "test",
-    "depth",
-    "kv_type",
-    "threads",
-    "batch",
-    "tokens_per_s",
-    "tokens_per_s_sd",
-    "ttft_ms",
-    "ttft_ms_sd",
-    "bytes_per_token",
-    "bandwidth_gb_s",
-    "cpu_path",
-)
+# The CSV's columns: every field of a row but its samples and the extras of some rows.
+COLUMNS = ("test", "depth", "kv_type", "threads", "batch", "tokens_per_s", "tokens_per_s_sd")
+COLUMNS += ("ttft_ms", "ttft_ms_sd", "bytes_per_token", "bandwidth_gb_s", "cpu_path")
+HEADERS = ["test", "depth", "KV", "threads", "batch", "tokens/s", "TTFT ms", "bytes/token", "GB/s"]
 
 
 def _known(value: int | None) -> str:
@@ -41,53 +31,31 @@ def _settings(row: BenchRow) -> str:
     return f"{row.kv_type}, {_known(row.threads)} threads, batch {_known(row.batch)}"
 
 
-def _cells(row: BenchRow, with_cpu_path: bool = False) -> list[str]:
-    ttft = "" if row.ttft_ms is None else f"{row.ttft_ms:.1f} ± {row.ttft_ms_sd or 0:.1f}"
-    per_token = "" if row.bytes_per_token is None else human_bytes(row.bytes_per_token)
-    bandwidth = "" if row.bandwidth_gb_s is None else f"{row.bandwidth_gb_s:.2f}"
-    return [
-        row.test,
-        str(row.depth),
-        row.kv_type,
-        _known(row.threads),
-        _known(row.batch),
-        f"{row.tokens_per_s:.1f} ± {row.tokens_per_s_sd:.1f}",
-        ttft,
-        per_token,
-        bandwidth,
-        *([row.cpu_path] if with_cpu_path else []),
-    ]
-
-
-HEADERS = ["test", "depth", "KV", "threads", "batch", "tokens/s", "TTFT ms", "bytes/token", "GB/s"]
-
-
 def _compares_cpu_paths(rows: Sequence[BenchRow]) -> bool:
     return len({row.cpu_path for row in rows}) > 1
 
 
-def _headers(rows: Sequence[BenchRow]) -> tuple[list[str], bool]:
-    """The table's headers, with a CPU path column when the rows compare several."""
+def _grid(rows: Sequence[BenchRow]) -> tuple[list[str], list[list[str]]]:
+    """The table's headers and cells, with a CPU path column when the rows compare several."""
     several = _compares_cpu_paths(rows)
-    return [*HEADERS, "CPU path"] if several else HEADERS, several
+    cells = []
+    for row in rows:
+        ttft = "" if row.ttft_ms is None else f"{row.ttft_ms:.1f} ± {row.ttft_ms_sd or 0:.1f}"
+        per_token = "" if row.bytes_per_token is None else human_bytes(row.bytes_per_token)
+        bandwidth = "" if row.bandwidth_gb_s is None else f"{row.bandwidth_gb_s:.2f}"
+        rate = f"{row.tokens_per_s:.1f} ± {row.tokens_per_s_sd:.1f}"
+        where = [row.test, str(row.depth), row.kv_type, _known(row.threads), _known(row.batch)]
+        path = [row.cpu_path] if several else []
+        cells.append([*where, rate, ttft, per_token, bandwidth, *path])
+    return [*HEADERS, "CPU path"] if several else HEADERS, cells
 
 
 def table(rows: Sequence[BenchRow]) -> None:
-    headers, with_cpu_path = _headers(rows)
-    out = Table(box=None, pad_edge=False, header_style="bold")
-    for header in headers:
-        left = header in ("test", "KV", "CPU path")
-        out.add_column(header, justify="left" if left else "right")
-    for row in rows:
-        out.add_row(*_cells(row, with_cpu_path))
-    stdout_console.print(out)
+    print_table(*_grid(rows), left=("test", "KV", "CPU path"))
 
 
 def markdown(rows: Sequence[BenchRow]) -> str:
-    headers, with_cpu_path = _headers(rows)
-    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
-    lines += ["| " + " | ".join(_cells(row, with_cpu_path)) + " |" for row in rows]
-    return "\n".join(lines) + "\n"
+    return markdown_table(*_grid(rows))
 
 
 def csv_text(rows: Sequence[BenchRow]) -> str:
@@ -95,49 +63,63 @@ def csv_text(rows: Sequence[BenchRow]) -> str:
     writer = csv.writer(buffer)
     writer.writerow(COLUMNS)
     for row in rows:
-        data = row.as_dict()
+        data = asdict(row)
         writer.writerow(["" if data[c] is None else data[c] for c in COLUMNS])
     return buffer.getvalue()
 
 
 def json_text(model: str, rows: Sequence[BenchRow]) -> str:
-    return json.dumps({"model": model, "rows": [r.as_dict() for r in rows]}, indent=1) + "\n"
+    return json.dumps({"model": model, "rows": [asdict(r) for r in rows]}, indent=1) + "\n"
+
+
+def _x(row: BenchRow) -> int:
+    """Where a row stands in its picture: a tg row at its depth, a pp row at its prompt length."""
+    return row.depth if row.test.startswith("tg") else int(row.test[2:])
+
+
+def _y(row: BenchRow) -> float:
+    return row.tokens_per_s if row.test.startswith("tg") else row.ttft_ms or 0.0
+
+
+def _spread(row: BenchRow) -> float:
+    return row.tokens_per_s_sd if row.test.startswith("tg") else row.ttft_ms_sd or 0.0
 
 
 def bars(rows: Sequence[BenchRow], width: int = 40) -> list[Text]:
     """The two pictures as text: decode speed against depth, TTFT against prompt length."""
     pictures: list[Text] = []
-    for title, chosen, value, unit in (
-        (
-            "decode tokens/s by KV depth",
-            [r for r in rows if r.test.startswith("tg")],
-            lambda r: r.tokens_per_s,
-            "tok/s",
-        ),
-        (
-            "time to first token by prompt length",
-            [r for r in rows if r.test.startswith("pp")],
-            lambda r: r.ttft_ms or 0.0,
-            "ms",
-        ),
+    several_paths = _compares_cpu_paths(rows)
+    for kind, title, unit in (
+        ("tg", "decode tokens/s by KV depth", "tok/s"),
+        ("pp", "time to first token by prompt length", "ms"),
     ):
+        chosen = [row for row in rows if row.test.startswith(kind)]
         if len(chosen) < 2:
             continue
-        top = max(value(r) for r in chosen) or 1.0
-        several_paths = _compares_cpu_paths(rows)
+        top = max(_y(row) for row in chosen) or 1.0
         pictures.append(Text(title, style="bold"))
         for row in chosen:
             threads, batch = _known(row.threads), _known(row.batch)
             label = f"{row.test} @ d{row.depth} {row.kv_type} t{threads} b{batch}"
             if several_paths:
                 label += f" {row.cpu_path}"
-            filled = value(row) / top * width
+            filled = _y(row) / top * width
             bar = "█" * int(filled) + ("▌" if filled - int(filled) >= 0.5 else "")
             line = Text(f"  {label:<28} ")
             line.append(bar.ljust(width + 1), style="cyan")
-            line.append(f" {value(row):.1f} {unit}")
+            line.append(f" {_y(row):.1f} {unit}")
             pictures.append(line)
     return pictures
+
+
+AXES = {  # kind of row: the title and labels of its picture in the PNG
+    "tg": (
+        "Decode speed as the context fills",
+        "tokens already in the KV cache",
+        "decode tokens/s",
+    ),
+    "pp": ("Waiting for the first token", "prompt tokens", "time to first token (ms)"),
+}
 
 
 def plot(rows: Sequence[BenchRow], model: str, target: Path) -> None:
@@ -151,51 +133,20 @@ def plot(rows: Sequence[BenchRow], model: str, target: Path) -> None:
         raise UsageError(
             "--plot needs matplotlib: pip install 'quill-llm[plot]' (or pip install matplotlib)"
         ) from error
-    figure, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    figure, axes = plt.subplots(1, 2, figsize=(11, 4.2))
     several_paths = _compares_cpu_paths(rows)
-    series: dict[tuple[str, str], list[BenchRow]] = {}
-    for row in rows:
-        path = f", {row.cpu_path}" if several_paths else ""
-        series.setdefault((row.test, f"{_settings(row)}{path}"), []).append(row)
-    for (test, label), points in series.items():
-        if test.startswith("tg"):
-            points.sort(key=lambda r: r.depth)
-            left.errorbar(
-                [r.depth for r in points],
-                [r.tokens_per_s for r in points],
-                yerr=[r.tokens_per_s_sd for r in points],
-                marker="o",
-                capsize=3,
-                label=f"{test}, {label}",
-            )
-    prompts: dict[str, list[BenchRow]] = {}
-    for row in rows:
-        if row.test.startswith("pp"):
-            key = f"depth {row.depth}, {_settings(row)}"
-            if several_paths:
-                key += f", {row.cpu_path}"
-            prompts.setdefault(key, []).append(row)
-    for label, points in prompts.items():
-        points.sort(key=lambda r: int(r.test[2:]))
-        right.errorbar(
-            [int(r.test[2:]) for r in points],
-            [r.ttft_ms or 0 for r in points],
-            yerr=[r.ttft_ms_sd or 0 for r in points],
-            marker="o",
-            capsize=3,
-            label=label,
-        )
-    left.set(
-        title="Decode speed as the context fills",
-        xlabel="tokens already in the KV cache",
-        ylabel="decode tokens/s",
-    )
-    right.set(
-        title="Waiting for the first token",
-        xlabel="prompt tokens",
-        ylabel="time to first token (ms)",
-    )
-    for axis in (left, right):
+    for axis, (kind, (title, xlabel, ylabel)) in zip(axes, AXES.items(), strict=True):
+        series: dict[str, list[BenchRow]] = {}  # a line per test (tg) or depth (pp) and settings
+        for row in rows:
+            if row.test.startswith(kind):
+                where = _settings(row) + (f", {row.cpu_path}" if several_paths else "")
+                label = f"{row.test}, {where}" if kind == "tg" else f"depth {row.depth}, {where}"
+                series.setdefault(label, []).append(row)
+        for label, points in series.items():
+            points.sort(key=_x)
+            xs, ys, spreads = zip(*((_x(r), _y(r), _spread(r)) for r in points), strict=True)
+            axis.errorbar(xs, ys, yerr=spreads, marker="o", capsize=3, label=label)
+        axis.set(title=title, xlabel=xlabel, ylabel=ylabel)
         axis.grid(alpha=0.3)
         axis.set_ylim(bottom=0)
         if axis.get_legend_handles_labels()[0]:

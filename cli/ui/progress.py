@@ -1,7 +1,5 @@
-"""Download progress on stderr: a rich bar on a terminal, a few plain lines otherwise.
-
-Both are tqdm classes, the interface huggingface-hub reports bytes through.
-"""
+"""Progress on stderr: a rich bar on a terminal, a few plain lines otherwise. The download
+classes are tqdm's, the interface huggingface-hub reports bytes through."""
 
 from __future__ import annotations
 
@@ -41,17 +39,14 @@ class PlainDownloadLines(tqdm):
         total = self.total or 0
         done = total > 0 and self.n >= total
         tenth = int(10 * self.n / total) if total else 0
-        stale = time.monotonic() - self._last_line > 30
-        if not (tenth >= self._next_tenth or stale or (done and self._next_tenth <= 10)):
+        if tenth < self._next_tenth and time.monotonic() - self._last_line <= 30:
             return True
-        rate = self.format_dict.get("rate") or 0
-        percent = f"{100 * self.n / total:.0f}%, " if total else ""
-        line = f"{self.desc or 'download'}: {percent}{human_bytes(self.n)}"
+        size = human_bytes(self.n)
         if total:
-            line += f" of {human_bytes(total)}"
-        if rate:
-            line += f", {human_bytes(rate)}/s"
-        print(line, file=sys.stderr, flush=True)
+            size = f"{100 * self.n / total:.0f}%, {size} of {human_bytes(total)}"
+        rate = self.format_dict.get("rate") or 0
+        speed = f", {human_bytes(rate)}/s" if rate else ""
+        print(f"{self.desc or 'download'}: {size}{speed}", file=sys.stderr, flush=True)
         self._next_tenth = 11 if done else tenth + 1
         self._last_line = time.monotonic()
         return True
@@ -73,20 +68,14 @@ class StepProgress:
 
     def __enter__(self) -> StepProgress:
         if sys.stderr.isatty():
-            from rich.progress import (
-                BarColumn,
-                MofNCompleteColumn,
-                Progress,
-                TextColumn,
-                TimeElapsedColumn,
-            )
+            from rich import progress as parts
 
-            self._bar = Progress(
-                TextColumn("{task.description}"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TimeElapsedColumn(),
-                TextColumn("{task.fields[detail]}"),
+            self._bar = parts.Progress(
+                parts.TextColumn("{task.description}"),
+                parts.BarColumn(),
+                parts.MofNCompleteColumn(),
+                parts.TimeElapsedColumn(),
+                parts.TextColumn("{task.fields[detail]}"),
                 console=render.stderr_console,
                 transient=True,
             )

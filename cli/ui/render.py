@@ -6,6 +6,7 @@ import itertools
 import json
 import os
 import sys
+from collections import Counter
 from collections.abc import Sequence
 from functools import cache
 from typing import TYPE_CHECKING, Any
@@ -56,23 +57,25 @@ def stats_parts(metrics: RunMetrics, local: bool = True) -> list[tuple[str, str]
     prefill = f"{m.prompt_tokens - m.cached_prompt_tokens} tok, {m.prefill_tokens_per_s:.1f} tok/s"
     if m.cached_prompt_tokens:
         prefill += f" ({m.cached_prompt_tokens} cached)"
-    itl = "n/a"
-    if m.inter_token_latency_p50_ms is not None and m.inter_token_latency_p95_ms is not None:
-        itl = (
-            f"p50 {m.inter_token_latency_p50_ms:.1f} ms, p95 {m.inter_token_latency_p95_ms:.1f} ms"
-        )
+    p50, p95 = m.inter_token_latency_p50_ms, m.inter_token_latency_p95_ms
+    itl = "n/a" if p50 is None or p95 is None else f"p50 {p50:.1f} ms, p95 {p95:.1f} ms"
     finish = m.finish_reason or "n/a"
     if m.stop_string is not None:
         finish += f" ({json.dumps(m.stop_string, ensure_ascii=False)})"
     threads = str(m.threads)
     if m.busy_cores:  # other work took cores: why there may be fewer threads than usual
         threads += f" ({m.busy_cores} {'core' if m.busy_cores == 1 else 'cores'} busy elsewhere)"
+    thinking = [  # a reply that reasoned: thinking and answer apart, and when the answer began
+        ("thinking", f"{m.thinking_tokens} tok, answer {m.answer_tokens} tok"),
+        ("first answer", _ms(m.time_to_first_answer_s)),
+    ]
     parts = [
         ("load", f"{m.load_s:.2f} s"),
         ("TTFT", _ms(m.ttft_s)),
         ("prefill", prefill),
         ("decode", f"{m.generation_tokens} tok, {m.decode_tokens_per_s:.1f} tok/s"),
-        *_thinking_parts(m),
+        *([("spec", speculation_text(m.speculation))] if m.speculation is not None else []),
+        *(thinking if m.thinking_tokens else []),
         ("ITL", itl),
         ("total", f"{m.total_s:.2f} s"),
         ("finish", finish),
@@ -80,11 +83,7 @@ def stats_parts(metrics: RunMetrics, local: bool = True) -> list[tuple[str, str]
         ("threads", threads),
         ("GPU layers", str(m.gpu_layers)),
     ]
-    if m.speculation is not None:
-        parts.insert(4, ("spec", speculation_text(m.speculation)))
-    if local:
-        return parts
-    return [(label, value) for label, value in parts if label in REMOTE_PARTS]
+    return [part for part in parts if local or part[0] in REMOTE_PARTS]
 
 
 def turn_stats_line(m: RunMetrics, context_used: int | None) -> str:
@@ -104,8 +103,7 @@ def turn_stats_line(m: RunMetrics, context_used: int | None) -> str:
 
 
 def speculation_text(spec: dict[str, Any]) -> str:
-    """What speculative decoding did: guesses kept, and the plain decode speed it beat (or
-    did not)."""
+    """What speculative decoding did: guesses kept, and the plain decode speed it beat (or not)."""
     text = f"{spec['mode']} accepted {spec['accepted']}/{spec['drafted']}"
     if spec["acceptance_rate"] is not None:
         text += f" ({spec['acceptance_rate']:.0%})"
@@ -120,25 +118,11 @@ def speculation_text(spec: dict[str, Any]) -> str:
 REMOTE_PARTS = ("TTFT", "prefill", "decode", "thinking", "first answer", "ITL", "total", "finish")
 
 
-def _thinking_parts(m: RunMetrics) -> list[tuple[str, str]]:
-    """Thinking and answer tokens apart, and the time to the first answer text, for a reply
-    that reasoned (nothing otherwise)."""
-    if not m.thinking_tokens:
-        return []
-    return [
-        ("thinking", f"{m.thinking_tokens} tok, answer {m.answer_tokens} tok"),
-        ("first answer", _ms(m.time_to_first_answer_s)),
-    ]
-
-
 def write_reasoning(text: str) -> None:
     """Reasoning on stderr as it comes: dim on a terminal, plain text in a file or pipe."""
-    if not text:
-        return
-    if sys.stderr.isatty() and not os.environ.get("NO_COLOR"):
+    if text and sys.stderr.isatty() and not os.environ.get("NO_COLOR"):
         text = f"\x1b[2m{text}\x1b[0m"
-    sys.stderr.write(text)
-    sys.stderr.flush()
+    write_stderr(text)
 
 
 def print_stats(metrics: RunMetrics, local: bool = True) -> None:
@@ -158,29 +142,24 @@ def print_timeline(
     in guessed were accepted speculative guesses: marked +, they arrive in bursts."""
     console = _console("stderr")
     console.print(_text("token  arrived (ms)  gap (ms)  text", style="bold"))
-    previous = None
+    gaps = [later - earlier for (earlier, _), (later, _) in itertools.pairwise(arrivals)]
     marked = set(guessed)
     for index, (at, text) in enumerate(arrivals, start=1):
-        gap = "" if previous is None else f"{at - previous:8.1f}"
+        gap = f"{gaps[index - 2]:8.1f}" if index > 1 else ""
         mark = "+" if index in marked else " "
-        shown = json.dumps(text, ensure_ascii=False)
-        console.print(f"{index:5d}{mark} {at:12.1f}  {gap:>8}  {shown}")
-        previous = at
-    gaps = [b[0] - a[0] for a, b in itertools.pairwise(arrivals)]
+        console.print(
+            f"{index:5d}{mark} {at:12.1f}  {gap:>8}  {json.dumps(text, ensure_ascii=False)}"
+        )
     if len(gaps) < 2:
         return
-    low, high = min(gaps), max(gaps)
-    bins = 10
-    step = (high - low) / bins or 1.0
-    counts = [0] * bins
-    for gap in gaps:
-        counts[min(int((gap - low) / step), bins - 1)] += 1
+    low, bins = min(gaps), 10
+    step = (max(gaps) - low) / bins or 1.0
+    counts = Counter(min(int((gap - low) / step), bins - 1) for gap in gaps)
     console.print(_text("gaps between tokens (ms)", style="bold"))
-    top = max(counts)
-    for number, count in enumerate(counts):
+    for number in range(bins):
         start = low + number * step
-        bar = "█" * round(count / top * width)
-        console.print(f"  {start:8.1f} – {start + step:8.1f}  {bar} {count}")
+        bar = "█" * round(counts[number] / max(counts.values()) * width)
+        console.print(f"  {start:8.1f} – {start + step:8.1f}  {bar} {counts[number]}")
 
 
 def grammar_line(metrics: RunMetrics) -> str:
@@ -201,8 +180,7 @@ def run_json(
     reasoning: str | None = None,
     logprobs: Sequence[Any] | None = None,
 ) -> str:
-    """quill run --json's document; logprobs (TokenLogprobs, with --logprobs) as OpenAI's chat
-    logprobs.content list."""
+    """quill run --json's document; logprobs (TokenLogprobs) as OpenAI's logprobs.content."""
     result: dict[str, Any] = {"model": model, "path": path, "text": text}
     if reasoning is not None:
         result["reasoning"] = reasoning
@@ -246,9 +224,8 @@ def silence_stdout() -> None:
 
 
 def columns(headers: list[str] | None, rows: list[list[str]], right: tuple[int, ...] = ()) -> str:
-    """A plain table, as `ollama list` prints one: aligned columns (those in right aligned on
-    the right, for numbers), nothing to strip in a pipe, and no rich import, which would cost
-    `quill list` more than everything else it does."""
+    """A plain table, as `ollama list` prints one: columns in right aligned right (numbers),
+    nothing to strip in a pipe, and no rich import, which costs more than `quill list` does."""
     table = [headers, *rows] if headers else rows
     widths = [max(len(cell) for cell in column) for column in zip(*table, strict=True)]
     lines = []
@@ -330,29 +307,35 @@ def memory_report(memory: Any, budget: int | None, largest: int | None) -> None:
     rows.append(["total", human_bytes(memory.total_bytes), ""])
     text = f"\nmemory at a context of {memory.n_ctx} tokens\n"
     text += columns(None, rows, right=(1,))  # no header: the labels say what each line is
-    if budget is not None:
-        if largest:
-            text += f"largest context that fits {human_bytes(budget)}: {largest} tokens\n"
-        else:
-            text += (
-                f"the model does not fit {human_bytes(budget)} even with 256 tokens of context\n"
-            )
+    if budget is not None and largest:
+        text += f"largest context that fits {human_bytes(budget)}: {largest} tokens\n"
+    elif budget is not None:
+        text += f"the model does not fit {human_bytes(budget)} even with 256 tokens of context\n"
     write_stdout(text)
+
+
+def markdown_table(headers: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(line) + " |" for line in [headers, *rows]]
+    lines.insert(1, "|" + "---|" * len(headers))
+    return "\n".join(lines) + "\n"
+
+
+def print_table(headers: list[str], rows: list[list[str]], left: tuple[str, ...]) -> None:
+    """rows under bold headers on stdout, the columns named in left aligned left."""
+    from rich.table import Table
+
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    for header in headers:
+        table.add_column(header, justify="left" if header in left else "right")
+    for line in rows:
+        table.add_row(*line)
+    _console("stdout").print(table)
 
 
 def quant_report_table(rows: list[Any], kv_ctx: int, markdown: bool = False) -> None:
     """weights x KV rows: size, perplexity and its change, speeds, KV bytes at kv_ctx."""
-    headers = [
-        "weights",
-        "KV",
-        "file",
-        "PPL",
-        "vs F16",
-        "threads",
-        "prefill tok/s",
-        "decode tok/s",
-        f"KV @ {kv_ctx}",
-    ]
+    headers = ["weights", "KV", "file", "PPL", "vs F16", "threads"]
+    headers += ["prefill tok/s", "decode tok/s", f"KV @ {kv_ctx}"]
     cells = [
         [
             row.weights,
@@ -368,15 +351,6 @@ def quant_report_table(rows: list[Any], kv_ctx: int, markdown: bool = False) -> 
         for row in rows
     ]
     if markdown:
-        lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
-        lines += ["| " + " | ".join(line) + " |" for line in cells]
-        write_stdout("\n".join(lines) + "\n")
-        return
-    from rich.table import Table
-
-    table = Table(box=None, pad_edge=False, header_style="bold")
-    for header in headers:
-        table.add_column(header, justify="left" if header in ("weights", "KV") else "right")
-    for line in cells:
-        table.add_row(*line)
-    _console("stdout").print(table)
+        write_stdout(markdown_table(headers, cells))
+    else:
+        print_table(headers, cells, left=("weights", "KV"))
