@@ -21,7 +21,7 @@ import httpx2 as httpx  # as tests/test_serve.py
 import pytest
 
 from cli.engine import gbnf
-from cli.engine.gbnf import GrammarBudgetError, safe_grammar
+from cli.engine.gbnf import GrammarError, safe_grammar
 
 from conftest import quill_env
 
@@ -73,7 +73,7 @@ def run_quill(quill_home: Path, *args: str, timeout: float = 120) -> subprocess.
     ],
 )
 def test_refused_grammars_say_why(grammar, reason):
-    with pytest.raises(GrammarBudgetError, match=re.escape(reason)):
+    with pytest.raises(GrammarError, match=re.escape(reason)):
         safe_grammar(grammar)
 
 

@@ -1,18 +1,12 @@
-"""One sequence's grammar in the token step, the way llama.cpp's common sampler applies it.
+"""One sequence's grammar in the token step, as llama.cpp's common sampler applies it
+(common/sampling.cpp, common_sampler_sample): masking the whole vocabulary walks every candidate
+through the grammar's stacks (llama.cpp issues 4218, 7554), so the plain chain samples first, only
+its token is tested, and only a refused token costs a masked resample.
 
-Masking the whole vocabulary with a grammar costs a walk of every candidate through the grammar's
-stacks, each token (llama.cpp issues 4218, 7554: slow on big vocabularies). Most tokens a model
-picks are ones the grammar allows anyway, so: sample with the plain chain, test only the chosen
-token against the grammar, and only when the grammar rejects it mask the full candidates with the
-grammar first and sample again (common/sampling.cpp, common_sampler_sample).
-
-That masking pass is the expensive part, and quill shortens it where the result cannot change:
-when the chain keeps only the top k tokens (or is greedy, k = 1) and no penalty reorders the
-logits, the k most likely tokens the grammar allows are among the most likely tokens overall.
-So the grammar first masks a shortlist of the SHORTLIST highest logits; if at least k of them
-pass, the chain samples from that shortlist, which after its top-k cut holds exactly the tokens
-the full mask would have left, in the same order (the same seed picks the same token). Only
-when fewer pass is the whole vocabulary masked.
+That resample masks a shortlist of the SHORTLIST highest logits first where the chain keeps only
+its top k (greedy: k = 1) and no penalty reorders logits: if k of them pass, the chain's top-k cut
+of the shortlist holds exactly the tokens the full mask would leave, in the same order (the same
+seed picks the same token). Only when fewer pass is the whole vocabulary masked.
 """
 
 from __future__ import annotations
@@ -29,16 +23,12 @@ from collections.abc import Callable
 import llama_cpp as llama
 import numpy as np
 
-from cli.engine.gbnf import GrammarBudgetError, safe_grammar
+from cli.engine.gbnf import GrammarError, safe_grammar
 from cli.engine.llamalog import llama_log
-from cli.errors import InvalidOutputError, UsageError
+from cli.errors import InvalidOutputError
 
 _TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])
 assert _TOKEN_DATA.itemsize == ctypes.sizeof(llama.llama_token_data)
-
-
-class GrammarError(UsageError):
-    """llama.cpp cannot parse a grammar (its log says where), or quill refuses it first."""
 
 
 class GrammarDeadEnd(InvalidOutputError):
@@ -61,23 +51,16 @@ TRIAL_SECONDS = 3.0
 TRIAL_MEMORY_BYTES = 1 << 30
 
 
-@functools.lru_cache(maxsize=64)
-def _checked(grammar: str) -> str:
-    return safe_grammar(grammar)
-
-
-def checked_grammar(grammar: str) -> str:
-    """The grammar as quill hands it to llama.cpp (cli/engine/gbnf.py), or GrammarError."""
-    try:
-        return _checked(grammar)
-    except GrammarBudgetError as error:
-        raise GrammarError(str(error)) from None
+# The grammar as quill hands it to llama.cpp (cli/engine/gbnf.py), or GrammarError.
+checked_grammar = functools.lru_cache(maxsize=64)(safe_grammar)
 
 
 def grammar_sampler(vocab: object, grammar: str) -> object:
     """llama.cpp's grammar sampler for GBNF text with a root rule, or GrammarError. The text
-    goes through quill's checks first: llama.cpp never sees a grammar over the budget."""
+    goes through quill's checks, then a trial build in a child process (once per text): a
+    grammar that still crashes, hangs or swells llama.cpp costs that child."""
     text = checked_grammar(grammar)
+    tried_grammar(vocab, text)
     log = llama_log()
     log.drain()
     sampler = llama.llama_sampler_init_grammar(vocab, text.encode("utf-8"), b"root")
@@ -89,12 +72,8 @@ def grammar_sampler(vocab: object, grammar: str) -> object:
 
 
 def check_grammar(vocab: object, grammar: str) -> None:
-    """GrammarError unless llama.cpp builds the grammar (a server checks before queueing).
-    The build is tried first in a forked child: should llama.cpp crash, hang or swell on a
-    grammar quill's checks let through, the child dies and the request gets a 400."""
-    text = checked_grammar(grammar)
-    tried_grammar(vocab, text)
-    llama.llama_sampler_free(grammar_sampler(vocab, text))
+    """GrammarError unless llama.cpp builds the grammar (a server checks before queueing)."""
+    llama.llama_sampler_free(grammar_sampler(vocab, grammar))
 
 
 # The trial's walk: steps of tokens the grammar allows among a sample of the vocabulary. An
@@ -237,41 +216,33 @@ class GrammarGate:
 
     def __init__(self, vocab: object, grammar: str, n_vocab: int, top_k: int | None = None) -> None:
         """top_k: the tokens the chain keeps after the mask (1 when greedy), None when the
-        chain may keep more or reorders logits (penalties): then no shortlist. The grammar is
-        tried in a child process first (once per grammar text): a crash or a runaway costs
-        the child."""
-        tried_grammar(vocab, checked_grammar(grammar))
+        chain may keep more or reorders logits (penalties): then no shortlist."""
         self._sampler = grammar_sampler(vocab, grammar)
         self._n_vocab = n_vocab
         self._top_k = top_k
         self._ids = np.arange(n_vocab, dtype=np.int32)
-        # Candidates for the whole vocabulary, filled from the logits in numpy and handed to the
-        # samplers in place: no Python loop over the vocabulary.
+        # Candidates filled from the logits in numpy and handed to the samplers in place: no
+        # Python loop over the vocabulary.
         self._candidates = np.zeros(n_vocab, dtype=_TOKEN_DATA)
         self._array = llama.llama_token_data_array(
-            data=self._candidates.ctypes.data_as(llama.llama_token_data_p),
-            size=n_vocab,
-            selected=-1,
-            sorted=False,
+            data=self._candidates.ctypes.data_as(llama.llama_token_data_p)
         )
         self._invalid, self._first, self._last = utf8_tables(vocab, n_vocab)
         self._lead = -1  # the last byte of the text so far
-        self._one = (llama.llama_token_data * 1)()
-        self._one_array = llama.llama_token_data_array(
-            data=ctypes.cast(self._one, llama.llama_token_data_p), size=1, selected=-1, sorted=False
-        )
         self.seconds = 0.0  # spent in the grammar: the single-token test, accepts, resampling
         self.resampled = 0  # tokens the plain chain chose and the grammar rejected
 
-    def _fill(self, ctx: object, output: int) -> None:
-        logits = np.ctypeslib.as_array(llama.llama_get_logits_ith(ctx, output), (self._n_vocab,))
-        candidates = self._candidates
-        candidates["id"] = self._ids
-        candidates["logit"] = logits
-        candidates["p"] = 0.0
+    def _logits(self, ctx: object, output: int) -> np.ndarray:
+        return np.ctypeslib.as_array(llama.llama_get_logits_ith(ctx, output), (self._n_vocab,))
+
+    def _fill(self, ids: np.ndarray, logits: np.ndarray) -> np.ndarray:
+        """The first len(ids) candidates, set to ids and logits: the array the samplers see."""
+        candidates = self._candidates[: len(ids)]
+        candidates["id"], candidates["logit"], candidates["p"] = ids, logits, 0.0
         array = self._array
         array.data = candidates.ctypes.data_as(llama.llama_token_data_p)
-        array.size, array.selected, array.sorted = self._n_vocab, -1, False
+        array.size, array.selected, array.sorted = len(ids), -1, False
+        return candidates
 
     def _chosen(self) -> int:
         array = self._array
@@ -283,26 +254,24 @@ class GrammarGate:
         """The token chain picks from output's logits within the grammar; both accept it. A
         token free(token) lets through is the chain's alone: the grammar never sees it (the
         reasoning before an answer, cli/engine/reasoning.py's ReasoningWait)."""
-        self._fill(ctx, output)
+        self._fill(self._ids, self._logits(ctx, output))
         llama.llama_sampler_apply(chain, ctypes.byref(self._array))
         token = self._chosen()
         if free is not None and free(token):
             llama.llama_sampler_accept(chain, token)
             return token
         started = time.perf_counter()
-        one = self._one[0]
-        one.id, one.logit, one.p = token, 1.0, 0.0
-        self._one_array.size, self._one_array.selected = 1, -1
-        llama.llama_sampler_apply(self._sampler, ctypes.byref(self._one_array))
+        one = self._fill(np.array([token]), np.ones(1))
+        llama.llama_sampler_apply(self._sampler, ctypes.byref(self._array))
         refused = self._refused()
-        if one.logit == float("-inf") or refused[token]:
+        if one["logit"][0] == -np.inf or refused[token]:
             self.resampled += 1
             token = self._shortlisted(chain, ctx, output, refused)
             if token is None:
-                self._fill(ctx, output)
+                candidates = self._fill(self._ids, self._logits(ctx, output))
                 llama.llama_sampler_apply(self._sampler, ctypes.byref(self._array))
-                self._candidates["logit"][refused] = -np.inf  # the ids are 0..n_vocab-1
-                if not np.isfinite(self._candidates["logit"]).any():
+                candidates["logit"][refused] = -np.inf  # the ids are 0..n_vocab-1
+                if not np.isfinite(candidates["logit"]).any():
                     # Accepting any token now would throw out of llama.cpp's C API: abort.
                     raise GrammarDeadEnd(
                         "the grammar reached a point that no token of the model can continue "
@@ -338,21 +307,15 @@ class GrammarGate:
         size = min(self.SHORTLIST, self._n_vocab)
         if self._top_k is None or size <= self._top_k:
             return None
-        logits = np.ctypeslib.as_array(llama.llama_get_logits_ith(ctx, output), (self._n_vocab,))
+        logits = self._logits(ctx, output)
         top = np.argpartition(logits, self._n_vocab - size)[self._n_vocab - size :]
-        candidates = self._candidates[:size]
-        candidates["id"] = top
-        candidates["logit"] = logits[top]
-        candidates["p"] = 0.0
-        array = self._array
-        array.data = candidates.ctypes.data_as(llama.llama_token_data_p)
-        array.size, array.selected, array.sorted = size, -1, False
-        llama.llama_sampler_apply(self._sampler, ctypes.byref(array))
+        candidates = self._fill(top, logits[top])
+        llama.llama_sampler_apply(self._sampler, ctypes.byref(self._array))
         candidates["logit"][refused[candidates["id"]]] = -np.inf
-        allowed = int(np.count_nonzero(candidates["logit"][: array.size] != -np.inf))
+        allowed = int(np.count_nonzero(candidates["logit"][: self._array.size] != -np.inf))
         if allowed < self._top_k:
             return None
-        llama.llama_sampler_apply(chain, ctypes.byref(array))
+        llama.llama_sampler_apply(chain, ctypes.byref(self._array))
         return self._chosen()
 
     def close(self) -> None:

@@ -1,11 +1,8 @@
 """Reasoning kept apart from the answer: a <think>...</think> block at the start of a reply (or one
 the template opened at the end of the prompt, as DeepSeek-R1's does) becomes the events'
-`reasoning` text; `text` keeps only the answer. Split incrementally, token by token, holding back
-only what could still be the start of a tag.
-
---think-budget closes an unfinished block after N thinking tokens: the reply so far plus the
-closing tag becomes the prompt of a continuation (the prefix cache keeps everything before it).
-"""
+`reasoning`, `text` only the answer, split token by token (only a possible tag start is held).
+A thinking budget closes an unfinished block: the reply so far and the closing tag become the
+prompt of a continuation (the prefix cache keeps everything before it)."""
 
 from __future__ import annotations
 
@@ -68,7 +65,7 @@ class ReasoningSplitter:
                     self.held = self.held[at + len(self.closing) :]
                     self.state, self.tag_seen = "after", True
                     continue
-                keep = _partial_suffix(self.held, self.closing)
+                keep = partial_suffix(self.held, self.closing)
                 reasoning += self.held[: len(self.held) - keep]
                 self.held = self.held[len(self.held) - keep :]
                 break
@@ -96,7 +93,7 @@ class ReasoningSplitter:
         return self.state == "reasoning"
 
 
-def _partial_suffix(text: str, tag: str) -> int:
+def partial_suffix(text: str, tag: str) -> int:
     """The length of the longest end of text that is a start of tag."""
     for size in range(min(len(tag) - 1, len(text)), 0, -1):
         if text.endswith(tag[:size]):
@@ -176,59 +173,34 @@ def think_within_budget(
 
 
 class ReasoningWait:
-    """When a grammar starts to hold a reply that may reason first: the reasoning block is the
-    model's own (a grammar over it would make the model think in JSON, and a block the template
-    opened would never close), so the grammar holds only the answer after it, as llama.cpp's lazy
-    grammars do, triggered by the block's end.
+    """When a grammar holds a reply that may reason first: the block is the model's own (a
+    grammar over it would make the model think in JSON, and a block the template opened would
+    never close), so the grammar holds only the answer after it, as llama.cpp's lazy grammars do.
 
     free(piece) is asked with each token the plain chain picked, before the grammar sees it: True
-    lets it through unconstrained (blank text before a block or between the block and the answer,
-    the opening tag, the reasoning, the closing tag); False means the answer has begun and the
-    grammar holds this token and every later one."""
+    lets it through unconstrained (blank text, the tags, the reasoning); False means the answer
+    has begun and the grammar holds this token and every later one."""
 
     def __init__(self, prompt_tail: str) -> None:
-        opened = prompt_opens_thinking(prompt_tail)
-        tail = prompt_tail.rstrip()
-        if opened is not None:
-            self.state, self.closing = "reasoning", opened[1]
-        elif any(tail.endswith(closing) for _, closing in TAGS):
-            self.state, self.closing = "after", ""  # a --think-budget continuation
-        else:
-            self.state, self.closing = "start", ""
-        self.text = ""  # the unconstrained text since the state last changed
+        self.splitter = ReasoningSplitter(prompt_opens_thinking(prompt_tail))
+        if any(prompt_tail.rstrip().endswith(closing) for _, closing in TAGS):
+            self.splitter.state = "after"  # the continuation after a thinking budget
 
     @property
     def holding(self) -> bool:
         """Whether the grammar holds every token from now on."""
-        return self.state == "answer"
+        return self.splitter.state == "answer"
 
     def end(self) -> bool:
         """Whether the end of generation passes unconstrained: inside the block yes (the reply
-        then has no answer, which validation reports); elsewhere the grammar decides whether
-        the answer may end here, and holds from now on."""
-        if self.state == "reasoning":
+        then has no answer, which validation reports); elsewhere the grammar decides."""
+        if self.splitter.in_reasoning:
             return True
-        self.state = "answer"
+        self.splitter.state = "answer"
         return False
 
     def free(self, piece: str) -> bool:
-        if self.state == "answer":
+        if self.holding:
             return False
-        self.text += piece
-        if self.state == "reasoning":
-            if self.closing in self.text:
-                self.state, self.text = "after", ""
-            return True
-        stripped = self.text.lstrip()
-        if not stripped:
-            return True  # blank lines are not the answer yet
-        if self.state == "start":
-            for opening, closing in TAGS:
-                if stripped.startswith(opening):
-                    self.state, self.closing = "reasoning", closing
-                    self.text = stripped[len(opening) :]
-                    return self.free("")
-                if opening.startswith(stripped):
-                    return True  # may still become the tag
-        self.state = "answer"
-        return False
+        answer = self.splitter.push(piece)[1]
+        return self.splitter.tag_seen or not answer  # a token that closes the block is free

@@ -1,11 +1,6 @@
-"""quill's JSON Schema to GBNF converter: the grammar a schema's JSON is sampled under.
-
-It writes what docs/run.md says the grammar enforces (objects, arrays, enum and const, anyOf,
-type unions, local $ref with recursion, string lengths and patterns, the formats date, time,
-date-time and uuid, integer and number ranges), the layout llama.cpp's own converter writes
-(required properties first, then any of the optional ones in order; one optional space after
-each value). Bounded repetitions are written as GBNF's x{m,n}: cli/engine/gbnf.py counts a
-large bound in a few rules. What it cannot hold the output to is named in `unenforced`.
+"""quill's JSON Schema to GBNF converter: what docs/run.md says the grammar enforces, in the
+layout llama.cpp's own converter writes (required properties first, then any of the optional ones
+in order; one optional space after each value). What it cannot enforce is named in `unenforced`.
 """
 
 from __future__ import annotations
@@ -63,9 +58,8 @@ FORMATS = {"date", "time", "date-time", "uuid"}
 
 
 def schema_to_gbnf(schema: Any, unenforced: list[str], root: str = "root") -> str:
-    """GBNF for schema, its start rule named root; what it cannot enforce is added to
-    unenforced; SchemaError for what cannot become a grammar. The grammar is not yet checked
-    against quill's budget (cli/engine/gbnf.py's safe_grammar does that)."""
+    """GBNF for schema, its start rule named root, not yet checked (gbnf.safe_grammar does);
+    what it cannot enforce is added to unenforced; SchemaError for what cannot be a grammar."""
     converter = _Converter(schema, unenforced)
     converter.rules[root] = ""  # first, and taken
     try:
@@ -263,8 +257,7 @@ def _pointer(document: Any, ref: str) -> Any:
 
 
 class _Unexpressible(Exception):
-    """A pattern with what a grammar cannot say (lookarounds, \\b, backreferences, anchors
-    inside it)."""
+    """A pattern a grammar cannot say (lookarounds, \\b, backreferences, inner anchors)."""
 
 
 _CLASS_ESCAPES = {"d": [(48, 57)], "w": [(48, 57), (65, 90), (95, 95), (97, 122)], "s": [(32, 32)]}
@@ -395,8 +388,7 @@ class _PatternReader:
 
 
 def _safe(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    """ranges without the characters a JSON string cannot hold raw; _Unexpressible if none
-    are left."""
+    """ranges without the characters a JSON string cannot hold raw (_Unexpressible if none)."""
     kept = ranges
     for bad_low, bad_high in _UNSAFE:
         kept = [(lo, hi) for low, high in kept
@@ -415,12 +407,9 @@ class _NoIntegerInside(Exception):
 
 
 def _range_rule(schema: dict[str, Any], integer: bool) -> str:
-    """GBNF for an integer (or a number) within the schema's bounds.
-
-    A number's integer part spans the bounds; a fraction is allowed only on integer parts
-    strictly inside them, so -3.5 (integer part -3) never goes under a minimum of -4 and 3.5
-    never over a maximum of 4. Non-integer bounds are tightened to integers: a subset, never
-    more."""
+    """GBNF for an integer (or a number) within the schema's bounds, tightened to integers. A
+    fraction is allowed only on integer parts strictly inside them: -3.5 never goes under a
+    minimum of -4, 3.5 never over a maximum of 4."""
     low, high = _integer_bounds(schema)
     if low is not None and high is not None and low > high:
         raise _NoIntegerInside

@@ -1,9 +1,6 @@
-"""Structured output: a schema (a JSON Schema, any JSON object, or a raw GBNF grammar) becomes a
-Constraint: the GBNF grammar the sampler holds the model to, the keywords that grammar cannot
-enforce (named, so that a strict caller can refuse them), and the check of the finished text
-against the schema with the jsonschema package. The grammar is quill's own converter's
-(cli/engine/schema_grammar.py), checked as every grammar is (cli/engine/gbnf.py).
-"""
+"""Structured output: a JSON Schema, any JSON object, or a GBNF grammar becomes a Constraint: the
+checked grammar the sampler holds the model to (cli/engine/schema_grammar.py, cli/engine/gbnf.py),
+the keywords it cannot enforce, and the check of the finished text (the jsonschema package)."""
 
 from __future__ import annotations
 
@@ -13,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cli.engine.gbnf import GrammarBudgetError, safe_grammar
+from cli.engine.gbnf import GrammarError, safe_grammar
 from cli.engine.schema_grammar import FORMATS, SchemaError, schema_to_gbnf
 
 
@@ -98,7 +95,6 @@ def check_schema(schema: dict[str, Any]) -> None:
     import jsonschema
 
     _refuse_deep(schema)
-
     validator_class = jsonschema.validators.validator_for(schema, jsonschema.Draft202012Validator)
     try:
         validator_class.check_schema(schema)
@@ -110,13 +106,13 @@ def check_schema(schema: dict[str, Any]) -> None:
 
 
 def schema_constraint(schema: dict[str, Any], strict: bool = False) -> Constraint:
-    """The grammar for a JSON Schema and the keywords it cannot enforce; UnenforcedError when
-    strict and there are any, SchemaError for a schema that cannot become a grammar."""
+    """The grammar for a JSON Schema and the keywords it cannot enforce; UnenforcedError for
+    those when strict, SchemaError for a schema that cannot become a grammar."""
     _refuse_deep(schema)
     unenforced: list[str] = []
     try:
         grammar = safe_grammar(schema_to_gbnf(schema, unenforced))
-    except GrammarBudgetError as error:
+    except GrammarError as error:
         raise SchemaError(f"the schema's grammar is refused: {error}") from None
     found = tuple(dict.fromkeys(unenforced + unenforced_keywords(schema)))
     if strict and found:
@@ -130,9 +126,7 @@ def json_object_constraint() -> Constraint:
 
 def grammar_constraint(text: str, path: Path | None = None) -> Constraint:
     """A GBNF grammar of the user's own, checked and written as quill hands it to llama.cpp."""
-    return Constraint(
-        "grammar", safe_grammar(text), grammar_file=str(path) if path is not None else None
-    )
+    return Constraint("grammar", safe_grammar(text), grammar_file=str(path) if path else None)
 
 
 def unenforced_keywords(schema: Any, where: str = "#") -> list[str]:

@@ -21,6 +21,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from cli.engine.reasoning import partial_suffix
+
 HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"
 MISTRAL_MARK = "[TOOL_CALLS]"
 MISTRAL_ARGS = "[ARGS]"
@@ -45,13 +47,9 @@ class ToolCall:
 
 def call_format(family: str) -> str:
     """The tool call format a template family writes."""
-    if family == "llama3":
-        return "llama3"
     if family.startswith("mistral"):
         return "mistral"
-    if family == "chatml":
-        return "hermes"
-    return "json"
+    return {"llama3": "llama3", "chatml": "hermes"}.get(family, "json")
 
 
 def _call(name: Any, arguments: Any) -> ToolCall | None:
@@ -133,10 +131,7 @@ def may_start_call(text: str) -> int:
         if at >= 0:
             cut = min(cut, at)
             continue
-        for size in range(min(len(mark) - 1, len(text)), 0, -1):
-            if text.endswith(mark[:size]):
-                cut = min(cut, len(text) - size)
-                break
+        cut = min(cut, len(text) - partial_suffix(text, mark))
     return cut
 
 
@@ -227,7 +222,7 @@ def forcing_grammar(tools: Sequence[Mapping[str, Any]], required: str, fmt: str)
     """GBNF for one call in the family's format to a tool (any, or the one named), its arguments
     following the tool's JSON schema (cli/engine/schema_grammar.py), checked as every grammar is
     (cli/engine/gbnf.py); ToolsError when a tool's schema cannot become a grammar."""
-    from cli.engine.gbnf import GrammarBudgetError, safe_grammar
+    from cli.engine.gbnf import GrammarError, safe_grammar
     from cli.engine.schema_grammar import SchemaError, schema_to_gbnf
 
     key = "parameters" if fmt == "llama3" else "arguments"
@@ -247,13 +242,9 @@ def forcing_grammar(tools: Sequence[Mapping[str, Any]], required: str, fmt: str)
             }
         )
     schema = choices[0] if len(choices) == 1 else {"anyOf": choices}
-    if fmt == "hermes":
-        outer = f'root ::= "{HERMES_OPEN}\\n" tc-call "\\n{HERMES_CLOSE}"'
-    elif fmt == "mistral":
-        outer = f'root ::= "{MISTRAL_MARK}[" tc-call "]"'
-    else:
-        outer = "root ::= tc-call"
+    outer = {"hermes": f'"{HERMES_OPEN}\\n" tc-call "\\n{HERMES_CLOSE}"',
+             "mistral": f'"{MISTRAL_MARK}[" tc-call "]"'}.get(fmt, "tc-call")  # fmt: skip
     try:
-        return safe_grammar(outer + "\n" + schema_to_gbnf(schema, [], root="tc-call"))
-    except (SchemaError, GrammarBudgetError) as error:
+        return safe_grammar(f"root ::= {outer}\n" + schema_to_gbnf(schema, [], root="tc-call"))
+    except (SchemaError, GrammarError) as error:
         raise ToolsError(f"a tool's parameters cannot become a grammar: {error}", "tools") from None
