@@ -105,3 +105,16 @@ def test_speculation_settings_are_refused_with_facts_and_worded_with_the_flags()
         "--draft-tokens takes a count of at least 1, not 0",
         "--spec draft needs --draft NAME (a small model of the same family)",
     ]
+
+
+def test_a_file_that_is_no_transcript_is_said_by_the_engine_and_worded_by_chat(tmp_path):
+    from cli.engine.chatsession import NotATranscriptError, read_transcript
+
+    notes = tmp_path / "notes.txt"
+    notes.write_text("my notes\n")
+    for continuing, advice in ((True, "choose another --transcript"), (False, "/save writes one")):
+        with pytest.raises(NotATranscriptError) as caught:
+            read_transcript(notes, continuing)
+        assert "--" not in str(caught.value) and "/save" not in str(caught.value)
+        assert str(caught.value).startswith(f"{notes} is not a quill chat transcript (")
+        assert user_message(caught.value).endswith(advice)

@@ -63,4 +63,10 @@ def user_message(error: Exception) -> str:
     if isinstance(error, SpecOptionError):
         flag = "--spec" if error.setting == "mode" else "--draft-tokens"
         return f"{flag} takes {error.takes}, not {error.value!r}"
+    from cli.engine.chatsession import NotATranscriptError
+
+    if isinstance(error, NotATranscriptError) and error.continuing:
+        return f"{error}; quill will not overwrite it: choose another --transcript"
+    if isinstance(error, NotATranscriptError):
+        return f"{error}; /save writes one"
     return str(error)

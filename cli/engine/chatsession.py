@@ -1,11 +1,8 @@
 """A conversation over one Backend: history, the context window, the transcript.
 
-Each turn hands the whole history to Backend.stream_chat. A local engine renders it with the
-model's chat template and its prefix cache finds everything up to the new user message already
-in the KV cache: only the new tokens are prefilled. A server keeps its own cache and window.
-The transcript is written (temporary file, then rename) when a message is added and every few
-tokens while a reply streams, so a killed process loses at most those few tokens.
-Nothing here reads the keyboard or prints.
+Each turn hands the whole history to Backend.stream_chat; a local engine's prefix cache finds all
+but the new message already in the KV cache. The transcript is rewritten (part file, then rename)
+when a message is added and every few tokens of a reply: a killed process loses at most those.
 """
 
 from __future__ import annotations
@@ -21,7 +18,7 @@ from cli.engine.backend import Backend
 from cli.engine.events import StreamEvent
 from cli.engine.sampling import SamplingParams
 from cli.errors import ChatOverflowError, QuillError, TranscriptError
-from quant.partfiles import UnsafeTargetError, check_replaceable, partial_path
+from quant.partfiles import UnsafeTargetError, check_replaceable, write_text_replacing
 
 OVERFLOW_POLICIES = ("truncate", "error")
 SAVE_EVERY_TOKENS = 8
@@ -69,9 +66,7 @@ class ChatSession:
         self.messages: list[Message] = []
         # Messages the model no longer sees (dropped to fit, or /clear): kept in the transcript.
         self.earlier: list[Message] = []
-        self.last_event: StreamEvent | None = None
-        # An existing transcript is continued, never truncated: quill refuses a file that is
-        # not one of its transcripts rather than write over it.
+        # An existing transcript is continued; a file that is not one is refused, not overwritten.
         self.continued = 0  # messages taken over from the transcript
         if transcript is not None and (transcript.exists() or transcript.is_symlink()):
             self._continue(transcript, keep_system=system is not None)
@@ -79,24 +74,21 @@ class ChatSession:
 
     # --- the conversation -------------------------------------------------------------------
 
-    def conversation(self, messages: list[Message] | None = None) -> list[tuple[str, str]]:
-        chosen = self.messages if messages is None else messages
+    def conversation(self) -> list[tuple[str, str]]:
         head = [("system", self.system)] if self.system else []
-        return head + [(m.role, m.content) for m in chosen]
+        return head + [(m.role, m.content) for m in self.messages]
 
-    def prompt_tokens(self, messages: list[Message] | None = None) -> int | None:
+    def prompt_tokens(self) -> int | None:
         """Tokens the conversation takes; None where the backend's server counts them."""
-        return self.backend.count_tokens(self.conversation(messages))
+        return self.backend.count_tokens(self.conversation())
 
     def context_used(self) -> int:
         """KV cells holding this conversation here (prompt and the replies so far)."""
         return self.backend.cached_tokens
 
     def send(self, text: str) -> Iterator[TurnStart | StreamEvent]:
-        """Add a user message and stream the reply: a TurnStart, then the engine's events.
-
-        Closing the iterator early (Ctrl-C) keeps the partial reply, marked interrupted.
-        """
+        """Add a user message and stream the reply: a TurnStart, then the engine's events;
+        closing the iterator early (Ctrl-C) keeps the partial reply, marked interrupted."""
         check_text(text)  # before it is kept: one bad message must not break every later save
         self.messages.append(Message("user", text))
         self.save()
@@ -111,14 +103,14 @@ class ChatSession:
         self.save()
         yield from self._reply()
 
-    def _events(self) -> Iterator[TurnStart | StreamEvent]:
+    def _reply(self) -> Iterator[TurnStart | StreamEvent]:
         settings = self.settings
-        counted, dropped = self._fit()
+        counted, dropped = self._fit()  # or raises before a reply is begun
         budget = settings.max_tokens
         if counted is not None:
             budget = min(budget, self.backend.n_ctx - counted)
         try:  # a backend refuses (a server's 4xx, a window overflow) before a reply begins
-            stream = self.backend.stream_chat(
+            events = self.backend.stream_chat(
                 self.conversation(), budget, settings.sampling, settings.stop
             )
         except QuillError:
@@ -126,21 +118,12 @@ class ChatSession:
             self.save()
             raise
         yield TurnStart(counted or 0, dropped, budget)
-        yield from stream
-
-    def _reply(self) -> Iterator[TurnStart | StreamEvent]:
-        events = self._events()
-        start = next(events)  # fits the conversation, or raises before a reply is begun
-        yield start
         reply = Message("assistant", "", interrupted=True)
         self.messages.append(reply)
         pieces: list[str] = []
         try:
             for event in events:
-                if isinstance(event, TurnStart):
-                    continue
                 pieces.append(event.text)
-                self.last_event = event
                 reply.content = "".join(pieces)
                 if event.finish_reason is not None:
                     reply.interrupted = False
@@ -153,13 +136,9 @@ class ChatSession:
             self.save()
 
     def _fit(self) -> tuple[int | None, int]:
-        """Tokens of the prompt for the next reply (None where the server checks its own
-        window), and the messages dropped to fit it, if the policy allows.
-
-        A drop changes the start of the prompt, so the next turn prefills the whole remaining
-        history. Dropping down to half the window (as llama.cpp's server discards half) buys
-        several turns of cache reuse before the next drop, instead of a full prefill every turn.
-        """
+        """Tokens of the next prompt (None where a server checks its own window), and the
+        messages dropped to fit it. A drop changes the prompt's start (a full prefill): dropping
+        down to half the window, as llama-server does, buys several turns of cache reuse."""
         n_ctx = self.backend.n_ctx
         # Leave room for a useful reply: the requested length, up to a quarter of the window.
         room = min(self.settings.max_tokens, n_ctx // 4)
@@ -226,7 +205,7 @@ class ChatSession:
 
     def load(self, path: Path) -> None:
         """Replace the conversation with a saved one (its system prompt and messages)."""
-        data = read_transcript(path, "/save writes one")
+        data = read_transcript(path, continuing=False)
         self.earlier.extend(self.messages)
         self.messages = data.messages
         self.system = data.system
@@ -238,7 +217,7 @@ class ChatSession:
             check_replaceable(path)
         except UnsafeTargetError as error:
             raise TranscriptError(str(error)) from None
-        data = read_transcript(path, "quill will not overwrite it: choose another --transcript")
+        data = read_transcript(path, continuing=True)
         self.messages, self.earlier = data.messages, data.earlier
         if not keep_system:
             self.system = data.system
@@ -252,7 +231,16 @@ class SavedConversation:
     earlier: list[Message]
 
 
-def read_transcript(path: Path, advice: str) -> SavedConversation:
+class NotATranscriptError(TranscriptError):
+    """A file that is not a quill transcript (continuing: named to be continued, so quill
+    leaves it as it is; the commands say what to do)."""
+
+    def __init__(self, message: str, continuing: bool) -> None:
+        super().__init__(message)
+        self.continuing = continuing
+
+
+def read_transcript(path: Path, continuing: bool) -> SavedConversation:
     """A transcript file's conversation; TranscriptError says why it cannot be one."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
@@ -271,13 +259,10 @@ def read_transcript(path: Path, advice: str) -> SavedConversation:
             check_text(message.content)
     except OSError as error:
         raise TranscriptError(f"cannot read {path}: {error.strerror}") from None
-    except RecursionError:
-        raise TranscriptError(
-            f"{path} is not a quill chat transcript (JSON nested too deep); {advice}"
-        ) from None
-    except (ValueError, KeyError, TypeError, AttributeError) as error:
-        raise TranscriptError(
-            f"{path} is not a quill chat transcript ({error}); {advice}"
+    except (RecursionError, ValueError, KeyError, TypeError, AttributeError) as error:
+        why = "JSON nested too deep" if isinstance(error, RecursionError) else error
+        raise NotATranscriptError(
+            f"{path} is not a quill chat transcript ({why})", continuing
         ) from None
     return SavedConversation(system, messages, earlier)
 
@@ -301,46 +286,33 @@ def check_text(text: str) -> None:
 
 
 def write_json_atomically(path: Path, data: dict[str, Any]) -> None:
-    partial = partial_path(path)
     try:
-        text = json.dumps(data, ensure_ascii=False, indent=1) + "\n"
         path.parent.mkdir(parents=True, exist_ok=True)
-        partial.write_text(text, encoding="utf-8")
-        partial.replace(path)
+        write_text_replacing(path, json.dumps(data, ensure_ascii=False, indent=1) + "\n")
     except OSError as error:
         raise TranscriptError(f"cannot write {path}: {error.strerror}") from None
-    finally:
-        partial.unlink(missing_ok=True)  # whatever went wrong, no part file stays behind
 
 
 # What /set accepts, as the command-line options do (llama.cpp's top-k is an int32 and its seeds
 # a uint32 whose largest value means "random"); float("inf") and float("nan") fail these too.
-SETTING_RANGES: dict[str, tuple[float, float]] = {
-    "temperature": (0, 1e6),  # "0 means greedy"; past a few it is noise, but not an error
-    "top_p": (0, 1),
-    "top_k": (0, 2**31 - 1),
-    "min_p": (0, 1),
-    "repeat_penalty": (0, 1e6),
-    "seed": (0, 2**32 - 2),
+SETTING_RANGES: dict[str, tuple[type, float, float]] = {
+    "temperature": (float, 0, 1e6),  # "0 means greedy"; past a few it is noise, not an error
+    "top_p": (float, 0, 1),
+    "top_k": (int, 0, 2**31 - 1),
+    "min_p": (float, 0, 1),
+    "repeat_penalty": (float, 0, 1e6),
+    "seed": (int, 0, 2**32 - 2),
 }
 
 
 def with_setting(settings: ChatSettings, key: str, value: str) -> ChatSettings:
     """settings with one `/set KEY VALUE` applied; ValueError says what is accepted."""
-    numeric = {
-        "temperature": float,
-        "top_p": float,
-        "top_k": int,
-        "min_p": float,
-        "repeat_penalty": float,
-        "seed": int,
-    }
-    if key in numeric:
+    if key in SETTING_RANGES:
+        kind, low, high = SETTING_RANGES[key]
         try:
-            number = numeric[key](value)
+            number = kind(value)
         except ValueError:
             raise ValueError(f"{key} takes a number, not {value!r}") from None
-        low, high = SETTING_RANGES[key]
         if not low <= number <= high:  # NaN too
             most = f"{high:g}" if isinstance(high, float) else str(high)
             raise ValueError(f"{key} takes {low} to {most}, not {value!r}")
@@ -353,5 +325,5 @@ def with_setting(settings: ChatSettings, key: str, value: str) -> ChatSettings:
         # Backslash escapes so that a newline can be typed: /set stop \n\n
         stops = tuple(s.encode().decode("unicode_escape") for s in value.split(",") if s)
         return replace(settings, stop=stops)
-    known = ", ".join([*numeric, "max_tokens", "stop"])
+    known = ", ".join([*SETTING_RANGES, "max_tokens", "stop"])
     raise ValueError(f"unknown setting {key!r}; /set takes {known}")

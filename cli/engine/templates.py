@@ -1,14 +1,10 @@
 """Chat templates: a conversation rendered into the text a model was trained to read.
 
-The model's own Jinja template (`tokenizer.chat_template`, or a named one such as
-`tokenizer.chat_template.tool_use` when tools are given) is rendered the way transformers'
-`apply_chat_template` renders it: a sandboxed, immutable Jinja environment with trim_blocks and
-lstrip_blocks, loop controls, `raise_exception`, `strftime_now`, a `tojson` that does not escape
-HTML, and the variables templates read (messages, add_generation_prompt, bos_token, eos_token,
-tools, enable_thinking, ...). A template is code from the model file: its rendering is bounded in
-time and size. llama.cpp's C helper is used only where Jinja fails, or where a file carries no
-template and a family name is all there is.
-
+The model's Jinja template (`tokenizer.chat_template`, or `tokenizer.chat_template.tool_use` when
+tools are given) is rendered as transformers' `apply_chat_template` does (a sandboxed immutable
+environment, trim_blocks, lstrip_blocks, loop controls, raise_exception, strftime_now, a tojson
+that does not escape HTML), bounded in time and size: it is code from a downloaded file.
+llama.cpp's C helper renders only where Jinja fails or a family name is all there is.
 No llama_cpp at import time: `quill inspect` reads families without loading llama.cpp.
 """
 
@@ -38,21 +34,11 @@ RENDER_CHARS = 8 << 20
 TEMPLATE_FILE_CHARS = 1 << 20  # real chat templates are tens of kilobytes
 
 
-# The families quill knows: llama.cpp's C helper accepts each name. What each supports is what
-# its published templates do.
-FAMILIES: dict[str, str] = {
-    "chatml": "ChatML (<|im_start|>): Qwen, SmolLM, Hermes",
-    "llama3": "Llama 3.x (<|start_header_id|>)",
-    "gemma": "Gemma (<start_of_turn>)",
-    "mistral-v7": "Mistral ([INST], [SYSTEM_PROMPT])",
-    "mistral-v3-tekken": "Mistral Nemo ([INST])",
-    "llama2": "Llama 2 / Mistral v1 ([INST])",
-    "mistral-v3": "Mistral v3 ([INST], [TOOL_CALLS])",
-    "phi3": "Phi-3 / Phi-4-mini (<|user|> ... <|end|>)",
-    "phi4": "Phi-4 (<|im_start|> ... <|im_sep|>)",
-    "deepseek3": "DeepSeek V3 / R1 (<｜User｜>)",
-    "gpt-oss": "gpt-oss harmony (<|channel|>)",
-}
+# The families quill knows (llama.cpp's C helper accepts each name); what each supports is what
+# its published templates do. chatml: Qwen, SmolLM, Hermes; llama2: also Mistral v1;
+# mistral-v3-tekken: Mistral Nemo; phi3: also Phi-4-mini; deepseek3: V3 and R1.
+FAMILIES = ("chatml", "llama3", "gemma", "mistral-v7", "mistral-v3-tekken", "llama2",
+            "mistral-v3", "phi3", "phi4", "deepseek3", "gpt-oss")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -61,7 +47,7 @@ class ChatTemplate:
 
     source: str | None  # Jinja text; None where only a family name is known (llama.cpp renders)
     family: str  # one of FAMILIES, or "unknown"
-    origin: str  # "the model file", "--chat-template FILE", "models.yaml", "inferred"
+    origin: str  # "the model file", "models.yaml", "inferred", or "the file PATH" the user chose
     named: Mapping[str, str] = field(default_factory=dict)  # e.g. {"tool_use": "..."}
 
     @property
@@ -71,7 +57,7 @@ class ChatTemplate:
 
     @property
     def thinking_switch(self) -> bool:
-        """Whether the template reads enable_thinking (Qwen3, SmolLM3: --think/--no-think)."""
+        """Whether the template reads enable_thinking (Qwen3, SmolLM3 switch thinking so)."""
         return "enable_thinking" in (self.source or "")
 
     @property
@@ -93,50 +79,37 @@ class ChatTemplate:
         return ", ".join(what)
 
 
+# The markers a family's Jinja template writes, checked in this order as llama.cpp's
+# llm_chat_detect_template does (all of an entry's space-separated markers must be there).
+_TEMPLATE_MARKERS = (
+    ("gpt-oss", "<|channel|>"), ("phi4", "<|im_sep|>"), ("chatml", "<|im_start|>"),
+    ("llama3", "<|start_header_id|>"), ("gemma", "<start_of_turn>"),
+    ("deepseek3", "<｜Assistant｜>"), ("deepseek3", "<｜User｜>"),
+    ("phi3", "<|assistant|> <|end|>"), ("mistral-v7", "[SYSTEM_PROMPT]"),
+    ("mistral-v3", "[TOOL_CALLS]"), ("mistral-v3", "[AVAILABLE_TOOLS]"), ("llama2", "[INST]"),
+)  # fmt: skip
+
+
 def template_family(source: str) -> str:
-    """The family a Jinja template belongs to, by the markers it writes (as llama.cpp's
-    llm_chat_detect_template does)."""
-    if "<|channel|>" in source:
-        return "gpt-oss"
-    if "<|im_sep|>" in source:
-        return "phi4"
-    if "<|im_start|>" in source:
-        return "chatml"
-    if "<|start_header_id|>" in source:
-        return "llama3"
-    if "<start_of_turn>" in source:
-        return "gemma"
-    if "<｜Assistant｜>" in source or "<｜User｜>" in source:
-        return "deepseek3"
-    if "<|assistant|>" in source and "<|end|>" in source:
-        return "phi3"
-    if "[SYSTEM_PROMPT]" in source:
-        return "mistral-v7"
-    if "[TOOL_CALLS]" in source or "[AVAILABLE_TOOLS]" in source:
-        return "mistral-v3"
-    if "[INST]" in source:
-        return "llama2"
+    """The family a Jinja template belongs to, by the markers it writes."""
+    for family, markers in _TEMPLATE_MARKERS:
+        if all(marker in source for marker in markers.split()):
+            return family
     return "unknown"
 
 
 # Special tokens that identify a family in a vocabulary, most specific first.
-_FAMILY_TOKENS: tuple[tuple[str, str], ...] = (
-    ("<|channel|>", "gpt-oss"),
-    ("<|im_sep|>", "phi4"),
-    ("<|start_header_id|>", "llama3"),
-    ("<start_of_turn>", "gemma"),
-    ("<｜Assistant｜>", "deepseek3"),
-    ("<|assistant|>", "phi3"),
-    ("[SYSTEM_PROMPT]", "mistral-v7"),
-    ("[INST]", "llama2"),
-    ("<|im_start|>", "chatml"),
-)
+_FAMILY_TOKENS = (
+    ("<|channel|>", "gpt-oss"), ("<|im_sep|>", "phi4"), ("<|start_header_id|>", "llama3"),
+    ("<start_of_turn>", "gemma"), ("<｜Assistant｜>", "deepseek3"), ("<|assistant|>", "phi3"),
+    ("[SYSTEM_PROMPT]", "mistral-v7"), ("[INST]", "llama2"), ("<|im_start|>", "chatml"),
+)  # fmt: skip
 _FAMILY_ARCHITECTURES = {"gemma": "gemma", "gemma2": "gemma", "gemma3": "gemma", "phi3": "phi3"}
 
 
 def infer_family(architecture: str, is_special_token: Callable[[str], bool]) -> str | None:
-    """The family of a model file without a template: its architecture, else the special
-    tokens its vocabulary holds; None if neither says."""
+    """The family of a model file without a template: the special tokens its vocabulary
+    holds, else its architecture; None if neither says."""
     for marker, family in _FAMILY_TOKENS:
         if is_special_token(marker):
             return family
@@ -150,10 +123,9 @@ class _Budget:
     """A deadline and an output cap for one rendering, checked from a trace function: a loop in
     a template runs Python bytecode, so every line it executes passes through here."""
 
-    def __init__(self, seconds: float, chars: int) -> None:
+    def __init__(self, seconds: float) -> None:
         self.deadline = time.monotonic() + seconds
         self.seconds = seconds
-        self.chars = chars
         self.ticks = 0
 
     def trace(self, frame: Any, event: str, arg: Any) -> Callable | None:
@@ -279,7 +251,7 @@ def render_jinja(
         "eos_token": eos_token,
         **(extra or {}),
     }
-    budget = _Budget(seconds, chars)
+    budget = _Budget(seconds)
     pieces: list[str] = []
     size = 0
     previous = sys.gettrace()
@@ -290,14 +262,11 @@ def render_jinja(
             if size > chars:
                 raise _TooLong(f"the rendered prompt passed {chars} characters")
             pieces.append(piece)
-    except _TooLong as error:
-        raise ChatTemplateError(f"the chat template was stopped: {error}") from None
-    except RecursionError:
-        raise ChatTemplateError("the chat template was stopped: it recursed too deep") from None
-    except MemoryError:  # one C call asked for it all at once ("{:>99999999999}".format)
-        raise ChatTemplateError(
-            "the chat template was stopped: it built a value larger than memory"
-        ) from None
+    except (_TooLong, RecursionError, MemoryError) as error:
+        # MemoryError: one C call asked for it all at once ("{:>99999999999}".format).
+        why = {RecursionError: "it recursed too deep", MemoryError: "it built a value larger "
+               "than memory"}.get(type(error), error)  # fmt: skip
+        raise ChatTemplateError(f"the chat template was stopped: {why}") from None
     except jinja2.TemplateError as error:
         raise ChatTemplateError(f"the chat template raised: {error}") from None
     except (TypeError, ValueError, LookupError, AttributeError, ArithmeticError) as error:
@@ -377,12 +346,8 @@ def render_conversation(
     tools are given and the file has it), else llama.cpp's C helper with one line saying why."""
     if tools is not None and not isinstance(tools, (list, tuple)):
         raise ChatTemplateError("tools must be a list of tool objects")
-    extra: dict[str, Any] = {}
-    if enable_thinking is not None:
-        extra["enable_thinking"] = enable_thinking
-    source = template.source
-    if tools and "tool_use" in template.named:
-        source = template.named["tool_use"]
+    extra = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
+    source = template.named.get("tool_use", template.source) if tools else template.source
     if source is None:
         text = render_with_llama(template.family, role_content(messages))
         if text is None:
@@ -415,11 +380,7 @@ def file_template(
     """The template a model file carries (with its named ones), else the family its
     architecture and special tokens point to; None if neither."""
     source = meta("tokenizer.chat_template")
-    named = {}
-    for name in ("tool_use", "rag"):
-        text = meta(f"tokenizer.chat_template.{name}")
-        if text:
-            named[name] = text
+    named = {n: text for n in ("tool_use", "rag") if (text := meta(f"tokenizer.chat_template.{n}"))}
     if source:
         return ChatTemplate(source, template_family(source), "the model file", named)
     family = infer_family(architecture, is_special_token)
@@ -472,8 +433,7 @@ def template_notes(template: ChatTemplate | None, think: bool | None) -> list[Te
 
 
 def template_from_file(path: str) -> ChatTemplate:
-    """--chat-template FILE: a Jinja template read from disk (as llama-server's
-    --chat-template-file), checked to parse before any model loads."""
+    """A Jinja template file the user chose, read and checked to parse before any model loads."""
     import jinja2
 
     try:
@@ -494,7 +454,7 @@ def template_from_file(path: str) -> ChatTemplate:
         _compile(source)
     except jinja2.TemplateError as error:
         raise UsageError(f"the chat template {path} does not parse: {error}") from None
-    return ChatTemplate(source, template_family(source), f"--chat-template {path}")
+    return ChatTemplate(source, template_family(source), f"the file {path}")
 
 
 def family_template(family: str, origin: str) -> ChatTemplate:
