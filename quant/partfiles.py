@@ -73,38 +73,34 @@ def remove_stale_parts(target: Path) -> list[Path]:
     return removed
 
 
-def check_replaceable(target: Path, source: Path | None = None) -> None:
-    """Refuse a target that renaming a finished part file over would damage: anything but a
-    regular file (a device such as /dev/null, a directory, a FIFO, a symbolic link, whose target
-    elsewhere the user may have meant), or the input file itself."""
+def check_replaceable(
+    target: Path, source: Path | None = None, error: type[Exception] = UnsafeTargetError
+) -> None:
+    """Refuse (with error) a target that renaming a finished part file over would damage:
+    anything but a regular file (a device such as /dev/null, a directory, a FIFO, a symbolic
+    link, whose target elsewhere the user may have meant), or the input file itself."""
     try:
         info = target.lstat()
     except OSError:  # nothing there (or a folder that is not one): the write itself will say
         return
     if stat.S_ISLNK(info.st_mode):
-        raise UnsafeTargetError(
+        raise error(
             f"{target} is a symbolic link (to {os.readlink(target)}); quill replaces only "
             "regular files: give the path it points to, or another one"
         )
     if not stat.S_ISREG(info.st_mode):
         kind = _kind(info.st_mode)
-        raise UnsafeTargetError(
+        raise error(
             f"{target} is {kind}, not a regular file; quill will not replace it: choose a file path"
         )
     if source is not None and source.exists() and os.path.samefile(source, target):
-        raise UnsafeTargetError(
+        raise error(
             f"{target} is the input file itself; writing there would destroy the input: "
             "choose another output path"
         )
 
 
 def _kind(mode: int) -> str:
-    if stat.S_ISDIR(mode):
-        return "a directory"
-    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
-        return "a device"
-    if stat.S_ISFIFO(mode):
-        return "a named pipe"
-    if stat.S_ISSOCK(mode):
-        return "a socket"
-    return "a special file"
+    kinds = {"a directory": stat.S_ISDIR, "a device": lambda m: stat.S_ISCHR(m) or stat.S_ISBLK(m)}
+    kinds |= {"a named pipe": stat.S_ISFIFO, "a socket": stat.S_ISSOCK}
+    return next((kind for kind, test in kinds.items() if test(mode)), "a special file")

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from quant.gguf import LLAMA_FILE_TYPES, read_header
-from quant.partfiles import UnsafeTargetError, check_replaceable, partial_path, remove_stale_parts
+from quant.partfiles import check_replaceable, partial_path, remove_stale_parts
 
 # The types llama.cpp's llama-quantize accepts, by name, with their llama_ftype numbers.
 WEIGHT_TYPES: dict[str, int] = {
@@ -42,32 +42,25 @@ class QuantizeError(Exception):
     """A quantization that cannot be done, with the reason and what to do instead."""
 
 
-class UnknownTypeError(QuantizeError):
-    pass
+class UnknownTypeError(QuantizeError): ...
 
 
-class NeedsImatrixError(QuantizeError):
-    pass
+class NeedsImatrixError(QuantizeError): ...
 
 
-class AlreadyQuantizedError(QuantizeError):
-    pass
+class AlreadyQuantizedError(QuantizeError): ...
 
 
-class OutputExistsError(QuantizeError):
-    pass
+class OutputExistsError(QuantizeError): ...
 
 
-class QuantizeFailedError(QuantizeError):
-    pass
+class QuantizeFailedError(QuantizeError): ...
 
 
-class OutputNotWritableError(QuantizeError):
-    pass
+class OutputNotWritableError(QuantizeError): ...
 
 
-class UnsafeOutputError(QuantizeError):
-    pass
+class UnsafeOutputError(QuantizeError): ...
 
 
 def weight_type(name: str) -> str:
@@ -135,10 +128,7 @@ def quantize(
             "Start from an F16/BF16/F32 file (`quill quantize NAME --to f16` makes one), or pass "
             "--allow-requantize to do it anyway"
         )
-    try:
-        check_replaceable(output, source)
-    except UnsafeTargetError as error:
-        raise UnsafeOutputError(str(error)) from None
+    check_replaceable(output, source, UnsafeOutputError)
     if output.exists() and not force:
         raise OutputExistsError(f"{output} exists; pass --force to replace it")
     remove_stale_parts(output)  # left by a quantize that was killed before it could clean up
@@ -161,10 +151,7 @@ def quantize(
         )
         if status != 0:
             raise QuantizeFailedError(f"llama.cpp's quantizer failed on {source} (status {status})")
-        try:
-            check_replaceable(output, source)  # again: the quantizer ran for a while
-        except UnsafeTargetError as error:
-            raise UnsafeOutputError(str(error)) from None
+        check_replaceable(output, source, UnsafeOutputError)  # again: the quantizer took a while
         partial.replace(output)
     finally:
         partial.unlink(missing_ok=True)

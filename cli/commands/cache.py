@@ -37,15 +37,6 @@ CacheMax = Annotated[
 ]
 
 
-def prompt_cache_settings(settings: ModelSettings, max_bytes: int | None) -> ModelSettings:
-    """settings with the prompt cache under QUILL_HOME/cache/prompts (None: no cache)."""
-    from cli.store.promptcache import run_cache
-
-    if max_bytes is None:
-        return settings
-    return dataclasses.replace(settings, prompt_cache=run_cache(max_bytes))
-
-
 def chat_cache_settings(settings: ModelSettings, transcript: Path) -> ModelSettings:
     """settings with the chat's KV state saved beside its transcript."""
     from cli.store.promptcache import chat_cache

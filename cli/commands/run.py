@@ -158,12 +158,12 @@ def run(
         from cli.ui import render
 
         render.warning_line("--logprobs shows only in --json output; none are computed without it")
-    from cli.commands.cache import prompt_cache_settings
+    from cli.store.promptcache import run_cache
     from cli.store.registry import load_registry
 
     template, shown = read_template_option(chat_template), logprobs if json_output else None
-    settings = ModelSettings(template, think, think_budget, speculation, shown)
-    cache_bytes = None if no_cache else shared.size_option("--cache-max", cache_max)
+    cache = None if no_cache else run_cache(shared.size_option("--cache-max", cache_max))
+    settings = ModelSettings(template, think, think_budget, speculation, shown, cache)
     sampling = shared.sampling_params(
         temperature, top_k, top_p, min_p, repeat_penalty, seed, ignore_eos
     )
@@ -185,7 +185,6 @@ def run(
     options = None
     if not endpoint:
         options = shared.load_options(ctx, threads, gpu_layers, kv_type, kv_k, kv_v)
-    settings = prompt_cache_settings(settings, cache_bytes)
     name, backend = shared.open_backend(
         model, endpoint, api_key, options, settings, offline, verbose
     )
