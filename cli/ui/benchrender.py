@@ -72,17 +72,12 @@ def json_text(model: str, rows: Sequence[BenchRow]) -> str:
     return json.dumps({"model": model, "rows": [asdict(r) for r in rows]}, indent=1) + "\n"
 
 
-def _x(row: BenchRow) -> int:
-    """Where a row stands in its picture: a tg row at its depth, a pp row at its prompt length."""
-    return row.depth if row.test.startswith("tg") else int(row.test[2:])
-
-
-def _y(row: BenchRow) -> float:
-    return row.tokens_per_s if row.test.startswith("tg") else row.ttft_ms or 0.0
-
-
-def _spread(row: BenchRow) -> float:
-    return row.tokens_per_s_sd if row.test.startswith("tg") else row.ttft_ms_sd or 0.0
+def _point(row: BenchRow) -> tuple[int, float, float]:
+    """(x, y, spread of y) of a row in its picture: a tg row's decode speed at its depth, a pp
+    row's time to the first token at its prompt length."""
+    if row.test.startswith("tg"):
+        return row.depth, row.tokens_per_s, row.tokens_per_s_sd
+    return int(row.test[2:]), row.ttft_ms or 0.0, row.ttft_ms_sd or 0.0
 
 
 def bars(rows: Sequence[BenchRow], width: int = 40) -> list[Text]:
@@ -96,18 +91,19 @@ def bars(rows: Sequence[BenchRow], width: int = 40) -> list[Text]:
         chosen = [row for row in rows if row.test.startswith(kind)]
         if len(chosen) < 2:
             continue
-        top = max(_y(row) for row in chosen) or 1.0
+        top = max(_point(row)[1] for row in chosen) or 1.0
         pictures.append(Text(title, style="bold"))
         for row in chosen:
             threads, batch = _known(row.threads), _known(row.batch)
             label = f"{row.test} @ d{row.depth} {row.kv_type} t{threads} b{batch}"
             if several_paths:
                 label += f" {row.cpu_path}"
-            filled = _y(row) / top * width
+            value = _point(row)[1]
+            filled = value / top * width
             bar = "█" * int(filled) + ("▌" if filled - int(filled) >= 0.5 else "")
             line = Text(f"  {label:<28} ")
             line.append(bar.ljust(width + 1), style="cyan")
-            line.append(f" {_y(row):.1f} {unit}")
+            line.append(f" {value:.1f} {unit}")
             pictures.append(line)
     return pictures
 
@@ -143,8 +139,8 @@ def plot(rows: Sequence[BenchRow], model: str, target: Path) -> None:
                 label = f"{row.test}, {where}" if kind == "tg" else f"depth {row.depth}, {where}"
                 series.setdefault(label, []).append(row)
         for label, points in series.items():
-            points.sort(key=_x)
-            xs, ys, spreads = zip(*((_x(r), _y(r), _spread(r)) for r in points), strict=True)
+            points.sort(key=lambda row: _point(row)[0])
+            xs, ys, spreads = zip(*map(_point, points), strict=True)
             axis.errorbar(xs, ys, yerr=spreads, marker="o", capsize=3, label=label)
         axis.set(title=title, xlabel=xlabel, ylabel=ylabel)
         axis.grid(alpha=0.3)
