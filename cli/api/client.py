@@ -224,9 +224,11 @@ def _events(
 def _entries(logprobs: Any) -> list[TokenLogprobs]:
     """A chunk's choice.logprobs as entries (the server does not say the token ids): chat's
     content list, or completions' parallel lists; what is shaped as neither is skipped."""
-    if isinstance(logprobs, dict) and isinstance(logprobs.get("tokens"), list):
-        return _legacy_entries(logprobs)
-    content = logprobs.get("content") if isinstance(logprobs, dict) else None
+    if not isinstance(logprobs, dict):
+        return []
+    content = logprobs.get("content")
+    if isinstance(logprobs.get("tokens"), list):
+        content = _legacy_content(logprobs)
     entries = []
     for item in content if isinstance(content, list) else []:
         chosen = _candidate(item)
@@ -238,20 +240,16 @@ def _entries(logprobs: Any) -> list[TokenLogprobs]:
     return entries
 
 
-def _legacy_entries(logprobs: dict) -> list[TokenLogprobs]:
-    """/v1/completions' logprobs: tokens, token_logprobs and top_logprobs (a map of token to
-    logprob per token), side by side."""
-    tokens, values = logprobs.get("tokens") or [], logprobs.get("token_logprobs") or []
-    tops = logprobs.get("top_logprobs") or []
-    entries = []
-    for index, (token, value) in enumerate(zip(tokens, values, strict=False)):
+def _legacy_content(logprobs: dict) -> list[dict[str, Any]]:
+    """/v1/completions' logprobs (tokens, token_logprobs and top_logprobs, a map of token to
+    logprob per token, side by side) as chat's content list."""
+    values, tops = logprobs.get("token_logprobs") or [], logprobs.get("top_logprobs") or []
+    content = []
+    for index, (token, value) in enumerate(zip(logprobs["tokens"], values, strict=False)):
         top = tops[index] if index < len(tops) and isinstance(tops[index], dict) else {}
-        items = [{"token": token, "logprob": value}]
-        items += [{"token": t, "logprob": v} for t, v in top.items()]
-        chosen, *alternatives = map(_candidate, items)
-        if chosen is not None:
-            entries.append(TokenLogprobs(chosen, tuple(c for c in alternatives if c is not None)))
-    return entries
+        alternatives = [{"token": t, "logprob": v} for t, v in top.items()]
+        content.append({"token": token, "logprob": value, "top_logprobs": alternatives})
+    return content
 
 
 def _candidate(item: Any) -> Candidate | None:

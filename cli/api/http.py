@@ -78,15 +78,6 @@ class HttpLimits:
     drain_timeout_s: float = 30.0
 
 
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def raw_error_response(error: ApiError) -> bytes:
     """A whole HTTP/1.1 response that closes the connection, for the protocol layer, where no
     valid request exists to answer through the application."""
@@ -198,25 +189,19 @@ async def _too_many_connections(scope: Scope, receive: Receive, send: Send) -> N
 DISCONNECTED = object()  # put into a request's queue when its client goes away
 
 
-class LoopEvents:
-    """A request's event queue: the scheduler thread puts, a coroutine awaits. It takes the place
-    of BatchRequest.events, so the scheduler stays unaware of asyncio."""
+class LoopEvents(asyncio.Queue):
+    """A request's event queue, in place of BatchRequest.events: the scheduler thread puts, a
+    coroutine awaits, and the scheduler stays unaware of asyncio."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
-        self._queue: asyncio.Queue[Any] = asyncio.Queue()
+    def __init__(self) -> None:
+        super().__init__()
+        self.loop = asyncio.get_running_loop()
         self.outcome = "client left"  # for the request's log line
 
-    def put(self, item: Any) -> None:  # from any thread
+    def put(self, item: Any) -> None:  # type: ignore[override]  # from the scheduler's thread
         # A closed loop: the server has stopped and nobody waits for this any more.
         with contextlib.suppress(RuntimeError):
-            self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
-
-    def put_here(self, item: Any) -> None:  # from the loop's own thread
-        self._queue.put_nowait(item)
-
-    async def get(self) -> Any:
-        return await self._queue.get()
+            self.loop.call_soon_threadsafe(self.put_nowait, item)
 
 
 # --- the application ------------------------------------------------------------------------------
@@ -395,7 +380,7 @@ class QuillApp:
         chat = request.url.path == "/v1/chat/completions"
         body = parse_body(await self._read_body(request))
         served = await anyio.to_thread.run_sync(parse_request, body, self.state, chat)
-        events = LoopEvents(asyncio.get_running_loop())
+        events = LoopEvents()
         served.events = events  # type: ignore[assignment]
         received = time.perf_counter()
         try:
@@ -476,7 +461,7 @@ class QuillApp:
         async def watch_disconnect() -> None:
             while (await request.receive())["type"] != "http.disconnect":
                 pass
-            events.put_here(DISCONNECTED)
+            events.put_nowait(DISCONNECTED)
 
         watcher = asyncio.ensure_future(watch_disconnect())
         pieces: list[StreamEvent] = []
@@ -528,7 +513,7 @@ class QuillApp:
     def _end_in_flight(self) -> None:
         message = "the server shut down before this reply was finished"
         for events in list(self.in_flight):
-            events.put_here(
+            events.put_nowait(
                 ApiError(HTTPStatus.SERVICE_UNAVAILABLE, message, "server_shutting_down")
             )
 
@@ -568,12 +553,8 @@ def _host_name(host: str) -> str:
 class DrainingServer(uvicorn.Server):
     """uvicorn's server, telling the application when shutdown begins."""
 
-    def __init__(self, config: uvicorn.Config, app: QuillApp) -> None:
-        super().__init__(config)
-        self.quill_app = app
-
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
-        self.quill_app.begin_drain()
+        self.config.app.begin_drain()
         await super().shutdown(sockets)
 
 
@@ -581,15 +562,18 @@ def listen(host: str, port: int) -> socket.socket:
     """The listening socket, bound before the server starts, so that a port in use is one
     error line and the bound port is known."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    if host == "localhost":
-        family = socket.AF_INET
     sock = socket.create_server((host, port), family=family, backlog=LISTEN_BACKLOG)
     sock.set_inheritable(True)
     return sock
 
 
 def allowed_hosts_for(host: str) -> tuple[str, ...] | None:
-    return tuple(dict.fromkeys((*LOOPBACK_NAMES, host))) if is_loopback(host) else None
+    """The Host names a server bound to a loopback address answers to; None: any."""
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    return tuple(dict.fromkeys((*LOOPBACK_NAMES, host))) if loopback else None
 
 
 def run_server(
@@ -597,9 +581,8 @@ def run_server(
 ) -> str | None:
     """Serve until SIGTERM or SIGINT, drain, return the signal's name (None if none came)."""
     _quiet_logs(verbose)
-    app = QuillApp(state, limits)
     config = uvicorn.Config(
-        app,
+        QuillApp(state, limits),
         loop="asyncio",
         http=make_protocol(limits),
         ws="none",
@@ -615,7 +598,7 @@ def run_server(
         timeout_graceful_shutdown=int(limits.drain_timeout_s) + 5,
         h11_max_incomplete_event_size=MAX_HEADER_BYTES,
     )
-    server = DrainingServer(config, app)
+    server = DrainingServer(config)
     received: list[str] = []
 
     def note(number: int, _frame: object) -> None:
@@ -636,9 +619,6 @@ class _OneLine(logging.Formatter):
     def __init__(self, verbose: bool) -> None:
         super().__init__("quill serve: %(message)s")
         self.verbose = verbose
-
-    def formatException(self, ei: Any) -> str:
-        return super().formatException(ei) if self.verbose else ""
 
     def format(self, record: logging.LogRecord) -> str:
         if not self.verbose and record.exc_info:

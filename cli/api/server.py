@@ -283,15 +283,13 @@ def _logprobs_request(body: dict, chat: bool) -> int | None:
             )
         wanted = _number(body, "logprobs", int, 0, most, None)
     n_probs = _number(body, "n_probs", int, 0, most, None)  # llama-server's name
-    if n_probs:
-        if wanted is not None and wanted != n_probs:
-            raise bad_request(
-                f"'n_probs' ({n_probs}) and the logprobs fields ({wanted} alternatives) "
-                "disagree; send one of them",
-                "n_probs",
-            )
-        wanted = n_probs
-    return wanted
+    if n_probs and wanted is not None and wanted != n_probs:
+        raise bad_request(
+            f"'n_probs' ({n_probs}) and the logprobs fields ({wanted} alternatives) disagree; "
+            "send one of them",
+            "n_probs",
+        )
+    return n_probs or wanted
 
 
 def _message(message: Any, index: int) -> dict[str, Any]:
@@ -305,20 +303,15 @@ def _message(message: Any, index: int) -> dict[str, Any]:
     role = "system" if message["role"] == "developer" else message["role"]
     calls = message.get("tool_calls") if role == "assistant" else None
     content = message.get("content")
-    if content is None and (calls or role == "assistant"):
+    if content is None and role == "assistant":  # a message of tool calls only
         content = ""
     item: dict[str, Any] = {"role": role, "content": _content(content, index)}
     if calls is not None:
         if not isinstance(calls, list):
             raise bad_request(f"messages[{index}].tool_calls must be an array", "messages")
         item["tool_calls"] = [_template_call(call, index) for call in calls]
-    if role == "tool":
-        for key in ("tool_call_id", "name"):
-            if isinstance(message.get(key), str):
-                item[key] = message[key]
-    reasoning = message.get("reasoning_content")
-    if role == "assistant" and isinstance(reasoning, str):
-        item["reasoning_content"] = reasoning
+    kept = {"tool": ("tool_call_id", "name"), "assistant": ("reasoning_content",)}.get(role, ())
+    item.update({key: message[key] for key in kept if isinstance(message.get(key), str)})
     return item
 
 
@@ -344,10 +337,6 @@ def _chat_prompt(
 ) -> tuple[ChatReply, str, str | None]:
     """The prompt through the model's template (tools and the thinking switch included), the
     reply shaper for it, and the grammar that forces a call when tool_choice asks for one."""
-    try:
-        tools, required = check_tools(body.get("tools"), body.get("tool_choice"))
-    except ToolsError as error:
-        raise bad_request(str(error), error.param) from None
     kwargs = body.get("chat_template_kwargs") or {}
     if not isinstance(kwargs, dict):
         raise bad_request("'chat_template_kwargs' must be an object", "chat_template_kwargs")
@@ -355,38 +344,35 @@ def _chat_prompt(
     if thinking is not None and not isinstance(thinking, bool):
         raise bad_request("enable_thinking must be true or false", "chat_template_kwargs")
     try:
+        tools, required = check_tools(body.get("tools"), body.get("tool_choice"))
         prompt, _ = engine.conversation_text(messages, tools, thinking)
-    except ChatTemplateError as error:
-        raise bad_request(str(error), "messages", "chat_template_error") from None
-    _text(prompt, "the prompt the template made (from messages and tools)", "tools")
-    template = engine.chat_template
-    fmt = call_format(template.family if template is not None else "unknown")
-    try:
+        template = engine.chat_template
+        fmt = call_format(template.family if template is not None else "unknown")
         grammar = forcing_grammar(tools, required, fmt) if tools and required else None
     except ToolsError as error:
         raise bad_request(str(error), error.param) from None
+    except ChatTemplateError as error:
+        raise bad_request(str(error), "messages", "chat_template_error") from None
+    _text(prompt, "the prompt the template made (from messages and tools)", "tools")
     return ChatReply(prompt, tools, fmt), prompt, grammar
 
 
 def _with_constraint(body: dict, sampling: SamplingParams, engine: Any) -> SamplingParams:
-    """response_format, json_schema or grammar: the grammar the sequence samples under."""
+    """response_format, json_schema or grammar (else a forced tool call's): the grammar the
+    sequence samples under, checked (and tried) before the request is queued."""
     from cli.engine.grammar import GrammarError, check_grammar
 
     constraint = _constraint(body)
-    if constraint is None:
-        if sampling.grammar:  # a forced tool call's: checked (and tried) as any other
-            try:
-                check_grammar(engine.vocab_handle, sampling.grammar)
-            except GrammarError as error:
-                raise bad_request(str(error), "tools") from None
-        return sampling
-    if sampling.ignore_eos:
-        raise bad_request("ignore_eos cannot go with a grammar: the reply ends where it does")
-    try:
-        check_grammar(engine.vocab_handle, constraint.grammar)
-    except GrammarError as error:
-        raise bad_request(str(error), "grammar") from None
-    return dataclasses.replace(sampling, grammar=constraint.grammar)
+    if constraint is not None:
+        if sampling.ignore_eos:
+            raise bad_request("ignore_eos cannot go with a grammar: the reply ends where it does")
+        sampling = dataclasses.replace(sampling, grammar=constraint.grammar)
+    if sampling.grammar:
+        try:
+            check_grammar(engine.vocab_handle, sampling.grammar)
+        except GrammarError as error:
+            raise bad_request(str(error), "tools" if constraint is None else "grammar") from None
+    return sampling
 
 
 # A grammar (or schema) is parsed by llama.cpp for every request: bound what one may send.
