@@ -147,18 +147,18 @@ def print_timeline(
     for index, (at, text) in enumerate(arrivals, start=1):
         gap = f"{gaps[index - 2]:8.1f}" if index > 1 else ""
         mark = "+" if index in marked else " "
-        console.print(
-            f"{index:5d}{mark} {at:12.1f}  {gap:>8}  {json.dumps(text, ensure_ascii=False)}"
-        )
+        shown = json.dumps(text, ensure_ascii=False)
+        console.print(f"{index:5d}{mark} {at:12.1f}  {gap:>8}  {shown}")
     if len(gaps) < 2:
         return
     low, bins = min(gaps), 10
     step = (max(gaps) - low) / bins or 1.0
     counts = Counter(min(int((gap - low) / step), bins - 1) for gap in gaps)
+    top = max(counts.values())
     console.print(_text("gaps between tokens (ms)", style="bold"))
     for number in range(bins):
         start = low + number * step
-        bar = "█" * round(counts[number] / max(counts.values()) * width)
+        bar = "█" * round(counts[number] / top * width)
         console.print(f"  {start:8.1f} – {start + step:8.1f}  {bar} {counts[number]}")
 
 
