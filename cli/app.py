@@ -1,9 +1,5 @@
-"""The quill program: the Typer app, its commands registered (defined in cli/commands/), and the
-one place where errors leave: a QuillError becomes its message and exit code, Ctrl-C becomes 130.
-
-Importing this module is cheap (typer and the command signatures): each command imports what it
-needs when it runs, so `quill --help` never loads llama.cpp or numpy.
-"""
+"""The quill program: the Typer app over cli/commands/, and the one place where errors leave (a
+QuillError becomes its message and exit code, Ctrl-C 130). `quill --help` loads no command."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""docs/reference.md, generated from the Typer app: `python -m cli.docgen > docs/reference.md`.
-
-tests/test_docs.py regenerates it and fails when the file in the repository differs, so the
-reference cannot fall behind a new command or flag.
-"""
+"""docs/reference.md, generated from the Typer app: `python -m cli.docgen > docs/reference.md`
+(tests/test_docs.py fails when the file differs, so it cannot fall behind a new flag)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""quill chat: the terminal REPL (or a scripted conversation on stdin) over a ChatSession.
-
-Line editing and history come from the standard library's readline: the same keys as bash and
-the Python prompt, a history file, and nothing to install.
-"""
+"""quill chat: the terminal REPL (or a scripted conversation on stdin) over a ChatSession; line
+editing and history are the standard library's readline (bash's keys, nothing to install)."""
 
 from __future__ import annotations
 

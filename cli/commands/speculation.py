@@ -45,9 +45,7 @@ def spec_options(
     constraint: object | None = None,
 ) -> SpecOptions | None:
     """--spec, --draft and --draft-tokens as one SpecOptions, checked before anything loads;
-    None when off, and under --schema, --format or --grammar (said in one line: the grammar
-    must judge each token before the next is guessed, and the acceptance test reads the plain
-    chain)."""
+    None when off, and under --schema, --format or --grammar (said in one line)."""
     from cli.engine.speculative import SpecOptions
 
     options = SpecOptions(mode, draft_tokens, draft)  # refuses an unknown mode
