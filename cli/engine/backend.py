@@ -31,25 +31,17 @@ class Backend(Protocol):
     restore_s: float
 
     @property
-    def speculation_stats(self) -> Any:
-        """What speculative decoding did in the last reply (SpecStats); None without it."""
-        ...
+    def speculation_stats(self) -> Any: ...  # SpecStats of the last reply; None without it
 
-    def keep_prompt_cache(self, always: bool = False) -> None:
-        """Save the last request's state to prompt_cache where it is worth keeping."""
-        ...
+    def keep_prompt_cache(self, always: bool = False) -> None: ...  # where worth keeping
 
     @property
     def has_chat_template(self) -> bool: ...
 
     @property
-    def cached_tokens(self) -> int:
-        """Positions of the conversation whose KV cells are kept here (0 for a server)."""
-        ...
+    def cached_tokens(self) -> int: ...  # positions whose KV cells are kept here (server: 0)
 
-    def count_tokens(self, messages: Sequence[tuple[str, str]]) -> int | None:
-        """Prompt tokens the conversation takes; None where the server counts them itself."""
-        ...
+    def count_tokens(self, messages: Sequence[tuple[str, str]]) -> int | None: ...  # server: None
 
     def stream_chat(
         self,
@@ -57,9 +49,7 @@ class Backend(Protocol):
         max_tokens: int,
         sampling: SamplingParams,
         stop: Sequence[str] = (),
-    ) -> Iterator[StreamEvent]:
-        """The reply to a conversation, one event per token; the last has finish_reason set."""
-        ...
+    ) -> Iterator[StreamEvent]: ...  # one event per token; the last has finish_reason set
 
     def stream_text(
         self,
@@ -67,13 +57,9 @@ class Backend(Protocol):
         max_tokens: int,
         sampling: SamplingParams,
         stop: Sequence[str] = (),
-    ) -> Iterator[StreamEvent]:
-        """A reply to text as it is, without a chat template where the backend applies one."""
-        ...
+    ) -> Iterator[StreamEvent]: ...  # a reply to text as it is, without a chat template
 
-    def perf_note(self) -> str:
-        """The backend's own counters for the last request, for --verbose ("" if none)."""
-        ...
+    def perf_note(self) -> str: ...  # the backend's own counters of the last request ("": none)
 
     def clear_cache(self) -> None: ...
 

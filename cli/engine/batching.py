@@ -1,22 +1,15 @@
 """Continuous batching: several sequences share each llama_decode step, as serving engines do.
 
-One thread drives the engine and loops: admit waiting requests into free sequence slots,
-build one batch holding the next token of every decoding sequence plus as much of the waiting
-prompts as the batch has room for, decode it, sample every sequence that got logits, hand each
-its event. A request that finishes or is cancelled leaves at once and frees its slot; a new one
-joins at the next step. Each slot has its own KV cells (sequence id), its own sampler chain and
-its own text stream, so requests do not see each other, but share every matrix multiplication.
+One thread loops: admit waiting requests into free slots (each its own sequence id, KV cells,
+sampler chain and text stream), decode one batch of every decoding slot's next token plus as much
+of the waiting prompts as fits, sample every slot that got logits. A request that ends leaves at
+once; a new one joins at the next step.
 
-A slot keeps its tokens and KV cells after its request ends (a prefix cache, as llama-server's
-cache_prompt): a new request goes to the idle slot whose cached tokens share the longest prefix
-with its prompt (with none shared, the least recently used), only the cells past that prefix are
-freed, and only the rest of the prompt is prefilled. A conversation re-sent by an OpenAI client
-with one more message costs the new message, not the whole history. With a RAM budget
-(park_bytes, llama-server's --cache-ram), a slot's cache that a new conversation would overwrite
-is first parked as a serialized state; a later request that shares more with a parked state than
-with any slot gets it loaded back into a slot.
-
-Consumers get the same StreamEvent objects Engine.stream_generate yields.
+A slot keeps its tokens and cells after its request (llama-server's cache_prompt): a new request
+takes the idle slot sharing the longest prefix with its prompt (else the least recently used), so
+a conversation re-sent with one more message costs the new message. With a RAM budget
+(park_bytes, llama-server's --cache-ram) a cache about to be overwritten is parked as a
+serialized state, and loaded back for a later request that shares more with it than with any slot.
 """
 
 from __future__ import annotations
@@ -75,10 +68,7 @@ class _Slot:
 
 
 class BatchScheduler:
-    """Drives the engine from a thread of its own; submit() from any thread.
-
-    Slot i is the engine's sequence i. The engine keeps what each sequence has cached and owns
-    the llama.cpp context; the scheduler only chooses what goes into each decode."""
+    """Drives the engine from a thread of its own (slot i: sequence i); submit() from any."""
 
     def __init__(self, engine: Engine, max_queued: int = 16, park_bytes: int = 0) -> None:
         if engine.parallel > engine.n_batch:
@@ -107,8 +97,6 @@ class BatchScheduler:
         self.max_sequences_in_a_step = 0
         self._thread = threading.Thread(target=self._loop, name="quill-batch", daemon=True)
         self._thread.start()
-
-    # --- what other threads call ------------------------------------------------------------
 
     def submit(self, request: BatchRequest) -> BatchRequest:
         with self._wake:
@@ -144,8 +132,6 @@ class BatchScheduler:
             self._wake.notify()
         self._thread.join(timeout=10)
 
-    # --- the loop ---------------------------------------------------------------------------
-
     def _loop(self) -> None:
         try:
             while True:
@@ -177,13 +163,11 @@ class BatchScheduler:
         loaded into the least recently used slot (whose own cache is parked first)."""
         shared = {index: self.engine.common_prefix(index, prompt) for index in idle}
         best = max(idle, key=lambda index: (shared[index], -self._last_used[index]))
-        parked = max(
-            self._parked.items(), key=lambda item: common_prefix(item[1][0], prompt), default=None
-        )
-        if parked is not None and common_prefix(parked[1][0], prompt) > shared[best]:
-            serial, (tokens, state) = parked
+        reach = {serial: common_prefix(held, prompt) for serial, (held, _) in self._parked.items()}
+        serial = max(reach, key=reach.__getitem__, default=None)
+        if serial is not None and reach[serial] > shared[best]:
+            tokens, state = self._parked.pop(serial)
             target = min(idle, key=lambda index: self._last_used[index])
-            del self._parked[serial]
             self.parked_bytes -= len(state)
             self._park(target, keeping=0)
             restored = self.engine.restore_sequence(target, state, tokens)
@@ -192,9 +176,8 @@ class BatchScheduler:
         return best
 
     def _park(self, index: int, keeping: int) -> None:
-        """Copy slot index's cache into the parked states before all but its first `keeping`
-        cells go, if that loses PARK_MIN_TOKENS or more and the budget holds it; the least
-        recently parked go first."""
+        """Park slot index's cache before all but `keeping` cells go, if that loses at least
+        PARK_MIN_TOKENS and the budget holds it (the least recently parked leave first)."""
         tokens = self.engine.cached(index)
         if not self.park_bytes or len(tokens) - keeping < PARK_MIN_TOKENS:
             return
@@ -251,9 +234,8 @@ class BatchScheduler:
                 self._free(index)
 
     def _free(self, index: int, keep_cache: bool = True) -> None:
-        """End slot index's request. Its cells stay for the next request that shares their
-        prefix (they hold exactly the tokens decoded so far, a cancelled prompt's part too);
-        after a failure they go."""
+        """End slot index's request; its cells (exactly the tokens decoded so far) stay for the
+        next request sharing their prefix, but after a failure."""
         slot = self._slots[index]
         if slot is None:
             return

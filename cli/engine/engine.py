@@ -1,8 +1,5 @@
-"""The one engine: load a GGUF through llama.cpp's C API, prefill, decode, stream events.
-
-Every consumer (run, and later chat, bench, serve) iterates `Engine.stream_generate` and renders
-what it yields. Nothing here prints, exits or imports a terminal library.
-"""
+"""The one engine: load a GGUF through llama.cpp's C API, prefill, decode, stream events
+(Engine.stream_generate; every command renders what it yields). Nothing here prints or exits."""
 
 from __future__ import annotations
 
@@ -25,7 +22,7 @@ from cli.engine.freecores import CoreLoad, measure_free_cores
 from cli.engine.grammar import GrammarGate
 from cli.engine.llamalog import llama_log
 from cli.engine.loading import load_model
-from cli.engine.options import ALL_LAYERS, DEFAULT_CTX, LoadOptions, context_size
+from cli.engine.options import ALL_LAYERS, LoadOptions, context_size
 from cli.engine.reasoning import ReasoningWait, split_reasoning, think_within_budget
 from cli.engine.sampling import SamplingParams
 from cli.engine.settings import ModelSettings, PromptCache
@@ -44,22 +41,16 @@ from quant.gguf import GGUFError, check_gguf_magic, head_dims
 from quant.kv import QUANTIZED_KV_TYPES, ggml_type, kv_cache_bytes
 
 _LLAMA_ALL_LAYERS = 0x7FFFFFFF
-
-
 DEFAULT_SAMPLING = SamplingParams()
 NO_SETTINGS = ModelSettings()  # the model's own template, no speculation, cache or logprobs
-# llama.cpp's CPU backend computes a batch of fewer rows with other kernels (vector dot products)
-# than a larger one (tiled matrix products): the same token's logits differ, measured up to 0.44
-# on SmolLM2 Q4_1, between a batch of 32 and one of 64 or more, and are bit-identical between
-# any two batches of 64 or more. A state loaded from a prompt cache therefore decodes at least
-# this many prompt tokens again, and a prefill never ends on a shorter chunk, so that a cached
-# run gives the same logits as an uncached one.
+# llama.cpp's CPU backend computes batches of fewer rows with other kernels: a token's logits
+# differ (up to 0.44 on SmolLM2 Q4_1) between a batch of 32 and one of 64, and are bit-identical
+# between any two of 64 or more. So a state loaded from a prompt cache decodes this many prompt
+# tokens again, and a prefill never ends on a shorter chunk: cached runs give uncached logits.
 EXACT_BATCH = 64
 
 
-class Speculator(Protocol):
-    """What stream_generate asks of speculative decoding (cli/engine/speculative.py)."""
-
+class Speculator(Protocol):  # cli/engine/speculative.py's
     last_stats: Any  # SpecStats of the last reply
 
     def decode(
@@ -80,9 +71,8 @@ class Engine:
         family: str | None = None,
         on_note: Callable[[str], None] | None = None,
     ):
-        """Load path with options and settings (but settings.spec: cli/engine/opening.py attaches
-        the speculator, which needs the loaded engine). family: the template family models.yaml
-        names for the model; on_note tells the user a line."""
+        """Load path with options and settings but settings.spec (cli/engine/opening.py attaches
+        it); family: the template family models.yaml names; on_note tells the user a line."""
         log = llama_log()
         log.verbose = verbose
         log.drain()
@@ -90,7 +80,6 @@ class Engine:
             check_gguf_magic(path)
         except GGUFError as error:
             raise ModelLoadError(str(error)) from None
-        llama.llama_backend_init()
         started = time.perf_counter()
 
         gpu_layers = _LLAMA_ALL_LAYERS if options.gpu_layers == ALL_LAYERS else options.gpu_layers
@@ -102,7 +91,20 @@ class Engine:
         if not self._model:
             raise _load_failure(path, log.drain())
 
-        self._vocab = llama.llama_model_get_vocab(self._model)
+        model = self._model
+        self.vocab_handle = self._vocab = vocab = llama.llama_model_get_vocab(model)
+        # What the model is, fixed once it is loaded.
+        self.n_layers = llama.llama_model_n_layer(model)
+        self.n_vocab = llama.llama_vocab_n_tokens(vocab)
+        self.weights_bytes = llama.llama_model_size(model)  # what a decode step reads at least
+        self.architecture = self.meta("general.architecture") or "unknown"
+        self.head_dims = head_dims(lambda key, default: self.meta(key) or default)  # (K, V)
+        # A recurrent state's cells cannot be partly removed.
+        self.is_recurrent = bool(
+            llama.llama_model_is_recurrent(model) or llama.llama_model_is_hybrid(model)
+        )
+        self.add_bos = bool(llama.llama_vocab_get_add_bos(vocab))
+        self.bos_token = llama.llama_vocab_bos(vocab)
         self.kv_type_k, self.kv_type_v = options.kv_type_k, options.kv_type_v
         self._refuse_impossible_kv_types()
         self.trained_ctx = llama.llama_model_n_ctx_train(self._model)
@@ -132,8 +134,7 @@ class Engine:
         )
         self._ctx = llama.llama_init_from_model(self._model, context_params)
         if not self._ctx:
-            llama.llama_model_free(self._model)
-            self._model = None
+            self.close()
             raise _load_failure(path, log.drain())
         self.load_s = time.perf_counter() - started
 
@@ -145,13 +146,11 @@ class Engine:
             min(options.gpu_layers, self.n_layers) if options.gpu_layers >= 0 else self.n_layers
         )
         self._pieces: dict[int, bytes] = {}
-        # The one record of what the KV cache holds: each sequence's tokens, in position order.
-        # Every change to the cache goes through the sequence operations below, which keep it.
+        # The one record of what the KV cache holds: each sequence's tokens, in position order,
+        # kept by the sequence operations below, through which every change goes.
         self._cached: list[list[int]] = [[] for _ in range(self.parallel)]
         self._batch = None  # one llama_batch of n_batch tokens, made at the first decode
         self._outputs = 0  # tokens of the last decode that asked for logits
-        # Saved states that outlive the process, consulted before a long prompt is prefilled.
-        self.prompt_cache: PromptCache | None = None
         self.restored_tokens = 0  # prompt tokens of the last request loaded from prompt_cache
         self.restore_s = 0.0
         self.prefilled_tokens = 0  # prompt tokens the last request decoded
@@ -159,16 +158,16 @@ class Engine:
         self.on_note = on_note
         self.enable_thinking = settings.think  # the template's switch; None: its default
         self.think_budget = settings.think_budget  # reasoning tokens before the block closes
-        # Logprobs of each generated token with this many alternatives (None: none computed);
-        # the server asks per request (BatchRequest.logprobs).
-        self.logprobs = settings.logprobs
+        self.logprobs = settings.logprobs  # the server asks per request (BatchRequest.logprobs)
         own = file_template(self.meta, self.architecture, self.is_special_token)
         self.chat_template, fallback = choose_template(own, settings.chat_template, family)
         for line in [fallback] if fallback else []:
             self.note(line)
         for line in template_notes(self.chat_template, settings.think):
             self.note(line)
-        self.prompt_cache = settings.prompt_cache(self) if settings.prompt_cache else None
+        self.prompt_cache: PromptCache | None = (
+            settings.prompt_cache(self) if settings.prompt_cache else None
+        )
         self.speculator: Speculator | None = None  # set by cli/engine/speculative.py's attach
 
     def _refuse_impossible_kv_types(self) -> None:
@@ -178,11 +177,8 @@ class Engine:
             ("V", self.kv_type_v, self.head_dims[1]),
         ):
             if cache_type in QUANTIZED_KV_TYPES and head_dim % 32:
-                llama.llama_model_free(self._model)
-                self._model = None
+                self.close()
                 raise KvCacheTypeError(cache_type, which, head_dim)
-
-    # --- what the model is ------------------------------------------------------------------
 
     def meta(self, key: str) -> str | None:
         size = 256
@@ -196,60 +192,18 @@ class Engine:
             size = n + 1
 
     @property
-    def n_layers(self) -> int:
-        return llama.llama_model_n_layer(self._model)
-
-    @property
-    def weights_bytes(self) -> int:
-        """Bytes of all weight tensors: what one decode step reads at least once."""
-        return llama.llama_model_size(self._model)
-
-    @property
     def kv_bytes_per_position(self) -> float:
         return self.kv_cache_bytes / (self.n_ctx * self.parallel)
 
     @property
-    def architecture(self) -> str:
-        return self.meta("general.architecture") or "unknown"
-
-    @property
-    def head_dims(self) -> tuple[int, int]:
-        """(K, V) values per attention head."""
-        return head_dims(lambda key, default: self.meta(key) or default)
-
-    @property
     def kv_cache_bytes(self) -> int:
-        head_dim_k, head_dim_v = self.head_dims
-        return kv_cache_bytes(
-            self.n_layers,
-            llama.llama_model_n_head_kv(self._model),
-            head_dim_k,
-            self.n_ctx * self.parallel,
-            self.kv_type_k,
-            self.kv_type_v,
-            head_dim_v,
-        )
-
-    @property
-    def n_vocab(self) -> int:
-        return llama.llama_vocab_n_tokens(self._vocab)
-
-    @property
-    def vocab_handle(self) -> object:
-        """llama.cpp's vocabulary of the model (for comparing a draft model's)."""
-        return self._vocab
-
-    @property
-    def is_recurrent(self) -> bool:
-        """Whether the model keeps a recurrent state, whose cells cannot be partly removed."""
-        model = self._model
-        return bool(llama.llama_model_is_recurrent(model) or llama.llama_model_is_hybrid(model))
+        (k, v), heads = self.head_dims, llama.llama_model_n_head_kv(self._model)
+        cells = self.n_ctx * self.parallel
+        return kv_cache_bytes(self.n_layers, heads, k, cells, self.kv_type_k, self.kv_type_v, v)
 
     @functools.cached_property
     def eog_tokens(self) -> tuple[int, ...]:
         return tuple(t for t in range(self.n_vocab) if llama.llama_vocab_is_eog(self._vocab, t))
-
-    # --- text <-> tokens --------------------------------------------------------------------
 
     def is_special_token(self, text: str) -> bool:
         """Whether text is one control or user-defined token of the vocabulary."""
@@ -259,7 +213,7 @@ class Engine:
         return n == 1 and self.piece(tokens[0], special=True) == data
 
     def note(self, line: str) -> None:
-        """A line for the user (a template fallback), told once, through on_note."""
+        """A line for the user (a template fallback), told once through on_note."""
         if line not in self.notes:
             self.notes.append(line)
             if self.on_note is not None:
@@ -271,8 +225,7 @@ class Engine:
         tools: Sequence[Mapping[str, Any]] | None = None,
         enable_thinking: bool | None = None,
     ) -> str | None:
-        """The conversation rendered with the chat template (cli/engine/templates.py); None if
-        the model has none and no family could be inferred."""
+        """The conversation rendered with the chat template; None without one."""
         template = self.chat_template
         if template is None:
             return None
@@ -293,11 +246,9 @@ class Engine:
 
     def tokenize(self, text: str) -> list[int]:
         data = text.encode("utf-8")
-        add_bos = llama.llama_vocab_get_add_bos(self._vocab)
-        bos = llama.llama_vocab_bos(self._vocab)
+        bos = self.bos_token
         # A chat template may already start with the BOS text; never add a second one.
-        if add_bos and bos >= 0 and data.startswith(self.piece(bos, special=True)):
-            add_bos = False
+        add_bos = self.add_bos and not (bos >= 0 and data.startswith(self.piece(bos, True)))
         capacity = len(data) + 8
         tokens = (llama.llama_token * capacity)()
         n = llama.llama_tokenize(self._vocab, data, len(data), tokens, capacity, add_bos, True)
@@ -308,8 +259,7 @@ class Engine:
         return list(tokens[:n])
 
     def piece(self, token: int, special: bool = False) -> bytes:
-        """The bytes of one token, whatever their length (llama-cpp-python's own helper
-        truncates pieces over 32 bytes)."""
+        """The bytes of one token, whatever their length (llama-cpp-python's helper cuts at 32)."""
         if not special and token in self._pieces:
             return self._pieces[token]
         size = 64
@@ -330,9 +280,8 @@ class Engine:
         tools: Sequence[Mapping[str, Any]] | None = None,
         enable_thinking: bool | None = None,
     ) -> tuple[str, bool]:
-        """The conversation as the model reads it, and whether its chat template made it. A
-        model without a template (nor an inferable family) gets one 'role: text' line per
-        message and 'assistant: ' (base models only continue text), in run, chat and serve."""
+        """The conversation as the model reads it, and whether its chat template made it; without
+        one, a 'role: text' line per message and 'assistant: ' (base models continue text)."""
         templated = self.chat_prompt(messages, tools, enable_thinking)
         if templated is not None:
             return templated, True
@@ -341,16 +290,14 @@ class Engine:
 
     @property
     def reasoning_may_open(self) -> bool:
-        """Whether a reply may start with a reasoning block (the template thinks), so that a
-        grammar holds only the answer after it."""
+        """Whether a reply may start with a reasoning block (a grammar then holds the answer)."""
         template = self.chat_template
         return template is not None and template.supports_thinking and template.family != "gpt-oss"
 
     is_local = True  # the Backend protocol: this process runs the model
 
     @property
-    def speculation_stats(self) -> Any:
-        """What speculative decoding did in the last reply (SpecStats); None without it."""
+    def speculation_stats(self) -> Any:  # SpecStats of the last reply; None without speculation
         return self.speculator.last_stats if self.speculator is not None else None
 
     @property
@@ -364,8 +311,6 @@ class Engine:
     def location(self) -> str:
         return str(self.path)
 
-    # --- generation -------------------------------------------------------------------------
-
     def stream_chat(
         self,
         messages: Sequence[tuple[str, str]],
@@ -373,9 +318,7 @@ class Engine:
         sampling: SamplingParams = DEFAULT_SAMPLING,
         stop: Sequence[str] = (),
     ) -> Iterator[StreamEvent]:
-        """The reply to a conversation (the Backend protocol): templated, checked against the
-        context window, then stream_generate, whose prefix cache reuses earlier turns; the
-        events carry reasoning apart from the answer (cli/engine/reasoning.py)."""
+        """The reply to a conversation, templated, its reasoning apart (cli/engine/reasoning.py)."""
         prompt = self.conversation_text(messages)[0]
         events = self.stream_text(prompt, max_tokens, sampling, stop)
         if self.think_budget is not None:
@@ -403,27 +346,16 @@ class Engine:
         sampling: SamplingParams = DEFAULT_SAMPLING,
         stop: Sequence[str] = (),
     ) -> Iterator[StreamEvent]:
-        """One sequence (0) from prompt to finish: reuse the cached prefix, prefill the rest in
-        batches, then one SequenceStep per token."""
+        """One sequence (0) from prompt to finish: prefill, then one SequenceStep per token."""
         if not prompt_tokens:
             raise ValueError("the prompt has no tokens")
         llama.llama_perf_context_reset(self._ctx)
         started = time.perf_counter()
         self._load_prompt_cache(prompt_tokens)
         exact = self.restored_tokens and self.prompt_cache and self.prompt_cache.exact
-        cached = self.reuse_prefix(0, prompt_tokens, EXACT_BATCH if exact else 1)
+        cached, output = self.prefill(prompt_tokens, EXACT_BATCH if exact else 1)
         self.restored_tokens = min(self.restored_tokens, cached)
         self.prefilled_tokens = len(prompt_tokens) - cached
-        pending = list(prompt_tokens[cached:])
-        output = -1
-        while pending:
-            size = self.n_batch
-            # Never end on a short chunk (where the batch can hold two long ones).
-            if size >= 2 * EXACT_BATCH and 0 < len(pending) - size < EXACT_BATCH:
-                size = len(pending) - EXACT_BATCH
-            chunk, pending = pending[:size], pending[size:]
-            output = self.decode([(0, token, not pending and i == len(chunk) - 1)
-                                  for i, token in enumerate(chunk)])[0]  # fmt: skip
         step = SequenceStep(
             self, prompt_tokens, max_tokens, sampling, stop, cached, started, logprobs=self.logprobs
         )
@@ -443,6 +375,23 @@ class Engine:
                 output = self.decode([(0, event.token, True)])[0]
         finally:
             step.close()
+
+    def prefill(self, tokens: Sequence[int], decode_at_least: int = 1) -> tuple[int, int]:
+        """Keep sequence 0's common prefix with tokens and decode the rest in batches; (tokens
+        kept, the output of the last). Never ends on a short chunk where the batch can hold two
+        long ones (EXACT_BATCH)."""
+        kept = self.reuse_prefix(0, tokens, decode_at_least)
+        pending, output = list(tokens[kept:]), -1
+        while pending:
+            size = self.n_batch
+            if size >= 2 * EXACT_BATCH and 0 < len(pending) - size < EXACT_BATCH:
+                size = len(pending) - EXACT_BATCH
+            chunk, pending = pending[:size], pending[size:]
+            items = [
+                (0, token, not pending and i == len(chunk) - 1) for i, token in enumerate(chunk)
+            ]
+            output = self.decode(items)[-1]
+        return kept, output
 
     def _load_prompt_cache(self, tokens: Sequence[int]) -> None:
         """Load sequence 0 from the prompt cache where a saved state covers more of a long
@@ -479,13 +428,11 @@ class Engine:
         return f"llama-cpp-python {llama.__version__}"
 
     def sample(self, sampler: object, output: int) -> int:
-        """The token a sampler chain picks from the logits of output (an index into the last
-        decoded batch)."""
+        """The token a sampler chain picks from the logits of output (of the last decode)."""
         return llama.llama_sampler_sample(sampler, self._ctx, output)
 
     def token_logprobs(self, logits: np.ndarray, token: int, top: int) -> TokenLogprobs:
-        """token's log-probability under logits and the top most likely tokens, most likely
-        first (ties by token id)."""
+        """token's log-probability under logits, and the top most likely (ties by token id)."""
         logprobs = log_softmax(logits)
         top = min(top, len(logprobs))
         candidates: tuple[Candidate, ...] = ()
@@ -501,8 +448,6 @@ class Engine:
     def is_end_of_generation(self, token: int) -> bool:
         return bool(llama.llama_vocab_is_eog(self._vocab, token))
 
-    # --- sequences: the KV cache, and the one record of what it holds --------------------------
-
     def cached(self, seq: int = 0) -> list[int]:
         """The tokens whose KV cells sequence seq holds, in position order (a copy)."""
         return list(self._cached[seq])
@@ -515,9 +460,7 @@ class Engine:
         return common_prefix(self._cached[seq], tokens)
 
     def keep_prefix(self, seq: int, n: int) -> None:
-        """Keep the KV cells of sequence seq's first n positions and free the rest: the one
-        place cells past a point are removed (prefix reuse, prompt caches, speculative
-        decoding's rejected drafts)."""
+        """Keep sequence seq's first n KV cells and free the rest (the one place cells go)."""
         if n < 0:
             raise ValueError(f"cannot keep {n} positions")
         # Removed even when the record holds no more than n: a Ctrl-C that lands just after a
@@ -526,24 +469,22 @@ class Engine:
         del self._cached[seq][n:]
 
     def reuse_prefix(self, seq: int, tokens: Sequence[int], decode_at_least: int = 1) -> int:
-        """Keep the KV cells of the longest common prefix of tokens with what seq holds, drop the
-        rest; the number kept. At least decode_at_least tokens (one, for logits to sample) are
-        left to decode."""
+        """Keep seq's common prefix with tokens, but the last decode_at_least (one at least, for
+        logits to sample); the number kept."""
         common = max(0, min(self.common_prefix(seq, tokens), len(tokens) - decode_at_least))
         self.keep_prefix(seq, common)
         return common
 
     def sequence_state(self, seq: int = 0) -> bytes:
-        """Sequence seq's KV cells as llama.cpp serializes them (positions, K and V per layer):
-        what a prompt cache keeps, to restore with restore_sequence."""
+        """Sequence seq's KV cells as llama.cpp serializes them (for restore_sequence)."""
         size = llama.llama_state_seq_get_size(self._ctx, seq)
         buffer = (ctypes.c_uint8 * size)()
         written = llama.llama_state_seq_get_data(self._ctx, buffer, size, seq)
         return ctypes.string_at(buffer, written)  # one copy (slicing would make a list of ints)
 
     def restore_sequence(self, seq: int, state: bytes, tokens: Sequence[int]) -> bool:
-        """Replace sequence seq's cells with a saved state holding tokens; False (and seq empty)
-        when llama.cpp refuses the state or it does not hold exactly len(tokens) positions."""
+        """Replace sequence seq's cells with a saved state of tokens; False (seq empty) when
+        llama.cpp refuses it or it holds other than len(tokens) positions."""
         self.forget(seq)
         if not tokens or len(tokens) > self.n_ctx:
             return False
@@ -562,14 +503,12 @@ class Engine:
         return True
 
     def forget(self, seq: int) -> None:
-        """Free every KV cell of sequence seq."""
         llama.llama_memory_seq_rm(llama.llama_get_memory(self._ctx), seq, -1, -1)
         self._cached[seq].clear()
 
     def decode(self, items: Sequence[tuple[int, int, bool]]) -> list[int]:
-        """One llama_decode of (sequence, token, wants logits) items, each token at the next
-        position of its sequence; for each item its output index (-1 without logits). Raises
-        DecodeError, after which the sequences in items hold nothing."""
+        """One llama_decode of (sequence, token, wants logits) items, each at its sequence's next
+        position; each item's output index (-1: none). On DecodeError the sequences are empty."""
         if len(items) > self.n_batch:
             raise ValueError(f"{len(items)} tokens exceed the batch of {self.n_batch}")
         if self._batch is None:
@@ -605,10 +544,8 @@ class Engine:
         return np.ctypeslib.as_array(pointer, (self.n_vocab,)).copy()
 
     def window_logits(self, tokens: Sequence[int], first_scored: int) -> np.ndarray:
-        """Logits after each of tokens[first_scored:], from a fresh cache, as one window.
-
-        Row i predicts tokens[first_scored + i + 1]; what perplexity scores.
-        """
+        """Logits after each of tokens[first_scored:] from a fresh cache (row i predicts
+        tokens[first_scored + i + 1]: what perplexity scores)."""
         if len(tokens) > self.n_ctx:
             raise ValueError(f"a window of {len(tokens)} tokens exceeds the context {self.n_ctx}")
         self.clear_cache()
@@ -622,9 +559,7 @@ class Engine:
         return np.concatenate(rows)
 
     @property
-    def cached_tokens(self) -> int:
-        """Positions of sequence 0 whose KV cells hold evaluated tokens (what a next prompt may
-        reuse)."""
+    def cached_tokens(self) -> int:  # sequence 0's positions a next prompt may reuse
         return len(self._cached[0])
 
     def clear_cache(self) -> None:
@@ -632,27 +567,14 @@ class Engine:
         for tokens in self._cached:
             tokens.clear()
 
-    @property
-    def add_bos(self) -> bool:
-        return bool(llama.llama_vocab_get_add_bos(self._vocab))
-
-    @property
-    def bos_token(self) -> int:
-        return llama.llama_vocab_bos(self._vocab)
-
     def perf_note(self) -> str:
         return f"llama.cpp perf: {self.perf()}\nCPU path: {self.cpu_path.describe()}"
 
     def perf(self) -> dict[str, float]:
-        """llama.cpp's own counters for the last request (prompt eval and eval times)."""
+        """llama.cpp's own counters for the last request."""
         data = llama.llama_perf_context(self._ctx)
-        return {
-            "t_load_ms": data.t_load_ms,
-            "t_p_eval_ms": data.t_p_eval_ms,
-            "t_eval_ms": data.t_eval_ms,
-            "n_p_eval": data.n_p_eval,
-            "n_eval": data.n_eval,
-        }
+        names = ("t_load_ms", "t_p_eval_ms", "t_eval_ms", "n_p_eval", "n_eval")
+        return {name: getattr(data, name) for name in names}
 
     def close(self) -> None:
         if getattr(self, "speculator", None) is not None:
@@ -679,11 +601,11 @@ class Engine:
 
 
 def log_softmax(logits: np.ndarray) -> np.ndarray:
-    """The log-probabilities the logits give over the vocabulary (float64, so that the
-    exponentials of a vocabulary of 150,000 sum to 1 within 1e-9)."""
+    """The log-probabilities the logits (of one step, or a row per step) give over the
+    vocabulary, in float64: the exponentials of 150,000 logits then sum to 1 within 1e-9."""
     values = logits.astype(np.float64)
-    peak = values.max()
-    return values - (peak + np.log(np.exp(values - peak).sum()))
+    peak = values.max(axis=-1, keepdims=True)
+    return values - (peak + np.log(np.exp(values - peak).sum(axis=-1, keepdims=True)))
 
 
 def sampler_chain(
@@ -724,9 +646,8 @@ def sampler_chain(
 
 
 class SequenceStep:
-    """The per-token step of one sequence, for stream_generate and the batch scheduler alike:
-    its sampler chain and seed, its text stream with stop strings, its counters, and the
-    StreamEvent each sampled token becomes."""
+    """One sequence's per-token step (stream_generate's and the batch scheduler's): its sampler
+    chain, seed, text stream and counters, and the StreamEvent each token becomes."""
 
     def __init__(
         self,
@@ -744,8 +665,8 @@ class SequenceStep:
             raise ValueError(f"logprobs must be 0 to {MAX_TOP_LOGPROBS}, not {logprobs}")
         self.engine = engine
         self.seq = seq
-        # Logprobs (None: not asked, and no work at all): each token's entry waits here until
-        # its text is released, as (first character, end character, entry) in the decoded text.
+        # Logprobs (None: no work at all): each token's (first char, end char, entry) in the
+        # decoded text waits here until its text is released.
         self.logprobs = logprobs
         self._unreleased: deque[tuple[int, int, TokenLogprobs]] = deque()
         self._chars = codecs.getincrementaldecoder("utf-8")(errors="replace")
@@ -760,7 +681,8 @@ class SequenceStep:
             sampling.seed if sampling.seed is not None else random.SystemRandom().randrange(2**31)
         )
         banned = engine.eog_tokens if sampling.ignore_eos else ()
-        self._sampler = sampler_chain(sampling, self.seed, prompt_tokens, banned, engine.n_vocab)
+        # The llama.cpp chain (speculation's acceptance test reads its probabilities too).
+        self.sampler = sampler_chain(sampling, self.seed, prompt_tokens, banned, engine.n_vocab)
         self._grammar = None  # each sequence its own grammar state
         self._wait: ReasoningWait | None = None
         if sampling.grammar:
@@ -780,19 +702,16 @@ class SequenceStep:
         self.first_token_at = 0.0
 
     def sample(self, output: int) -> StreamEvent:
-        """Sample from one output of the last decode; the event says what it releases and
-        whether the sequence is finished (end of generation or a stop string: "stop"; the
-        token limit or a full context: "length")."""
+        """Sample from one output of the last decode into its event."""
         grammar = self._grammar
-        # Copied before sampling: the distribution the token is drawn from, whatever the
-        # samplers do with the buffer.
+        # Copied before the samplers change the buffer: the distribution the token is drawn from.
         logits = self.engine.output_logits(output) if self.logprobs is not None else None
         if grammar is not None:
             wait = self._wait
             free = None if wait is None or wait.holding else self._free
-            token = grammar.sample(self._sampler, self.engine._ctx, output, free)
+            token = grammar.sample(self.sampler, self.engine._ctx, output, free)
         else:
-            token = self.engine.sample(self._sampler, output)
+            token = self.engine.sample(self.sampler, output)
         if logits is None:
             return self.event(token)
         return self.event(token, self.engine.token_logprobs(logits, token, self.logprobs or 0))
@@ -806,16 +725,10 @@ class SequenceStep:
             return wait.end()
         return wait.free(self.engine.piece(token).decode("utf-8", "replace"))
 
-    @property
-    def sampler(self) -> object:
-        """The sequence's llama.cpp sampler chain (speculative decoding's acceptance test reads
-        its probabilities)."""
-        return self._sampler
-
     def event(self, token: int, scored: TokenLogprobs | None = None) -> StreamEvent:
-        """The event of a token chosen for this sequence: by sample (with its logprobs when
-        asked), or by speculative decoding's acceptance test, which has told the sampler chain
-        already."""
+        """The event of a token chosen by sample, or by speculation's acceptance test (which has
+        told the chain). finish_reason: "stop" at the end of generation or a stop string,
+        "length" at the token limit or a full context."""
         engine = self.engine
         grammar = self._grammar
         now = time.perf_counter()
@@ -858,39 +771,34 @@ class SequenceStep:
     def _release(
         self, scored: TokenLogprobs | None, released: str, finish: str | None
     ) -> tuple[TokenLogprobs, ...]:
-        """The entries of the tokens whose text is now out: each token's, once the end of its
-        text is released; at a stop string, those that released any text before it (the stop
-        string's own tokens never are); at any other finish, all."""
+        """The entries of the tokens whose text is now out: once all of it is; at a stop string,
+        those with any text before it; at any other finish, all."""
         if scored is not None:
             start = self._decoded_chars
             self._decoded_chars += len(self._chars.decode(scored.chosen.piece))
             self._unreleased.append((start, self._decoded_chars, scored))
         self._released_chars += len(released)
-        out = []
-        pending = self._unreleased
-        if finish is not None and self.text.matched_stop is not None:
-            out = [entry for start, _, entry in pending if start < self._released_chars]
+        out, pending, released_chars = [], self._unreleased, self._released_chars
+        if finish is not None:
+            stopped = self.text.matched_stop is not None
+            out = [entry for start, _, entry in pending if not stopped or start < released_chars]
             pending.clear()
-        elif finish is not None:
-            out = [entry for _, _, entry in pending]
-            pending.clear()
-        else:
-            while pending and pending[0][1] <= self._released_chars:
-                out.append(pending.popleft()[2])
+        while pending and pending[0][1] <= released_chars:
+            out.append(pending.popleft()[2])
         return tuple(out)
 
     def close(self) -> None:
         if getattr(self, "_grammar", None) is not None:
             self._grammar.close()
             self._grammar = None
-        if self._sampler is not None:
-            llama.llama_sampler_free(self._sampler)
-            self._sampler = None
+        if self.sampler is not None:
+            llama.llama_sampler_free(self.sampler)
+            self.sampler = None
 
 
 def _kept_after_mask(sampling: SamplingParams) -> int | None:
-    """How many top tokens the chain keeps (1 when greedy); None where it may keep any number
-    or penalties reorder the logits (the grammar then masks the whole vocabulary)."""
+    """How many top tokens the chain keeps (greedy: 1); None where it may keep any number or
+    penalties reorder the logits (the grammar then masks the whole vocabulary)."""
     if sampling.penalizes or sampling.ignore_eos:
         return None
     if sampling.temperature <= 0:
@@ -898,8 +806,7 @@ def _kept_after_mask(sampling: SamplingParams) -> int | None:
     return sampling.top_k if sampling.top_k > 0 else None
 
 
-def penalties_sampler(sampling: SamplingParams, n_vocab: int):
-    """llama.cpp's repeat, frequency and presence penalties in one sampler."""
+def penalties_sampler(sampling: SamplingParams, n_vocab: int):  # all three, one sampler
     args = (
         sampling.repeat_last_n,
         sampling.repeat_penalty,
@@ -921,15 +828,3 @@ def _load_failure(path: Path, problems: list[str]) -> ModelLoadError:
     if not errors:
         return SilentLoadError(f"llama.cpp cannot load {path}: llama.cpp gave no reason")
     return ModelLoadError(f"llama.cpp cannot load {path}: {'; '.join(errors[-2:])}")
-
-
-__all__ = [
-    "ALL_LAYERS",
-    "DEFAULT_CTX",
-    "DecodeError",
-    "Engine",
-    "LoadOptions",
-    "SequenceStep",
-    "StreamEvent",
-    "sampler_chain",
-]

@@ -9,9 +9,7 @@ MAX_TOP_LOGPROBS = 20
 
 
 @dataclass(frozen=True)
-class Candidate:
-    """One token and its log-probability under the model's distribution at one step."""
-
+class Candidate:  # one token and its log-probability at one step
     token: int  # the vocabulary id (-1 where a server did not say)
     piece: bytes  # the token's bytes (part of a UTF-8 character, for some)
     logprob: float
@@ -23,18 +21,16 @@ class Candidate:
 
 @dataclass(frozen=True)
 class TokenLogprobs:
-    """The log-probability of a generated token and the most likely tokens at its step, most
-    likely first: log-softmax of the raw logits the token was sampled from (before penalties,
-    temperature, top-k/top-p/min-p and any grammar), as llama-server and vLLM report them."""
+    """A generated token's log-probability and its step's most likely tokens, most likely first:
+    log-softmax of the raw logits (before penalties, temperature, top-k/p, min-p and grammar),
+    as llama-server and vLLM report them."""
 
     chosen: Candidate
     top: tuple[Candidate, ...]
 
 
 @dataclass(frozen=True)
-class StreamEvent:
-    """One step of generation. The last event has finish_reason set."""
-
+class StreamEvent:  # one step of generation; the last has finish_reason set
     text: str  # text released by this step ("" while a possible stop string is held back)
     token: int | None  # the token sampled at this step
     prompt_tokens: int
@@ -52,8 +48,7 @@ class StreamEvent:
     thinking: bool = False
 
     @property
-    def kind(self) -> str:
-        """ "reasoning" for a thinking token, "answer" otherwise."""
+    def kind(self) -> str:  # "reasoning" for a thinking token, "answer" otherwise
         return "reasoning" if self.thinking else "answer"
 
     grammar_s: float = 0.0  # time this sequence spent in its grammar (cli/engine/grammar.py)

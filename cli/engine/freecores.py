@@ -1,16 +1,11 @@
 """How many cores are free right now: the default thread count on a machine others share.
 
-llama.cpp's threads meet at a barrier after every matrix multiplication, so one thread that has
-to share its core with another process holds back all the others: on 2 cores beside one busy
-process, decode with 2 threads ran at 32 tokens/s and with 1 thread at 54. quill therefore
-measures, when a model is loaded, how much CPU time *other* processes used over a short window
-(system-wide CPU time from psutil, which reads /proc/stat on Linux, minus quill's own) and uses
-one thread per physical core that is left.
-
-The window starts when this module is imported (quill imports it before it loads a model, so
-the model's load time is the window and costs nothing extra); a window shorter than
-MIN_WINDOW_S is waited out, one older than MAX_WINDOW_S (a long-lived process loading a second
-model) is started afresh.
+llama.cpp's threads meet at a barrier after every matrix multiplication, so one thread sharing
+its core with another process holds back all the others (2 cores beside one busy process:
+decode ran at 32 tokens/s with 2 threads, 54 with 1). So quill measures the CPU time other
+processes used (system-wide minus its own) over a window that starts at import, so a model's
+load is the window; one shorter than MIN_WINDOW_S is waited out, one older than MAX_WINDOW_S
+started afresh.
 """
 
 from __future__ import annotations
@@ -51,9 +46,7 @@ _window_start = _snapshot()
 
 
 @dataclass(frozen=True)
-class CoreLoad:
-    """What the last measurement saw."""
-
+class CoreLoad:  # what the last measurement saw
     logical_cpus: int
     physical_cores: int
     busy_elsewhere: float  # cores' worth of CPU time other processes used in the window

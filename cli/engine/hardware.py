@@ -18,32 +18,25 @@ def physical_cores() -> int:
     return psutil.cpu_count(logical=False) or os.cpu_count() or 1
 
 
-def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> set[str]:
+def _cpuinfo(key: str, cpuinfo: Path) -> str | None:
+    """The value of key's first line in cpuinfo (None: no such line, or no file)."""
     try:
-        text = cpuinfo.read_text()
+        lines = cpuinfo.read_text().splitlines()
     except OSError:
-        return set()
-    for line in text.splitlines():
-        if line.startswith("flags"):
-            return set(line.partition(":")[2].split())
-    return set()
+        return None
+    return next((line.partition(":")[2].strip() for line in lines if line.startswith(key)), None)
+
+
+def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> set[str]:
+    return set((_cpuinfo("flags", cpuinfo) or "").split())
 
 
 def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
-    try:
-        for line in cpuinfo.read_text().splitlines():
-            if line.startswith("model name"):
-                return line.partition(":")[2].strip()
-    except OSError:
-        pass
-    return platform.machine()
+    return _cpuinfo("model name", cpuinfo) or platform.machine()
 
 
 def cpu_has_amx(flags: set[str] | None = None) -> bool:
-    """True on CPUs with Intel AMX (Sapphire Rapids and newer Xeons).
-
-    ggml's AMX matmul kernels crash there (llama.cpp issue 20824), so quill loads models
-    without the extra (repacked) buffer types on such CPUs.
-    """
+    """Intel AMX (Sapphire Rapids and newer Xeons), where ggml's AMX matmul crashes (llama.cpp
+    issue 20824): models load without the extra buffer types there."""
     flags = cpu_flags() if flags is None else flags
     return any(flag in flags for flag in AMX_FLAGS)

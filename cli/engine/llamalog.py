@@ -1,8 +1,5 @@
-"""Route llama.cpp's log lines: silent by default, to stderr with --verbose, errors always kept.
-
-llama.cpp explains a failed load only in its log ("unknown model architecture", "failed to read
-magic"); the engine attaches those lines to the error it raises.
-"""
+"""Route llama.cpp's log lines: silent by default, to stderr when verbose, problems always kept
+(llama.cpp explains a failed load only in its log; the engine's error carries those lines)."""
 
 from __future__ import annotations
 

@@ -1,17 +1,12 @@
-"""The one place where a GGUF becomes a llama.cpp model, and the AMX guard every load passes.
+"""The one place where a GGUF becomes a llama.cpp model (tests/test_hardware.py checks that
+nothing else calls llama_model_load_from_file), and the AMX guard every load passes.
 
-llama.cpp offers "extra" weight buffer types on the CPU: CPU_REPACK (weights re-laid for wider
-SIMD kernels) and, on Intel CPUs with AMX, an AMX buffer whose matmul crashes (llama.cpp issue
-20824). Turning the extra buffer types off avoids AMX but also loses repacking, worth ~1.4x on
-Q4_0. So on an AMX CPU quill turns them off and sends, by exact name, the weight matrices that
-the repack buffer can hold on this CPU to CPU_REPACK itself. A tensor sent there that the
-repack code cannot lay out (a q6_K matrix on x86, an f32 norm) crashes the process, so the choice
-mirrors ggml's own rule (`ggml_repack_get_optimal_repack_type` in
-vendor/llama.cpp/ggml/src/ggml-cpu/repack.cpp) for the tensor's type, its rows and the CPU
-features the CPU backend was built with, and takes only matrices that feed a plain matmul.
-
-Nothing else in quill, its tests, benchmarks or scripts calls `llama_model_load_from_file`
-(tests/test_hardware.py checks).
+llama.cpp's "extra" CPU weight buffers are CPU_REPACK (weights re-laid for wider SIMD kernels)
+and, on Intel CPUs with AMX, an AMX buffer whose matmul crashes (llama.cpp issue 20824). Turning
+them off also loses repacking (~1.4x on Q4_0), so on an AMX CPU quill turns them off and sends
+the matrices the repack buffer can hold to CPU_REPACK by exact name. A tensor it cannot lay out
+(a q6_K matrix on x86, an f32 norm) crashes the process, so the choice mirrors ggml's own rule
+(ggml_repack_get_optimal_repack_type, ggml-cpu/repack.cpp) and takes only plain matmul weights.
 """
 
 from __future__ import annotations
@@ -27,6 +22,7 @@ import llama_cpp as llama
 from llama_cpp._ctypes_extensions import load_shared_library
 
 from cli.engine.hardware import cpu_has_amx
+from quant.gguf import GGUFError, read_header
 
 _LIBS = Path(llama.__file__).parent / "lib"
 _GGML_DEVICE_TYPE_CPU = 0
@@ -53,8 +49,8 @@ class TensorInfo:
 
 @functools.cache
 def cpu_backend_features() -> dict[str, str]:
-    """What llama.cpp's CPU backend was built with and found on this CPU (AVX2, NEON, DOTPROD, ...):
-    the very tests ggml's repack code makes. Read once per process, after the backends load."""
+    """What llama.cpp's CPU backend was built with and found on this CPU (AVX2, NEON, ...): the
+    very tests ggml's repack code makes."""
     llama.llama_backend_init()
     info = llama.llama_print_system_info().decode("utf-8", errors="replace")
     features: dict[str, str] = {}
@@ -67,11 +63,8 @@ def cpu_backend_features() -> dict[str, str]:
 
 
 def repack_layout(ggml_type: int, rows: int, features: dict[str, str]) -> str | None:
-    """The layout ggml would repack a matrix of this type and row count into, or None.
-
-    Mirrors ggml_repack_get_optimal_repack_type for x86 and ARM; for other CPUs (RISC-V, s390x)
-    it answers None, so quill never sends there what it cannot prove is safe.
-    """
+    """The layout ggml would repack a matrix of this type and row count into, or None (always,
+    off x86 and ARM: quill sends nothing it cannot prove safe)."""
 
     def has(name: str) -> bool:
         return features.get(name, "0") not in ("", "0")
@@ -107,21 +100,7 @@ def repack_layout(ggml_type: int, rows: int, features: dict[str, str]) -> str | 
 @functools.cache
 def _ggml_base() -> ctypes.CDLL:
     lib = load_shared_library("ggml-base", _LIBS)
-
-    class GgufInitParams(ctypes.Structure):
-        _fields_ = [("no_alloc", ctypes.c_bool), ("ctx", ctypes.POINTER(ctypes.c_void_p))]
-
-    lib.GgufInitParams = GgufInitParams
     signatures = {
-        "gguf_init_from_file": ([ctypes.c_char_p, GgufInitParams], ctypes.c_void_p),
-        "gguf_free": ([ctypes.c_void_p], None),
-        "gguf_get_n_tensors": ([ctypes.c_void_p], ctypes.c_int64),
-        "gguf_get_tensor_name": ([ctypes.c_void_p, ctypes.c_int64], ctypes.c_char_p),
-        "gguf_get_tensor_type": ([ctypes.c_void_p, ctypes.c_int64], ctypes.c_int),
-        "ggml_get_tensor": ([ctypes.c_void_p, ctypes.c_char_p], ctypes.c_void_p),
-        "ggml_n_dims": ([ctypes.c_void_p], ctypes.c_int),
-        "ggml_nrows": ([ctypes.c_void_p], ctypes.c_int64),
-        "ggml_free": ([ctypes.c_void_p], None),
         "ggml_type_name": ([ctypes.c_int], ctypes.c_char_p),
         "ggml_backend_dev_backend_reg": ([ctypes.c_void_p], ctypes.c_void_p),
         "ggml_backend_reg_get_proc_address": ([ctypes.c_void_p, ctypes.c_char_p], ctypes.c_void_p),
@@ -134,35 +113,19 @@ def _ggml_base() -> ctypes.CDLL:
 
 
 def tensor_infos(path: Path) -> list[TensorInfo]:
-    """Each tensor's name, type and shape, read by ggml's own GGUF parser (header only)."""
-    lib = _ggml_base()
-    ggml_ctx = ctypes.c_void_p()
-    gguf = lib.gguf_init_from_file(
-        str(path).encode(), lib.GgufInitParams(True, ctypes.pointer(ggml_ctx))
-    )
-    if not gguf:
-        return []
+    """Each tensor's name, type and shape, from the GGUF header (none where it cannot be read)."""
     try:
-        infos = []
-        for i in range(lib.gguf_get_n_tensors(gguf)):
-            name = lib.gguf_get_tensor_name(gguf, i)
-            tensor = lib.ggml_get_tensor(ggml_ctx, name)
-            n_dims = lib.ggml_n_dims(tensor)
-            ggml_type = lib.gguf_get_tensor_type(gguf, i)
-            infos.append(
-                TensorInfo(
-                    name=name.decode(),
-                    ggml_type=ggml_type,
-                    type_name=lib.ggml_type_name(ggml_type).decode(),
-                    n_dims=n_dims,
-                    rows=lib.ggml_nrows(tensor) if n_dims == 2 else 0,
-                )
-            )
-        return infos
-    finally:
-        lib.gguf_free(gguf)
-        if ggml_ctx:
-            lib.ggml_free(ggml_ctx)
+        tensors = read_header(path).tensors
+    except GGUFError:
+        return []
+    infos = []
+    for tensor in tensors:
+        # As ggml counts them: trailing dimensions of size 1 are none.
+        n_dims = max((i + 1 for i, size in enumerate(tensor.shape) if size != 1), default=1)
+        type_name = _ggml_base().ggml_type_name(tensor.type_id).decode()
+        rows = tensor.shape[1] if n_dims == 2 else 0
+        infos.append(TensorInfo(tensor.name, tensor.type_id, type_name, n_dims, rows))
+    return infos
 
 
 def repack_plan(tensors: list[TensorInfo], features: dict[str, str]) -> dict[str, str]:
@@ -178,11 +141,8 @@ def repack_plan(tensors: list[TensorInfo], features: dict[str, str]) -> dict[str
 
 
 def override_patterns(names: list[str]) -> list[str]:
-    """Anchored patterns that match exactly these tensor names and no other.
-
-    llama.cpp compiles every pattern again for every tensor it loads, so one pattern per kind of
-    matrix (layers listed) keeps loading fast where one pattern per tensor would not.
-    """
+    """Anchored patterns matching exactly these tensor names: one per kind of matrix (layers
+    listed), since llama.cpp compiles every pattern again for every tensor it loads."""
     layers_by_kind: dict[str, list[str]] = defaultdict(list)
     patterns = []
     for name in names:
@@ -232,24 +192,22 @@ class CpuPath:
     repack: bool  # repacking was asked for
     repacked: dict[str, str] = field(default_factory=dict)  # tensor -> layout, sent by name
 
-    def describe(self) -> str:
-        if not self.repack:
-            return "repack off"
-        if not self.amx_avoided:
-            return "llama.cpp's extra buffers (repack where it can)"
-        if not self.repacked:
-            return "AMX avoided, nothing to repack"
-        layouts = ", ".join(sorted(set(self.repacked.values())))
-        return f"AMX avoided, {len(self.repacked)} tensors repacked ({layouts})"
-
     @property
-    def label(self) -> str:
-        """A short name for tables: extra, amx-repack, amx-plain or plain."""
+    def label(self) -> str:  # a short name for tables
         if not self.repack:
             return "plain"
         if not self.amx_avoided:
             return "extra"
         return "amx-repack" if self.repacked else "amx-plain"
+
+    def describe(self) -> str:
+        layouts = ", ".join(sorted(set(self.repacked.values())))
+        return {
+            "plain": "repack off",
+            "extra": "llama.cpp's extra buffers (repack where it can)",
+            "amx-plain": "AMX avoided, nothing to repack",
+            "amx-repack": f"AMX avoided, {len(self.repacked)} tensors repacked ({layouts})",
+        }[self.label]
 
 
 @dataclass

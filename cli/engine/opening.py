@@ -1,7 +1,5 @@
-"""The one way a local model is opened with its settings: the engine with its template,
-reasoning, prompt cache and logprobs, then its speculator (and draft model), which needs the
-loaded engine. run, chat (at start and at /model) and serve come here; bench switches
-speculation between its rows with speculate."""
+"""The one way a local model is opened with its settings (run, chat at start and at /model,
+serve): the engine, then its speculator, which needs it loaded (bench switches with speculate)."""
 
 from __future__ import annotations
 
@@ -23,8 +21,8 @@ def open_engine(
     draft: tuple[str, Path] | None = None,
     on_note: Callable[[str], None] | None = None,
 ) -> Engine:
-    """The model at path, ready to serve: family is the template family models.yaml names for
-    it, draft the (name, file) of settings.spec's draft model."""
+    """The model at path, ready: family is the template family models.yaml names for it, draft
+    the (name, file) of settings.spec's draft model."""
     engine = Engine(path, options, verbose, settings, family=family, on_note=on_note)
     if settings.spec is not None:
         speculate(engine, settings.spec, draft, verbose)
@@ -37,8 +35,8 @@ def speculate(
     draft: tuple[str, Path] | None = None,
     verbose: bool = False,
 ) -> None:
-    """Decode with spec from now on (None: plainly); a draft model is loaded with the engine's
-    context size, threads and KV types. The engine is closed if that fails."""
+    """Decode with spec from now on (None: plainly), a draft model loaded with the engine's
+    context size, threads and KV types; the engine is closed if that fails."""
     try:
         draft_engine = None
         if draft is not None:

@@ -1,6 +1,5 @@
-"""What a local model is opened with beside its load options (cli/engine/options.py): the chat
-template and reasoning, speculative decoding, the prompt cache and logprobs. Commands fill them
-from flags once; cli/engine/opening.py opens a model with them; chat keeps them across /model."""
+"""What a local model is opened with beside its load options (cli/engine/options.py): filled
+from flags once by the commands, kept by chat across /model."""
 
 from __future__ import annotations
 
@@ -12,21 +11,17 @@ from cli.engine.templates import ChatTemplate
 
 
 class PromptCache(Protocol):
-    """Where stream_generate finds sequence states that outlive the process (a directory of
-    files, or one file beside a chat transcript); cli.store.promptcache implements it."""
+    """Sequence states that outlive the process (cli.store.promptcache)."""
 
     min_tokens: int  # prompts shorter than this are neither looked up nor kept
     exact: bool  # after loading, decode EXACT_BATCH prompt tokens again (the uncached logits)
 
-    def find(self, tokens: Sequence[int]) -> tuple[list[int], bytes] | None:
-        """(the tokens a saved state holds, the state) sharing the longest prefix with tokens."""
-        ...
+    # (the tokens a saved state holds, the state) sharing the longest prefix with tokens
+    def find(self, tokens: Sequence[int]) -> tuple[list[int], bytes] | None: ...
 
     def keep(self, tokens: Sequence[int], state: bytes) -> object: ...
 
-    def refused(self, tokens: Sequence[int]) -> None:
-        """llama.cpp would not take the state saved for tokens."""
-        ...
+    def refused(self, tokens: Sequence[int]) -> None: ...  # llama.cpp would not take its state
 
 
 @dataclass(frozen=True)

@@ -1,46 +1,31 @@
 """Speculative decoding: guess a few tokens cheaply, check them in one batched pass, keep the
-longest run the model agrees with.
+longest run the model agrees with. On a CPU a pass over k+1 tokens costs far less than k+1 passes.
 
-On a CPU a forward pass over k+1 tokens costs far less than k+1 passes, so when the guesses are
-good each pass yields several tokens. Two drafters guess:
+Drafters: NgramDrafter (prompt lookup: what followed the latest earlier occurrence of the reply's
+last n-gram; free, and strong where the reply copies its input) and DraftModelDrafter (a small
+model of the same vocabulary, drafting greedily in its own context).
 
-- NgramDrafter (prompt lookup): the tokens that followed the latest earlier occurrence of the
-  reply's last n-gram, in the prompt or the reply so far. Free, and strong exactly when the reply
-  copies from its input (rewriting, extracting, summarising a piped file).
-- DraftModelDrafter: a small model with the same vocabulary, in its own context, drafting
-  greedily.
+A check decodes [last sampled token, guesses] with logits everywhere and samples through the
+request's own chain position by position, stopping at the first disagreement, whose token
+replaces the guess; the rejected cells leave the KV cache. So greedy output is plain greedy output
+by construction, and every event is one token. Under sampling a guess stands with the chain's
+probability of it and a rejected one is redrawn without it (RejectionSampler): distribution-exact,
+where accepting a sampled token that happened to equal the guess would skew toward the guesses.
 
-Verification decodes [last sampled token, draft 1..k] in one llama_decode with logits for every
-position, then samples through the request's own sampler chain position by position, exactly as
-plain decoding would, stopping at the first disagreement. The token sampled there replaces the
-rejected draft, and the rejected cells are removed from the KV cache (Engine.keep_prefix). So
-greedy output is the plain greedy output, token for token, by construction; stop strings,
-max_tokens, end of generation and text streaming see one event per token, as always.
-
-Sampling at temperature > 0 stays distribution-exact through rejection sampling: a guess stands
-with the probability the full sampler chain gives it, and a rejected guess is replaced by a draw
-from the chain's distribution without it (RejectionSampler). Accepting a guess whenever the
-sampled token happened to equal it would skew the distribution toward the guesses.
-
-By default each check holds a fixed number of guesses (DRAFT_TOKENS), gated as llama.cpp gates
-its drafts (GatedPolicy): a draft model guesses only while its own top token is at least P_MIN
-likely, and EMPTY_CHECKS checks in a row that held no guess pause speculation. It resumes when
-the reply changes, as it does: a rewrite's preamble guesses badly and its copied body well.
-Prompt lookup guesses for free, so while paused it keeps guessing and follows each would-be
-check against the tokens plain decoding yields (WouldBeCheck), and resumes once one would have
-held RESUME_HELD guesses; no check is paid for on the way. (Under sampling a guess matches the
-sampled token with the chain's probability of it, exactly the chance a check would accept it.)
-A draft model's guesses cost decodes, so with one the pause lasts FIRST_PAUSE tokens, then
-twice that, and so on. --draft-tokens K checks K guesses at every step (for benchmarks). An
-adaptive k, from costs and hold rates measured as the reply went, did no better in the replay
-over five weight types and was removed (benchmarks/README.md, 2026-12-01).
+The policy (GatedPolicy) checks DRAFT_TOKENS guesses, gated as llama.cpp gates drafts: a draft
+model guesses while its top token is at least P_MIN likely, and EMPTY_CHECKS checks in a row that
+held nothing pause speculation (a rewrite's preamble guesses badly, its copied body well). Prompt
+lookup keeps guessing while paused and follows each would-be check for free (WouldBeCheck),
+resuming once one would have held RESUME_HELD; a draft model's pause lasts FIRST_PAUSE tokens,
+doubling. A fixed draft_tokens K checks K at every step. An adaptive k did no better in the
+replay over five weight types (benchmarks/README.md, 2026-12-01).
 """
 
 from __future__ import annotations
 
 import ctypes
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -130,22 +115,16 @@ class SpecStats:
     def as_dict(self) -> dict[str, Any]:
         data = asdict(self)
         del data["bursts"], data["guessed"]
-        data["acceptance_rate"] = self.acceptance_rate
-        data["plain_tokens_per_s"] = self.plain_tokens_per_s
-        data["spec_tokens_per_s"] = self.spec_tokens_per_s
-        return data
+        rates = ("acceptance_rate", "plain_tokens_per_s", "spec_tokens_per_s")
+        return data | {name: getattr(self, name) for name in rates}
 
 
 class Drafter(Protocol):
     free: bool  # whether guessing costs next to nothing beside a decode (prompt lookup)
 
-    def prepare(self, prompt: Sequence[int]) -> None:
-        """Read the prompt before the reply starts."""
-        ...
+    def prepare(self, prompt: Sequence[int]) -> None: ...  # before the reply starts
 
-    def propose(self, history: Sequence[int], k: int) -> list[int]:
-        """Up to k tokens guessed to follow history."""
-        ...
+    def propose(self, history: Sequence[int], k: int) -> list[int]: ...  # up to k guesses
 
     def close(self) -> None: ...
 
@@ -162,17 +141,11 @@ class NgramDrafter:
         self._index: dict[tuple[int, ...], int] = {}
 
     def _sync(self, history: Sequence[int]) -> None:
-        tokens = self._tokens
-        common = 0
-        limit = min(len(tokens), len(history))
         # Within a reply history extends what was indexed; a new reply starts over.
-        if limit and tokens[limit - 1] == history[limit - 1] and tokens[:limit] == history[:limit]:
-            common = limit
-        if common < len(tokens):
+        if self._tokens != list(history[: len(self._tokens)]):
             self._tokens, self._index = [], {}
-            tokens, common = self._tokens, 0
-        index = self._index
-        for position in range(common, len(history)):
+        tokens, index = self._tokens, self._index
+        for position in range(len(tokens), len(history)):
             tokens.append(history[position])
             # The n-grams ending just before this token now have a continuation: this token.
             for n in range(self.shortest, self.longest + 1):
@@ -185,9 +158,7 @@ class NgramDrafter:
     def propose(self, history: Sequence[int], k: int) -> list[int]:
         self._sync(history)
         tokens = self._tokens
-        for n in range(self.longest, self.shortest - 1, -1):
-            if len(tokens) < n:
-                continue
+        for n in range(min(self.longest, len(tokens)), self.shortest - 1, -1):
             start = self._index.get(tuple(tokens[-n:]))
             if start is not None:
                 return tokens[start : start + k]
@@ -208,24 +179,11 @@ class DraftModelDrafter:
         self.engine, self.p_min = draft, p_min
 
     def prepare(self, prompt: Sequence[int]) -> None:
-        self._catch_up(prompt)
-
-    def _catch_up(self, history: Sequence[int]) -> int:
-        """Decode what the draft's cache lacks of history; the output of its last token."""
-        draft = self.engine
-        kept = draft.reuse_prefix(0, history)  # drops its rejected guesses of the last step
-        pending = list(history[kept:])
-        output = -1
-        while pending:
-            chunk, pending = pending[: draft.n_batch], pending[draft.n_batch :]
-            last = len(chunk) - 1
-            items = [(0, token, not pending and i == last) for i, token in enumerate(chunk)]
-            output = draft.decode(items)[0]
-        return output
+        self.engine.prefill(prompt)
 
     def propose(self, history: Sequence[int], k: int) -> list[int]:
         draft = self.engine
-        output = self._catch_up(history)
+        _, output = draft.prefill(history)  # drops its rejected guesses of the last step
         guesses: list[int] = []
         while len(guesses) < k:
             logits = draft.output_logits(output).astype(np.float64)
@@ -240,17 +198,6 @@ class DraftModelDrafter:
 
     def close(self) -> None:
         self.engine.close()
-
-
-def check_same_vocabulary(target: Engine, draft: Engine, draft_name: str) -> None:
-    """Refuse a draft model whose tokens mean something else: its guesses would be noise, and a
-    token id past the target's vocabulary would crash llama.cpp."""
-    problem = vocabulary_difference(target, draft)
-    if problem:
-        raise UsageError(
-            f"the draft model {draft_name} has another vocabulary than the model ({problem}): "
-            "choose a draft of the same family (same tokenizer)"
-        )
 
 
 def vocabulary_difference(target: Engine, draft: Engine) -> str | None:
@@ -275,11 +222,9 @@ TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])
 
 
 class RejectionSampler:
-    """Speculative sampling for a guess that is one fixed token (both drafters guess greedily):
-    the guess stands with probability p(guess) under the full sampler chain (biases, penalties,
-    top-k, top-p, min-p, temperature); otherwise the token is drawn from p without the guess,
-    renormalised. Every token then has exactly probability p, as plain sampling gives it
-    (Leviathan et al. 2023, with a draft distribution that puts all its mass on the guess)."""
+    """Speculative sampling of one fixed (greedy) guess: it stands with probability p(guess)
+    under the whole sampler chain, else the token is drawn from p without it, renormalised; each
+    token then has exactly probability p (Leviathan et al. 2023, all draft mass on the guess)."""
 
     def __init__(self, step: SequenceStep, n_vocab: int) -> None:
         chain = step.sampler
@@ -328,9 +273,8 @@ class RejectionSampler:
 
 
 class WouldBeCheck:
-    """Guesses made while speculation pauses, followed against the tokens plain decoding yields:
-    how many a check would have held, learnt for free. It settles as a check would have, at
-    the first miss or when every guess held."""
+    """Guesses made while paused, followed against the tokens plain decoding yields: how many a
+    check would have held, learnt for free (settled at the first miss or when all held)."""
 
     def __init__(self, generated: int, guesses: list[int]) -> None:
         self.generated = generated  # tokens generated when the guesses were made
@@ -352,10 +296,6 @@ class Speculator:
         self.drafter = drafter
         self.last_stats: SpecStats | None = None
 
-    @property
-    def mode(self) -> str:
-        return self.options.mode
-
     def close(self) -> None:
         self.drafter.close()
 
@@ -364,10 +304,10 @@ class Speculator:
     ) -> Iterator[StreamEvent]:
         """The events of one reply from the prefill's logits on: each step drafts the guesses
         the policy asks for (none: a plain step), checks them with the pending token in one
-        batch, and yields one event per token the model confirms."""
-        stats = self.last_stats = SpecStats(self.mode)
+        batch, and accepts the run of tokens the model confirms, one event each."""
+        stats = self.last_stats = SpecStats(self.options.mode)
         fixed = self.options.draft_tokens
-        k = fixed or DRAFT_TOKENS[self.mode]
+        k = fixed or DRAFT_TOKENS[self.options.mode]
         policy = GatedPolicy(stats, k, self.drafter.free, gated=fixed is None)
         # Greedy: the chain's own pick at each position is the test. Sampling: a guess stands
         # with the probability the chain gives it (RejectionSampler), which keeps it exact.
@@ -379,43 +319,57 @@ class Speculator:
             yield event
             if event.finish_reason is not None:
                 return
-            pending, cached = event.token, engine.cached_count(seq)
-            assert pending is not None
+            cached, generated = engine.cached_count(seq), step.generated
             # Never past max_tokens, and never so far that a full-context check fires early.
-            room = min(step.max_tokens - step.generated - 1, engine.n_ctx - cached - 2)
-            started = time.perf_counter()  # draft
-            guesses = policy.draft(
-                self.drafter, [*engine.cached(seq), pending], step.generated, room
-            )
-            outputs = engine.decode([(seq, token, True) for token in (pending, *guesses)])  # check
-            spent, held = time.perf_counter() - started, 0
-            for position, index in enumerate(outputs):  # accept
-                if chooser is None or not guesses:
-                    event = step.sample(index)
-                else:
-                    guess = guesses[position] if position < len(guesses) else None
-                    event = step.event(chooser.choose(engine, index, guess))
-                if position == len(guesses) or event.token != guesses[position]:
-                    break
-                held += 1
-                stats.guessed.append(step.generated)
-                if event.finish_reason is not None:
-                    break
-                yield event
-            stats.count(len(guesses), held, position + 1, spent)
+            room = min(step.max_tokens - generated - 1, engine.n_ctx - cached - 2)
+            started = time.perf_counter()
+            pending = event.token
+            assert pending is not None
+            guesses = policy.draft(self.drafter, [*engine.cached(seq), pending], generated, room)
+            outputs = engine.decode([(seq, token, True) for token in (pending, *guesses)])
+            spent = time.perf_counter() - started
+            event, held = yield from accept(engine, step, chooser, guesses, outputs, stats)
+            tokens = step.generated - generated
+            stats.count(len(guesses), held, tokens, spent)
             # Plain decoding would hold every token but the last sampled one: the rejected
             # guesses' cells go (and, at the finish, the confirmed ones past the last token).
-            engine.keep_prefix(seq, cached + position + 1)
+            engine.keep_prefix(seq, cached + tokens)
             if event.finish_reason is None:
                 policy.observe(step.generated, event.token, len(guesses), held)
 
 
+def accept(
+    engine: Engine,
+    step: SequenceStep,
+    chooser: RejectionSampler | None,
+    guesses: list[int],
+    outputs: list[int],
+    stats: SpecStats,
+) -> Generator[StreamEvent, None, tuple[StreamEvent, int]]:
+    """Yield the event of each guess the model confirms; return the step's last event (the
+    model's own token where it disagreed or after the last guess, or the finish) and how many
+    guesses held."""
+
+    def choose(output: int, guess: int | None) -> StreamEvent:
+        if chooser is None or not guesses:
+            return step.sample(output)
+        return step.event(chooser.choose(engine, output, guess))
+
+    for held, (guess, output) in enumerate(zip(guesses, outputs, strict=False)):
+        event = choose(output, guess)
+        if event.token != guess:
+            return event, held
+        stats.guessed.append(step.generated)
+        if event.finish_reason is not None:
+            return event, held + 1
+        yield event
+    return choose(outputs[-1], None), len(guesses)
+
+
 class GatedPolicy:
-    """k guesses a check, gated as llama.cpp gates drafts: after EMPTY_CHECKS checks in a row
-    that held no guess, speculation pauses. A free drafter keeps guessing while paused, and a
-    would-be check (WouldBeCheck) that would have held RESUME_HELD guesses resumes it; a draft
-    model's pause lasts FIRST_PAUSE tokens, then twice that, and so on. Ungated (--draft-tokens
-    K) it checks k guesses wherever it can."""
+    """When to draft and how many: k guesses a check; after EMPTY_CHECKS checks in a row that
+    held none, a pause (a free drafter's lasts until a WouldBeCheck would hold RESUME_HELD; a
+    draft model's FIRST_PAUSE tokens, doubling). Ungated (a fixed k) it never pauses."""
 
     def __init__(self, stats: SpecStats, k: int, free: bool, gated: bool = True) -> None:
         self.stats, self.k, self.free, self.gated = stats, k, free, gated
@@ -435,8 +389,7 @@ class GatedPolicy:
         return drafter.propose(history, min(self.k, room)) if room > 0 else []
 
     def observe(self, generated: int, token: int, guesses: int, held: int) -> None:
-        """What a step did: the tokens generated after it, its last token, and how many guesses
-        it checked (0: a plain step) and held."""
+        """What a step did: tokens generated after it, its last token, guesses checked, held."""
         stats = self.stats
         if self.would_be is not None:
             settled = self.would_be.settle(generated, token)
@@ -457,29 +410,29 @@ class GatedPolicy:
 def attach(
     engine: Engine, options: SpecOptions, draft: Engine | None = None, name: str = ""
 ) -> None:
-    """Give engine a Speculator for options (mode off: none). A draft engine must already be
-    loaded (through the same loader as every model) with the target's context size; a draft of
-    another vocabulary is refused, and closed."""
+    """Give engine a Speculator for options (mode off: none). A draft engine, loaded with the
+    target's context size, is closed if refused: its tokens must mean what the target's do
+    (its guesses would be noise, and an id past the target's vocabulary crashes llama.cpp)."""
     if engine.speculator is not None:  # one at a time: the old one's draft model goes
         engine.speculator.close()
         engine.speculator = None
-    if options.mode == "off":
+    if options.mode == "off" or engine.is_recurrent:
         if draft is not None:
             draft.close()
-        return
-    if engine.is_recurrent:
-        if draft is not None:
-            draft.close()
+        if options.mode == "off":
+            return
         why = "off on a recurrent model (its cache cannot drop rejected guesses)"
         raise SpecOptionError("mode", options.mode, why)
     if options.mode == "ngram":
         engine.speculator = Speculator(options, NgramDrafter())
         return
     options.need_draft(draft)
-    try:
-        check_same_vocabulary(engine, draft, name or draft.location)
-    except UsageError:
+    problem = vocabulary_difference(engine, draft)
+    if problem:
         draft.close()
-        raise
+        raise UsageError(
+            f"the draft model {name or draft.location} has another vocabulary than the model "
+            f"({problem}): choose a draft of the same family (same tokenizer)"
+        )
     p_min = P_MIN if options.draft_tokens is None else 0.0  # a fixed k guesses k
     engine.speculator = Speculator(options, DraftModelDrafter(draft, p_min))

@@ -38,27 +38,16 @@ class TextStream:
         return released + rest
 
     def _release(self) -> str:
-        match = self._earliest_match()
-        if match is not None:
-            index, stop = match
-            self.matched_stop = stop
-            released, self._held = self._held[:index], ""
-            return released
-        keep = self._longest_partial_suffix()
-        cut = len(self._held) - keep
-        released, self._held = self._held[:cut], self._held[cut:]
-        return released
-
-    def _earliest_match(self) -> tuple[int, str] | None:
-        best: tuple[int, str] | None = None
-        for stop in self._stop:
-            index = self._held.find(stop)
-            # On a tie the longer stop string wins: it explains more of the text.
-            if index >= 0 and (
-                best is None or index < best[0] or (index == best[0] and len(stop) > len(best[1]))
-            ):
-                best = (index, stop)
-        return best
+        held = self._held
+        # The earliest match; on a tie the longer stop string, which explains more of the text.
+        matches = [(held.find(stop), -len(stop), stop) for stop in self._stop if stop in held]
+        if matches:
+            index, _, self.matched_stop = min(matches)
+            self._held = ""
+            return held[:index]
+        cut = len(held) - self._longest_partial_suffix()
+        self._held = held[cut:]
+        return held[:cut]
 
     def _longest_partial_suffix(self) -> int:
         """Length of the longest end of the held text that some stop string starts with."""
