@@ -72,8 +72,6 @@ class ChatSession:
             self._continue(transcript, keep_system=system is not None)
         self.save()
 
-    # --- the conversation -------------------------------------------------------------------
-
     def conversation(self) -> list[tuple[str, str]]:
         head = [("system", self.system)] if self.system else []
         return head + [(m.role, m.content) for m in self.messages]
@@ -180,8 +178,6 @@ class ChatSession:
         self.system = text or None
         self.save()
 
-    # --- the transcript ---------------------------------------------------------------------
-
     def as_dict(self) -> dict[str, Any]:
         sampling = asdict(self.settings.sampling)
         return {
@@ -232,8 +228,7 @@ class SavedConversation:
 
 
 class NotATranscriptError(TranscriptError):
-    """A file that is not a quill transcript (continuing: named to be continued, so quill
-    leaves it as it is; the commands say what to do)."""
+    """A file that is not a quill transcript (continuing: it was named to be continued)."""
 
     def __init__(self, message: str, continuing: bool) -> None:
         super().__init__(message)

@@ -45,9 +45,6 @@ class GrammarError(UsageError):
     """A grammar llama.cpp cannot take, or that quill refuses before llama.cpp sees it."""
 
 
-GrammarBudgetError = GrammarError  # the old name, until cli/api stops importing it
-
-
 @dataclass
 class Item:
     """One symbol of a sequence. kind: "lit" (codepoints), "cls" (negated, ranges), "any",
@@ -280,9 +277,6 @@ def parse_gbnf(text: str) -> Rules:
     return rules
 
 
-# --- what can match ---------------------------------------------------------------------------
-
-
 def _class_is_empty(item: Item) -> bool:
     """Whether a character class matches no character a token can hold (1 to U+10FFFF)."""
     spans = sorted((max(lo, 1), min(hi, _MAX_CODEPOINT)) for lo, hi in item.ranges)
@@ -389,9 +383,6 @@ def _refuse_unmatchable(rules: Rules, productive: set[str]) -> None:
                 todo.append(ref)
 
 
-# --- compact repetitions --------------------------------------------------------------------
-
-
 class _Compactor:
     """Rewrites x{m,n} with a large bound into rules that count in powers of two:
     p0 ::= x, p(i) ::= p(i-1) p(i-1) (2^i copies of x); exactly m copies are the p(i) of m's
@@ -467,9 +458,6 @@ class _Compactor:
         return name
 
 
-# --- what llama.cpp would allocate ------------------------------------------------------------
-
-
 def _llama_cost(rules: Rules) -> tuple[int, int]:
     """The rules and elements llama.cpp's parser makes of the grammar, counted the way its
     handle_repetitions expands x{m,n} (m copies in the rule, n - m rules of x each), without
@@ -516,9 +504,6 @@ def _llama_cost(rules: Rules) -> tuple[int, int]:
         for alt in alternatives:
             elements += sum(symbol(i)[0] for i in alt) + 1
     return rule_count, elements
-
-
-# --- writing it back ------------------------------------------------------------------------
 
 
 def _char(value: int) -> str:
@@ -573,8 +558,7 @@ def _write_sequence(items: list[Item]) -> str:
 
 
 def safe_grammar(text: str) -> str:
-    """The grammar as quill hands it to llama.cpp, or GrammarError saying why not: read as
-    llama.cpp reads it, large bounds written compactly, within the budget, able to match."""
+    """The grammar as quill hands it to llama.cpp, or GrammarError saying why not."""
     rules = parse_gbnf(text)
     nullable, productive = _nullable_and_productive(rules)
     _refuse_unmatchable(rules, productive)

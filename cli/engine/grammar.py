@@ -86,8 +86,8 @@ _tried: dict[str, str | None] = {}
 
 
 def tried_grammar(vocab: object, text: str) -> None:
-    """GrammarError unless a trial child builds text's grammar and walks it in time (once per
-    grammar text: a server's many requests with one schema pay once)."""
+    """GrammarError unless a trial child builds and walks text's grammar in time (once per text:
+    a server's many requests with one schema pay once)."""
     if text not in _tried:
         if len(_tried) > 256:
             _tried.clear()
@@ -191,8 +191,7 @@ def _piece(vocab: object, token: int, buffer: ctypes.Array) -> bytes:
 
 
 def utf8_tables(vocab: object, n_vocab: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per token: whether its bytes can never be part of valid UTF-8, its first byte and its
-    last byte (-1: no bytes). Made once per vocabulary."""
+    """Per token: whether its bytes can never be valid UTF-8, its first and last byte (-1: none)."""
     buffer = ctypes.create_string_buffer(64)
     probe = b"".join(_piece(vocab, t, buffer) for t in range(0, n_vocab, max(n_vocab // 16, 1)))
     key = (ctypes.cast(vocab, ctypes.c_void_p).value or 0, n_vocab, probe)
@@ -302,8 +301,7 @@ class GrammarGate:
     def _shortlisted(
         self, chain: object, ctx: object, output: int, refused: np.ndarray
     ) -> int | None:
-        """The token sampled from the grammar-masked shortlist, or None when it cannot stand in
-        for the whole vocabulary (fewer than top_k tokens of it pass)."""
+        """The token sampled from the grammar-masked shortlist; None when under top_k pass."""
         size = min(self.SHORTLIST, self._n_vocab)
         if self._top_k is None or size <= self._top_k:
             return None

@@ -20,8 +20,7 @@ TAGS: tuple[tuple[str, str], ...] = (("<think>", "</think>"), ("[THINK]", "[/THI
 
 
 def prompt_opens_thinking(prompt: str) -> tuple[str, str] | None:
-    """The tag pair whose block the prompt leaves open at its end (the template started the
-    reasoning for the model), or None."""
+    """The tag pair whose block the prompt's end leaves open (the template began it), or None."""
     tail = prompt.rstrip()
     for opening, closing in TAGS:
         if tail.endswith(opening):

@@ -55,6 +55,7 @@ PRIMITIVES = {
     "date-time": 'date "T" time',
 }
 FORMATS = {"date", "time", "date-time", "uuid"}
+_QUOTED = r'"\"" {} "\"" space'  # a JSON string of what {} matches
 
 
 def schema_to_gbnf(schema: Any, unenforced: list[str], root: str = "root") -> str:
@@ -136,19 +137,17 @@ class _Converter:
             return self.number_range(schema, kind == "integer", name)
         if kind in (None, "string") and "pattern" in schema:
             try:
-                body = _pattern_gbnf(schema["pattern"])
-                return r'"\"" ' + body + r' "\"" space'
+                return _QUOTED.format(_pattern_gbnf(schema["pattern"]))
             except _Unexpressible:
                 self.unenforced.append(f"pattern {schema['pattern']!r} (not expressible)")
                 schema = {k: v for k, v in schema.items() if k != "pattern"} | {"type": "string"}
                 return self.body(schema, name)
         if kind in (None, "string") and schema.get("format") in FORMATS:
             form = schema["format"]
-            inner = _UUID if form == "uuid" else self.primitive(form)
-            return r'"\"" ' + inner + r' "\"" space'
+            return _QUOTED.format(_UUID if form == "uuid" else self.primitive(form))
         if kind == "string" and ("minLength" in schema or "maxLength" in schema):
             low, high = schema.get("minLength", 0), schema.get("maxLength")
-            return r'"\"" ' + self.repeat(self.primitive("char"), low, high) + r' "\"" space'
+            return _QUOTED.format(self.repeat(self.primitive("char"), low, high))
         if kind is None:
             return self.primitive("object" if not schema else "value")
         if kind not in ("string", "number", "integer", "boolean", "null", "object", "array"):
@@ -194,8 +193,7 @@ class _Converter:
         return body + ' "}" space'
 
     def all_of(self, parts: list, name: str) -> str:
-        """llama.cpp's reading of allOf: the properties of its parts merged (those of an anyOf
-        inside it optional)."""
+        """llama.cpp's reading of allOf: its parts' properties merged (an anyOf's optional)."""
         properties: list = []
         required: set = set()
         for part in parts:
@@ -251,9 +249,6 @@ def _pointer(document: Any, ref: str) -> Any:
         else:
             raise SchemaError(f"$ref {ref!r} points at nothing in the schema")
     return target
-
-
-# --- patterns ----------------------------------------------------------------------------------
 
 
 class _Unexpressible(Exception):
@@ -397,9 +392,6 @@ def _safe(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
     if not kept:
         raise _Unexpressible
     return kept
-
-
-# --- integer and number ranges -----------------------------------------------------------------
 
 
 class _NoIntegerInside(Exception):

@@ -108,15 +108,11 @@ _FAMILY_ARCHITECTURES = {"gemma": "gemma", "gemma2": "gemma", "gemma3": "gemma",
 
 
 def infer_family(architecture: str, is_special_token: Callable[[str], bool]) -> str | None:
-    """The family of a model file without a template: the special tokens its vocabulary
-    holds, else its architecture; None if neither says."""
+    """A template-less file's family by its vocabulary's special tokens, else its architecture."""
     for marker, family in _FAMILY_TOKENS:
         if is_special_token(marker):
             return family
     return _FAMILY_ARCHITECTURES.get(architecture)
-
-
-# --- rendering -------------------------------------------------------------------------------
 
 
 class _Budget:
@@ -156,14 +152,8 @@ def _environment():
         tags = {"generation"}  # noqa: RUF012 (jinja reads it as a class attribute)
 
         def parse(self, parser):
-            lineno = next(parser.stream).lineno
-            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
-            return jinja2.nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(
-                lineno
-            )
-
-        def _body(self, caller):
-            return caller()
+            next(parser.stream)
+            return parser.parse_statements(("name:endgeneration",), drop_needle=True)
 
     class BoundedEnvironment(ImmutableSandboxedEnvironment):
         # `'x' * 10**10` or `9**9**9` would run inside one C call, where no trace reaches.
@@ -377,8 +367,7 @@ def file_template(
     architecture: str,
     is_special_token: Callable[[str], bool],
 ) -> ChatTemplate | None:
-    """The template a model file carries (with its named ones), else the family its
-    architecture and special tokens point to; None if neither."""
+    """The template a model file carries (with its named ones), else the family it points to."""
     source = meta("tokenizer.chat_template")
     named = {n: text for n in ("tool_use", "rag") if (text := meta(f"tokenizer.chat_template.{n}"))}
     if source:

@@ -135,9 +135,6 @@ def may_start_call(text: str) -> int:
     return cut
 
 
-# --- requests --------------------------------------------------------------------------------
-
-
 class ToolsError(ValueError):
     """A tools or tool_choice value the server refuses (400), with the reason."""
 
