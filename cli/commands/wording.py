@@ -15,6 +15,14 @@ from cli.errors import (
     SpecOptionError,
 )
 
+# The option that fixes an error whose own line says the rest (a subclass before its base).
+ADVICE: dict[type[Exception], str] = {
+    SilentQuantizeError: ": run with --verbose for llama.cpp's log",
+    SilentLoadError: " (run with --verbose)",
+    AuthRequiredError: " (pass --api-key)",
+    KvCacheTypeError: ": use --kv-type f16 for it",
+}
+
 
 def note_words(note: str) -> str:
     """A line the engine tells (TemplateNote), with the option that changes what it says."""
@@ -42,22 +50,14 @@ def user_message(error: Exception) -> str:
         return f"{error}: /clear, or restart with --on-overflow truncate or a larger --ctx"
     if isinstance(error, ChatOverflowError):
         return f"{error}: shorten it or restart with a larger --ctx"
-    if isinstance(error, SilentQuantizeError):
-        return f"{error}: run with --verbose for llama.cpp's log"
-    if isinstance(error, SilentLoadError):
-        return f"{error} (run with --verbose)"
     if isinstance(error, NotOnDiskError):
         return f"{error}; get it with `quill pull {error.name}`"
-    if isinstance(error, AuthRequiredError):
-        return f"{error} (pass --api-key)"
     if isinstance(error, ChatNotFoundError):
         if error.name == "last":
             return f"{error} to resume"
         if not error.matches:
             return f"{error}: --resume last, or an ID from there"
         return f"--resume {error}; give more of it"
-    if isinstance(error, KvCacheTypeError):
-        return f"{error}: use --kv-type f16 for it"
     if isinstance(error, SpecOptionError) and error.value is None:  # the draft model
         return f"--spec draft needs --draft NAME ({error.takes})"
     if isinstance(error, SpecOptionError):
@@ -69,4 +69,5 @@ def user_message(error: Exception) -> str:
         return f"{error}; quill will not overwrite it: choose another --transcript"
     if isinstance(error, NotATranscriptError):
         return f"{error}; /save writes one"
-    return str(error)
+    advice = next((words for kind, words in ADVICE.items() if isinstance(error, kind)), "")
+    return f"{error}{advice}"
