@@ -161,7 +161,6 @@ def largest_context(
 ) -> int:
     """The longest context (a multiple of 256, at most the trained one) whose plan, parked
     caches and draft model included, fits the budget; 0 when not even 256 cells fit."""
-    type_v = type_v or type_k
 
     def total(cells: int) -> int:
         return plan(

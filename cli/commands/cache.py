@@ -4,8 +4,6 @@ and `quill cache` (list / clear). The caches and their rules are the store's
 
 from __future__ import annotations
 
-import dataclasses
-from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -14,7 +12,6 @@ from cli.errors import UsageError
 
 if TYPE_CHECKING:
     from cli.engine.backend import Backend
-    from cli.engine.settings import ModelSettings
     from cli.store.promptcache import PromptCacheStore
 
 DEFAULT_CACHE_MAX = "2GiB"
@@ -35,20 +32,6 @@ CacheMax = Annotated[
         "used go first.",
     ),
 ]
-
-
-def chat_cache_settings(settings: ModelSettings, transcript: Path) -> ModelSettings:
-    """settings with the chat's KV state saved beside its transcript."""
-    from cli.store.promptcache import chat_cache
-
-    return dataclasses.replace(settings, prompt_cache=chat_cache(transcript))
-
-
-def resolve_resume(value: str) -> Path:
-    """The transcript --resume names: last, an ID from QUILL_HOME/chats, or a path."""
-    from cli.store.chats import find_transcript
-
-    return find_transcript(value)
 
 
 def _say_warnings(store: PromptCacheStore) -> None:
@@ -84,7 +67,7 @@ def cache(
     """The prompt caches quill keeps under QUILL_HOME/cache/prompts: list or clear them."""
     import time
 
-    from cli.store.promptcache import CacheEntry, cache_dir, clear, list_entries
+    from cli.store.promptcache import CacheEntry, cache_dir, clear, headers
     from cli.ui import render
     from cli.units import human_bytes
 
@@ -104,7 +87,7 @@ def cache(
         from cli.commands.options import shown_text
 
         raise UsageError(f"quill cache takes list or clear, not {shown_text(action, 40)}")
-    entries = list_entries(folder)
+    entries = list(headers(folder))
     if not entries:
         render.info_line(f"no prompt caches in {folder}")
         return

@@ -134,8 +134,11 @@ def chat(
     draft_tokens: DraftTokens = None,
 ) -> None:
     """Chat with a model in the terminal: each turn prefills only what is new."""
-    from cli.commands.cache import ChatCacheReport, chat_cache_settings, resolve_resume
-    from cli.store.models import quill_home
+    from dataclasses import replace
+
+    from cli.commands.cache import ChatCacheReport
+    from cli.store.chats import chats_dir, find_transcript
+    from cli.store.promptcache import chat_cache
 
     constraint = build_constraint(schema, schema_multi, json_format, grammar, strict)
     system = system_with_schema(system, constraint)
@@ -146,7 +149,7 @@ def chat(
     if resume is not None:
         if transcript is not None:
             raise UsageError("--resume names the transcript itself: drop --transcript")
-        transcript = resolve_resume(resume)
+        transcript = find_transcript(resume)
     options = shared.load_options(ctx, threads, gpu_layers, kv_type, kv_k, kv_v)
     template = read_template_option(chat_template)
     settings = ModelSettings(chat_template=template, think=think, spec=speculation)
@@ -158,7 +161,7 @@ def chat(
         chosen = chosen or first_model(endpoint, api_key) or "default"
     if transcript is None:
         label = (chosen if endpoint else shared.model_label(chosen)).replace("/", "_")
-        transcript = quill_home() / "chats" / f"{time.strftime('%Y%m%d-%H%M%S')}-{label}.json"
+        transcript = chats_dir() / f"{time.strftime('%Y%m%d-%H%M%S')}-{label}.json"
 
     def opener(settings: ModelSettings) -> Callable[[str | None], tuple[str, Backend]]:
         return lambda name: shared.open_backend(
@@ -166,7 +169,7 @@ def chat(
         )
 
     # A model /model switches to starts without the chat's saved KV cache, which is the first's.
-    label, backend = opener(chat_cache_settings(settings, transcript))(chosen)
+    label, backend = opener(replace(settings, prompt_cache=chat_cache(transcript)))(chosen)
     chat_settings = ChatSettings(
         sampling=constrained_sampling(
             shared.sampling_params(temperature, top_k, top_p, min_p, repeat_penalty, seed),

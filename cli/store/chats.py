@@ -8,11 +8,15 @@ from cli.errors import ChatNotFoundError
 from cli.store.home import quill_home
 
 
+def chats_dir() -> Path:
+    return quill_home() / "chats"
+
+
 def find_transcript(value: str, folder: Path | None = None) -> Path:
-    """The transcript value names: last (the newest in folder, QUILL_HOME/chats by default), a
-    file name there or the start of one, or a path to a .json file; ChatNotFoundError (with the
-    near matches) otherwise."""
-    folder = folder or quill_home() / "chats"
+    """The transcript value names: last (the newest in folder, chats_dir() by default), a file
+    name there or the start of one, or a path to a .json file; ChatNotFoundError (with the near
+    matches) otherwise."""
+    folder = folder or chats_dir()
     saved = (
         sorted(folder.glob("*.json"), key=lambda p: p.stat().st_mtime) if folder.is_dir() else []
     )

@@ -41,11 +41,20 @@ class HubSource:
         return f"Hugging Face {self.repo}"
 
     def cached(self, home: Path) -> Path | None:
+        """The file in the Hugging Face cache, found as huggingface-hub's try_to_load_from_cache
+        does (refs/REVISION names the snapshot) without importing it, which `quill list` cannot
+        afford."""
+        folder = _repo_folder(self.repo)
+        revision = self.revision or "main"
+        ref = folder / "refs" / revision
         try:
-            file = self.file or self._file_for_quant(_cached_files(self.repo))
-        except SourceFailed:
+            listed = (p.name for p in folder.glob("snapshots/*/*") if p.is_file())
+            file = self.file or self._file_for_quant(sorted(set(listed)))
+            commit = ref.read_text().strip() if ref.is_file() else revision
+        except (SourceFailed, OSError):
             return None
-        return cached_file(self.repo, file, self.revision)
+        found = folder / "snapshots" / commit / file
+        return found if found.is_file() else None
 
     def fetch(self, home: Path, how: Fetch) -> Fetched:
         """Download into the Hugging Face cache."""
@@ -182,21 +191,6 @@ def hub_offline() -> bool:
     return live or bool(constants.HF_HUB_OFFLINE)
 
 
-def cached_file(repo: str, file: str, revision: str | None) -> Path | None:
-    """The file in the Hugging Face cache, looked up as huggingface-hub's try_to_load_from_cache
-    does (refs/REVISION names the snapshot) but without importing it: importing it takes longer
-    than `quill list` may."""
-    folder = _repo_folder(repo)
-    revision = revision or "main"
-    ref = folder / "refs" / revision
-    try:
-        commit = ref.read_text().strip() if ref.is_file() else revision
-    except OSError:
-        return None
-    found = folder / "snapshots" / commit / file
-    return found if found.is_file() else None
-
-
 def cache_root() -> str:
     """HF_HUB_CACHE as huggingface-hub computes it from the environment; its own value once it is
     imported (tests and scripts may set it there)."""
@@ -258,10 +252,6 @@ def _hub_errors() -> tuple[type[Exception], ...]:
     from huggingface_hub import errors as hub_errors
 
     return (hub_errors.HfHubHTTPError, httpx2.HTTPError, OSError, ValueError)
-
-
-def _cached_files(repo: str) -> list[str]:
-    return sorted({p.name for p in _repo_folder(repo).glob("snapshots/*/*") if p.is_file()})
 
 
 def _repo_folder(repo: str) -> Path:

@@ -1,7 +1,5 @@
-"""Making a quantized model and keeping it in the store beside its source (`alias:q8_0`).
-
-Shared by `quill quantize` and `quill quant-report`; renders nothing, raises QuillErrors.
-"""
+"""Making a quantized model and keeping it in the store beside its source (`alias:q8_0`), for
+`quill quantize` and `quill quant-report`; renders nothing, raises QuillErrors."""
 
 from __future__ import annotations
 
@@ -34,20 +32,8 @@ class Made:
     result: QuantizeResult
 
 
-def output_for(
-    name: str, request: ModelRequest, source: Path, target: str, registry: Registry
-) -> tuple[str, Path, bool]:
-    """(alias, default output path, whether the source lives in quill's store)."""
-    stem = re.sub(r"[-._](q\d\w*|f16|bf16|f32|iq\w+)$", "", source.stem, flags=re.IGNORECASE)
-    base = name.partition(":")[0]
-    alias = base if base in registry.models else re.sub(r"[^\w.-]", "_", stem)
-    in_store = request.path is None or source.resolve().is_relative_to(quill_home().resolve())
-    folder = quill_home() / "models" / alias / target if in_store else source.parent
-    return alias, folder / f"{stem}-{target}.gguf", in_store
-
-
 def target_type(name: str) -> str:
-    """The llama.cpp weight type for --to/--types (int8, int4, q4_k_m, ...), or a UsageError."""
+    """The llama.cpp weight type a name stands for (int8, int4, q4_k_m, ...), or a UsageError."""
     try:
         return weight_type(name)
     except QuantizeError as error:
@@ -66,9 +52,15 @@ def make_quantized(
     force: bool = False,
     on_tensor: TensorProgress | None = None,
 ) -> Made:
+    """Quantize source to target; the output goes beside the source, or under QUILL_HOME/models
+    for a model of the store, and is recorded there under alias:target."""
     read_model(source)  # not a GGUF, or truncated: one clear error before llama.cpp tries
-    alias, default_output, in_store = output_for(name, request, source, target, registry)
-    output = output or default_output
+    stem = re.sub(r"[-._](q\d\w*|f16|bf16|f32|iq\w+)$", "", source.stem, flags=re.IGNORECASE)
+    base = name.partition(":")[0]
+    alias = base if base in registry.models else re.sub(r"[^\w.-]", "_", stem)
+    in_store = request.path is None or source.resolve().is_relative_to(quill_home().resolve())
+    folder = quill_home() / "models" / alias / target if in_store else source.parent
+    output = output or folder / f"{stem}-{target}.gguf"
     log = llama_log()
     log.drain()
 

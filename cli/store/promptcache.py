@@ -19,7 +19,6 @@ import os
 import re
 import struct
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -153,18 +152,18 @@ def _is_token(value: object) -> bool:
 
 
 def _valid_key(key: object) -> bool:
-    """A key as engine_key writes one: a small map of names to strings or integers."""
+    """A key as engine_key writes one: a small map of short names to short values."""
     if not isinstance(key, dict) or len(key) > 64:
         return False
-    for name, value in key.items():
-        if not isinstance(name, str) or len(name) > 64:
-            return False
-        if type(value) is int:
-            if not -MAX_FILE_BYTES <= value <= MAX_FILE_BYTES:
-                return False
-        elif not (isinstance(value, str) and len(value) <= 256):
-            return False
-    return True
+    return all(
+        isinstance(name, str) and len(name) <= 64 and _short_value(v) for name, v in key.items()
+    )
+
+
+def _short_value(value: object) -> bool:
+    if type(value) is int:
+        return -MAX_FILE_BYTES <= value <= MAX_FILE_BYTES
+    return isinstance(value, str) and len(value) <= 256
 
 
 def _short(error: Exception) -> str:
@@ -183,50 +182,36 @@ def read_state(entry: CacheEntry) -> bytes:
     return state
 
 
+@dataclass
 class PromptCacheStore:
     """One directory of cache files for one key. find() and keep() never raise for a bad file
     or a full disk: they note one line in warnings and the caller goes on without the cache."""
 
-    def __init__(
-        self,
-        folder: Path,
-        key: dict | Callable[[], dict],
-        max_bytes: int = DEFAULT_MAX_BYTES,
-        min_tokens: int = MIN_TOKENS,
-        max_files: int | None = None,
-        exact: bool = True,
-    ) -> None:
-        self.folder = folder
-        self._key = key
-        self.max_bytes = max_bytes
-        self.min_tokens = min_tokens
-        self.max_files = max_files
-        # True: a loaded state decodes its last prompt tokens again in one long batch, for the
-        # logits a run without the cache gets; False: as few as a process that had kept its
-        # cells would (a resumed chat continues exactly as if it had never stopped).
-        self.exact = exact
-        self.warnings: list[str] = []
+    folder: Path
+    key_source: dict | Callable[[], dict]  # a function: the key is computed when first needed
+    max_bytes: int = DEFAULT_MAX_BYTES
+    min_tokens: int = MIN_TOKENS
+    max_files: int | None = None
+    # True: a loaded state decodes its last prompt tokens again in one long batch, for the
+    # logits a run without the cache gets; False: as few as a process that had kept its
+    # cells would (a resumed chat continues exactly as if it had never stopped).
+    exact: bool = True
+    warnings: list[str] = field(default_factory=list)
 
     @functools.cached_property
     def key(self) -> dict:
-        # Computed when first needed: hashing the model takes a moment, a short prompt never does.
-        return self._key() if callable(self._key) else self._key
+        # Hashing the model takes a moment, and a short prompt never needs it.
+        return self.key_source() if callable(self.key_source) else self.key_source
 
     def entries(self) -> Iterator[CacheEntry]:
         """The readable cache files for this key; damaged ones are reported and removed."""
-        for path in files(self.folder):
-            try:
-                entry = read_header(path)
-            except FileNotFoundError:  # evicted by another process meanwhile
-                continue
-            except (CacheFileError, OSError) as error:
-                self._discard(path, str(error))
-                continue
-            if entry.key == self.key:
-                if path.name != entry_name(entry.key, entry.tokens):
-                    self._discard(path, "its header does not match its name")
-                    continue
-                yield entry
+        for found in headers(self.folder):
+            if isinstance(found, tuple):
+                self._discard(*found)
+            elif found.key == self.key and found.path.name != entry_name(found.key, found.tokens):
+                self._discard(found.path, "its header does not match its name")
+            elif found.key == self.key:
+                yield found
 
     def find(self, tokens: Sequence[int]) -> tuple[list[int], bytes] | None:
         """(the tokens a cache file holds, its state) for the file sharing the longest prefix
@@ -291,7 +276,7 @@ class PromptCacheStore:
                 total -= size
                 count -= 1
 
-    @contextmanager
+    @contextlib.contextmanager
     def _lock(self) -> Iterator[None]:
         with (self.folder / ".lock").open("a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
@@ -325,15 +310,16 @@ def files(folder: Path) -> list[Path]:
         return []
 
 
-def list_entries(folder: Path) -> list[CacheEntry | tuple[Path, str]]:
-    """Every cache file, any key: its entry, or (path, why it is unreadable)."""
-    found: list[CacheEntry | tuple[Path, str]] = []
+def headers(folder: Path) -> Iterator[CacheEntry | tuple[Path, str]]:
+    """Every cache file, any key: its entry, or (its path, why it is unreadable)."""
     for path in files(folder):
         try:
-            found.append(read_header(path))
+            found: CacheEntry | tuple[Path, str] = read_header(path)
+        except FileNotFoundError:  # evicted by another process meanwhile
+            continue
         except (CacheFileError, OSError) as error:
-            found.append((path, str(error)))
-    return found
+            found = (path, str(error))
+        yield found
 
 
 @dataclass

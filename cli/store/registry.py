@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cache
@@ -48,9 +49,8 @@ class Registry:
 
 
 def registry_path() -> Path:
-    # The wheel puts models.yaml inside the cli package (pyproject's force-include); a plain path
-    # beside this file finds it without importlib.resources, whose import costs `quill list` more
-    # than reading the registry does.
+    # The wheel puts models.yaml inside the cli package (pyproject's force-include), found here
+    # without importlib.resources, whose import costs `quill list` more than the reading does.
     packaged = Path(__file__).resolve().parents[1] / "models.yaml"
     if packaged.is_file():
         return packaged
@@ -146,18 +146,10 @@ def _parse_tag(alias: str, tag: str, body: Any, where: str) -> TagSpec:
         for i, s in enumerate(sources_raw)
     )
     sha256 = _typed(fields, "sha256", str, where, required=False)
-    if sha256 is not None and (
-        len(sha256) != 64 or not all(c in "0123456789abcdef" for c in sha256)
-    ):
+    if sha256 is not None and not re.fullmatch(r"[0-9a-f]{64}", sha256):
         raise RegistryError(f"{where}.sha256: expected 64 lowercase hex digits")
-    return TagSpec(
-        alias=alias,
-        tag=tag,
-        file=file,
-        sources=sources,
-        size=_typed(fields, "size", int, where, required=False),
-        sha256=sha256,
-    )
+    size = _typed(fields, "size", int, where, required=False)
+    return TagSpec(alias, tag, file, sources, size, sha256)
 
 
 def _parse_source(body: Any, folder: str, file: str, where: str) -> Source:
@@ -215,9 +207,7 @@ def model_kind(name: str, registry: Registry) -> str | None:
     """ "base" for an entry marked `base: true` (it continues text, it does not follow
     instructions), "instruct" for any other entry; None for a file the registry does not know."""
     entry = registry_entry(name, registry)
-    if entry is None:
-        return None
-    return "base" if entry.base else "instruct"
+    return None if entry is None else "base" if entry.base else "instruct"
 
 
 def names_near(name: str, registry: Registry, local_names: Iterable[str] = ()) -> list[str]:
