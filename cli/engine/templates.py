@@ -373,9 +373,7 @@ def file_template(
     if source:
         return ChatTemplate(source, template_family(source), "the model file", named)
     family = infer_family(architecture, is_special_token)
-    if family is None:
-        return None
-    return ChatTemplate(None, family, "inferred")
+    return ChatTemplate(None, family, "inferred") if family else None
 
 
 class TemplateNote(str):
@@ -448,6 +446,5 @@ def template_from_file(path: str) -> ChatTemplate:
 
 def family_template(family: str, origin: str) -> ChatTemplate:
     if family not in FAMILIES:
-        known = ", ".join(FAMILIES)
-        raise UsageError(f"unknown chat template family '{family}' (known: {known})")
+        raise UsageError(f"unknown chat template family '{family}' (known: {', '.join(FAMILIES)})")
     return ChatTemplate(None, family, origin)

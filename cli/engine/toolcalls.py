@@ -169,12 +169,8 @@ def check_tools(tools: Any, tool_choice: Any) -> tuple[list[dict] | None, str | 
     names = []
     for index, tool in enumerate(tools):
         function = tool.get("function") if isinstance(tool, dict) else None
-        if (
-            not isinstance(tool, dict)
-            or tool.get("type", "function") != "function"
-            or not isinstance(function, dict)
-            or not isinstance(function.get("name"), str)
-        ):
+        named = isinstance(function, dict) and isinstance(function.get("name"), str)
+        if not named or tool.get("type", "function") != "function":
             raise ToolsError(
                 f'tools[{index}] must be an object with type "function" and a function '
                 "object that has a name",
