@@ -17,7 +17,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
@@ -86,11 +86,10 @@ class BatchScheduler:
         self._last_used: list[int] = [0] * engine.parallel
         self._admitted = 0
         self.reused_tokens = 0  # prompt tokens not prefilled thanks to a slot's cache, in all
-        # Caches moved out of slots, least recently used first: (tokens, state) by a serial.
+        # Caches moved out of slots, least recently parked first: (tokens, state).
         self.park_bytes = park_bytes
-        self._parked: OrderedDict[int, tuple[list[int], bytes]] = OrderedDict()
+        self._parked: list[tuple[list[int], bytes]] = []
         self.parked_bytes = 0
-        self._parked_serial = 0
         self._wake = threading.Condition()
         self._stopping = False
         self.steps = 0
@@ -163,10 +162,9 @@ class BatchScheduler:
         loaded into the least recently used slot (whose own cache is parked first)."""
         shared = {index: self.engine.common_prefix(index, prompt) for index in idle}
         best = max(idle, key=lambda index: (shared[index], -self._last_used[index]))
-        reach = {serial: common_prefix(held, prompt) for serial, (held, _) in self._parked.items()}
-        serial = max(reach, key=reach.__getitem__, default=None)
-        if serial is not None and reach[serial] > shared[best]:
-            tokens, state = self._parked.pop(serial)
+        reach = [common_prefix(held, prompt) for held, _ in self._parked]
+        if reach and max(reach) > shared[best]:
+            tokens, state = self._parked.pop(reach.index(max(reach)))
             target = min(idle, key=lambda index: self._last_used[index])
             self.parked_bytes -= len(state)
             self._park(target, keeping=0)
@@ -184,12 +182,10 @@ class BatchScheduler:
         state = self.engine.sequence_state(index)
         if len(state) > self.park_bytes:
             return
-        self._parked_serial += 1
-        self._parked[self._parked_serial] = (tokens, state)
+        self._parked.append((tokens, state))
         self.parked_bytes += len(state)
         while self.parked_bytes > self.park_bytes:
-            _, (_, dropped) = self._parked.popitem(last=False)
-            self.parked_bytes -= len(dropped)
+            self.parked_bytes -= len(self._parked.pop(0)[1])
 
     def _admit(self) -> None:
         while self._waiting:
