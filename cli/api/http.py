@@ -1,19 +1,14 @@
-"""quill serve's HTTP layer: starlette routes on uvicorn's HTTP/1.1 server (h11), in front of
-quill's batch scheduler. uvicorn and h11 do the protocol: strict Content-Length and chunked
-framing (a body is never read as a next request; a malformed length is a 400), keep-alive, a
-listen backlog of 2048, flow control, one event loop. This module adds what a server exposed to
-hostile clients still needs:
-
-- a cap on open connections (beyond it 429 and close); deadlines for each request's line and
-  headers (slowloris: 408 and close) and for its body, whose size is capped as it arrives;
-- a JSON error object for every error, the protocol's own 400s included;
-- the Host header checked when bound to a loopback address (DNS rebinding); CORS only for the
-  origins given with --cors; OPTIONS and HEAD answered;
-- a request whose client disconnects is cancelled at once, streaming or not;
-- a graceful drain on SIGTERM or Ctrl-C: no new requests, in-flight ones run until the drain
-  timeout, then each stream ends with an error event, and the process exits 0;
-- a per-request failure is that request's 500; a dead scheduler makes /health say so and every
-  request a 503, never a hang.
+"""quill serve's HTTP layer: starlette routes on uvicorn's HTTP/1.1 server (h11) in front of
+quill's batch scheduler. h11 frames requests strictly (a body is never read as a next request;
+a malformed length is a 400); uvicorn keeps connections alive and flow-controls them. Added here,
+for clients that may be hostile: a cap on open connections (429, close); deadlines for a
+request's headers (slowloris: 408, close) and its body, whose size is capped as it arrives; a
+JSON error object for every error, h11's own 400s included; the Host header checked on a
+loopback address (DNS rebinding); CORS only for the --cors origins; OPTIONS and HEAD answered; a
+request cancelled as soon as its client disconnects; a drain on SIGTERM or Ctrl-C (no new
+requests, in-flight ones run until the drain timeout, then each stream ends with an error event,
+and the process exits 0); a request's failure is its own 500, and a dead scheduler makes /health
+say so and every request a 503, never a hang.
 """
 
 from __future__ import annotations
@@ -183,9 +178,6 @@ async def _too_many_connections(scope: Scope, receive: Receive, send: Send) -> N
     await error_response(error, {"Connection": "close", "Retry-After": "1"})(scope, receive, send)
 
 
-# --- events from the scheduler thread into the event loop -----------------------------------------
-
-
 DISCONNECTED = object()  # put into a request's queue when its client goes away
 
 
@@ -202,9 +194,6 @@ class LoopEvents(asyncio.Queue):
         # A closed loop: the server has stopped and nobody waits for this any more.
         with contextlib.suppress(RuntimeError):
             self.loop.call_soon_threadsafe(self.put_nowait, item)
-
-
-# --- the application ------------------------------------------------------------------------------
 
 
 class QuillApp:
@@ -301,15 +290,11 @@ class QuillApp:
         status = start["status"]
         phrase = HTTPStatus(status).phrase if status in HTTPStatus._value2member_map_ else ""
         message = text.decode("utf-8", "replace").strip() or phrase or f"HTTP {status}"
-        body = json.dumps(ApiError(status, message).body()).encode()
-        headers = [
-            (name, value)
-            for name, value in start["headers"]
-            if name.lower() not in (b"content-type", b"content-length")
-        ]
-        headers += [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
-        await send({**start, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
+        response = error_response(ApiError(status, message))
+        unsaid = (b"content-type", b"content-length")  # the response's own say them
+        kept = [(name, value) for name, value in start["headers"] if name.lower() not in unsaid]
+        await send({**start, "headers": kept + response.raw_headers})
+        await send({"type": "http.response.body", "body": response.body})
 
     def _refusal(self, scope: Scope, headers: dict[str, bytes]) -> Response | None:
         """The response that refuses this request before routing, or None to route it."""
@@ -348,8 +333,6 @@ class QuillApp:
             allow = (error.headers or {}).get("Allow", "")
             message = f"{request.method} is not allowed on {request.url.path}; use {allow}"
         return error_response(ApiError(error.status_code, message), dict(error.headers or {}))
-
-    # --- routes -----------------------------------------------------------------------------------
 
     async def health(self, request: Request) -> Response:
         scheduler = self.state.scheduler
@@ -499,8 +482,6 @@ class QuillApp:
                 yield ReplyWriter.DONE
                 return
 
-    # --- shutdown ---------------------------------------------------------------------------------
-
     def begin_drain(self) -> None:
         """Refuse new requests; after the drain timeout, end those still in flight."""
         if self.draining:
@@ -545,9 +526,6 @@ def _host_name(host: str) -> str:
     if host.startswith("["):
         return host[1 : host.find("]")] if "]" in host else host
     return host.rpartition(":")[0] if host.count(":") == 1 else host
-
-
-# --- the server -----------------------------------------------------------------------------------
 
 
 class DrainingServer(uvicorn.Server):

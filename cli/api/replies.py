@@ -146,21 +146,6 @@ class CompletionLogprobs:
         return shaped
 
 
-def timings(last: StreamEvent, queued_s: float) -> dict[str, float]:
-    """llama-server's timings object (cache_n: prompt tokens reused from the slot's cache,
-    prompt_n: those prefilled), plus TTFT."""
-    return {
-        "cache_n": last.cached_prompt_tokens,
-        "prompt_n": last.prompt_tokens - last.cached_prompt_tokens,
-        "prompt_ms": last.prefill_s * 1000,
-        "prompt_per_second": last.prefill_tokens_per_s,
-        "predicted_n": last.generation_tokens,
-        "predicted_ms": last.decode_s * 1000,
-        "predicted_per_second": last.decode_tokens_per_s,
-        "ttft_ms": (max(queued_s, 0.0) + last.prefill_s) * 1000,
-    }
-
-
 class ReplyWriter:
     """One reply in OpenAI's wire format: whole, or as the chunks of a stream (chat's first
     carries the role, then one per piece of text, the last finish_reason, usage and timings).
@@ -177,7 +162,9 @@ class ReplyWriter:
         self._legacy = CompletionLogprobs()
         self.base = {"id": ident, "object": "", "created": int(time.time()), "model": model_name}
 
-    def chunk(self, delta: str | dict | None, finish: str | None = None, first: bool = False):
+    def chunk(
+        self, delta: str | dict | None, finish: str | None = None, first: bool = False
+    ) -> dict[str, Any]:
         """A streamed chunk: delta is text, or chat's reasoning_content, content or tool_calls."""
         if self.chat:
             content: dict[str, Any] = {"role": "assistant"} if first else {}
@@ -233,13 +220,26 @@ class ReplyWriter:
 
     @staticmethod
     def _totals(last: StreamEvent, queued_s: float) -> dict[str, Any]:
-        usage = {
-            "prompt_tokens": last.prompt_tokens,
-            "completion_tokens": last.generation_tokens,
-            "total_tokens": last.prompt_tokens + last.generation_tokens,
-            "prompt_tokens_details": {"cached_tokens": last.cached_prompt_tokens},
+        """OpenAI's usage, and llama-server's timings (cache_n: prompt tokens reused from the
+        slot's cache, prompt_n: those prefilled) plus TTFT."""
+        return {
+            "usage": {
+                "prompt_tokens": last.prompt_tokens,
+                "completion_tokens": last.generation_tokens,
+                "total_tokens": last.prompt_tokens + last.generation_tokens,
+                "prompt_tokens_details": {"cached_tokens": last.cached_prompt_tokens},
+            },
+            "timings": {
+                "cache_n": last.cached_prompt_tokens,
+                "prompt_n": last.prompt_tokens - last.cached_prompt_tokens,
+                "prompt_ms": last.prefill_s * 1000,
+                "prompt_per_second": last.prefill_tokens_per_s,
+                "predicted_n": last.generation_tokens,
+                "predicted_ms": last.decode_s * 1000,
+                "predicted_per_second": last.decode_tokens_per_s,
+                "ttft_ms": (max(queued_s, 0.0) + last.prefill_s) * 1000,
+            },
         }
-        return {"usage": usage, "timings": timings(last, queued_s)}
 
 
 def sse(payload: dict) -> bytes:

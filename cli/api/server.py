@@ -217,14 +217,12 @@ def parse_request(body: dict, state: ServerState, chat: bool) -> ServedRequest:
         {"max_tokens": requested}, "max_tokens", int, 1, limits.max_tokens, None
     ) or min(limits.default_max_tokens, limits.max_tokens)
     defaults = SamplingParams()
-    sampling = SamplingParams(
-        **{
-            name: _number(body, name, kind, low, high, getattr(defaults, name))
-            for name, (kind, low, high) in SAMPLING_RANGES.items()
-        },
-        ignore_eos=bool(body.get("ignore_eos", False)),  # llama-server's extension
-        grammar=grammar,
-    )
+    numbers = {
+        name: _number(body, name, *bounds, getattr(defaults, name))
+        for name, bounds in SAMPLING_RANGES.items()
+    }
+    ignore_eos = bool(body.get("ignore_eos", False))  # llama-server's extension
+    sampling = SamplingParams(**numbers, ignore_eos=ignore_eos, grammar=grammar)
     stop = _stop_strings(body, limits)
     sampling = _with_constraint(body, sampling, engine)
     tokens = engine.tokenize(prompt)
