@@ -221,30 +221,22 @@ def _hub_unresolvable() -> str | None:
 
 
 def _hub_failure(error: Exception, file: str, revision: str | None) -> str:
-    """One phrase for what the Hub answered: huggingface-hub's typed errors mapped once."""
-    from huggingface_hub import errors as hub_errors
+    """One phrase for what the Hub answered: huggingface-hub's typed errors mapped once (a
+    subclass before its base)."""
+    from huggingface_hub import errors as hub
 
-    if isinstance(error, hub_errors.GatedRepoError):
-        return (
-            "gated; accept its terms on the Hub, then put a token in HF_TOKEN or run "
-            "`hf auth login`"
-        )
-    if isinstance(error, hub_errors.RepositoryNotFoundError):
-        return (
-            "no such repository, or a private one and your token (HF_TOKEN or `hf auth login`) "
-            "is missing or wrong"
-        )
-    if isinstance(error, hub_errors.RevisionNotFoundError):
-        return f"no revision {revision}"
-    if isinstance(error, hub_errors.EntryNotFoundError):
-        return f"has no file {file}"
-    if isinstance(error, hub_errors.OfflineModeIsEnabled):
-        return "skipped, offline"
-    if isinstance(error, hub_errors.LocalEntryNotFoundError):
-        return "cannot reach the Hub (no network?)"
-    if isinstance(error, hub_errors.HfHubHTTPError):
-        return str(error).splitlines()[0]
-    return str(error)
+    phrases: list[tuple[type[Exception], str]] = [
+        (hub.GatedRepoError, "gated; accept its terms on the Hub, then put a token in HF_TOKEN "
+         "or run `hf auth login`"),
+        (hub.RepositoryNotFoundError, "no such repository, or a private one and your token "
+         "(HF_TOKEN or `hf auth login`) is missing or wrong"),
+        (hub.RevisionNotFoundError, f"no revision {revision}"),
+        (hub.EntryNotFoundError, f"has no file {file}"),
+        (hub.OfflineModeIsEnabled, "skipped, offline"),
+        (hub.LocalEntryNotFoundError, "cannot reach the Hub (no network?)"),
+        (hub.HfHubHTTPError, str(error).partition("\n")[0]),
+    ]  # fmt: skip
+    return next((phrase for kind, phrase in phrases if isinstance(error, kind)), str(error))
 
 
 def _hub_errors() -> tuple[type[Exception], ...]:

@@ -224,10 +224,8 @@ def _verify_and_record(home: Path, request: ModelRequest, fetched: Fetched) -> N
             f"{request.label}: the downloaded file {problem}; moved it to {aside}; run again to "
             "download afresh"
         )
-    where = (fetched.source, fetched.repo, fetched.file)
-    record(
-        home, Download(str(path), request.label, *where, size, sha, time.time(), file_quant(path))
-    )
+    facts = (fetched.source, fetched.repo, fetched.file, size, sha, time.time(), file_quant(path))
+    record(home, Download(str(path), request.label, *facts))
 
 
 def _on_disk(request: ModelRequest, home: Path) -> Path | None:
