@@ -4,7 +4,7 @@ a malformed length is a 400); uvicorn keeps connections alive and flow-controls 
 for clients that may be hostile: a cap on open connections (429, close); deadlines for a
 request's headers (slowloris: 408, close) and its body, whose size is capped as it arrives; a
 JSON error object for every error, h11's own 400s included; the Host header checked on a
-loopback address (DNS rebinding); CORS only for the --cors origins; OPTIONS and HEAD answered; a
+loopback address (DNS rebinding); CORS only for the origins given; OPTIONS and HEAD answered; a
 request cancelled as soon as its client disconnects; a drain on SIGTERM or Ctrl-C (no new
 requests, in-flight ones run until the drain timeout, then each stream ends with an error event,
 and the process exits 0); a request's failure is its own 500, and a dead scheduler makes /health
@@ -412,7 +412,7 @@ class QuillApp:
             raise ApiError(HTTPStatus.SERVICE_UNAVAILABLE, message, "scheduler_stopped")
 
     async def _read_body(self, request: Request) -> bytes:
-        """The body, refused (413) as soon as it passes --max-body, and (408) if it has not
+        """The body, refused (413) as soon as it passes the body limit, and (408) if it has not
         all arrived within the body timeout, whether it has a Content-Length or is chunked."""
         limit = self.state.limits.max_body_bytes
         declared = request.headers.get("content-length")
@@ -609,7 +609,7 @@ class _OneLine(logging.Formatter):
 
 def _quiet_logs(verbose: bool) -> None:
     """uvicorn's and asyncio's logs: one line each on stderr, warnings and worse only (all of
-    them with --verbose), never a traceback unless --verbose."""
+    them when verbose), never a traceback unless verbose."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(_OneLine(verbose))
     for name in ("uvicorn", "asyncio", "quill.serve"):
