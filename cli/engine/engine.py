@@ -150,7 +150,6 @@ class Engine:
         # kept by the sequence operations below, through which every change goes.
         self._cached: list[list[int]] = [[] for _ in range(self.parallel)]
         self._batch = None  # one llama_batch of n_batch tokens, made at the first decode
-        self._outputs = 0  # tokens of the last decode that asked for logits
         self.restored_tokens = 0  # prompt tokens of the last request loaded from prompt_cache
         self.restore_s = 0.0
         self.prefilled_tokens = 0  # prompt tokens the last request decoded
@@ -516,7 +515,6 @@ class Engine:
         batch = self._batch
         outputs = []
         positions = {seq: len(self._cached[seq]) for seq, _, _ in items}
-        n_outputs = 0
         for n, (seq, token, wants_logits) in enumerate(items):
             batch.token[n] = token
             batch.pos[n] = positions[seq]
@@ -525,7 +523,6 @@ class Engine:
             batch.logits[n] = wants_logits
             positions[seq] += 1
             outputs.append(n if wants_logits else -1)
-            n_outputs += wants_logits
         batch.n_tokens = len(items)
         status = llama.llama_decode(self._ctx, batch)
         if status != 0:
@@ -535,7 +532,6 @@ class Engine:
             raise DecodeError(f"llama_decode failed with status {status}: {problems}")
         for seq, token, _ in items:
             self._cached[seq].append(token)
-        self._outputs = n_outputs
         return outputs
 
     def output_logits(self, output: int) -> np.ndarray:
@@ -552,10 +548,12 @@ class Engine:
         rows: list[np.ndarray] = []
         for start in range(0, len(tokens), self.n_batch):
             chunk = tokens[start : start + self.n_batch]
-            self.decode([(0, token, start + i >= first_scored) for i, token in enumerate(chunk)])
-            if self._outputs:
+            items = [(0, token, start + i >= first_scored) for i, token in enumerate(chunk)]
+            self.decode(items)
+            scored = sum(wants for _, _, wants in items)
+            if scored:
                 pointer = llama.llama_get_logits(self._ctx)
-                rows.append(np.ctypeslib.as_array(pointer, (self._outputs, self.n_vocab)).copy())
+                rows.append(np.ctypeslib.as_array(pointer, (scored, self.n_vocab)).copy())
         return np.concatenate(rows)
 
     @property

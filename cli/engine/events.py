@@ -46,11 +46,6 @@ class StreamEvent:  # one step of generation; the last has finish_reason set
     # released (text then holds only answer text), and whether its token was a thinking token.
     reasoning: str = ""
     thinking: bool = False
-
-    @property
-    def kind(self) -> str:  # "reasoning" for a thinking token, "answer" otherwise
-        return "reasoning" if self.thinking else "answer"
-
     grammar_s: float = 0.0  # time this sequence spent in its grammar (cli/engine/grammar.py)
     grammar_resampled: int = 0  # tokens the grammar rejected, sampled again under its mask
     # When logprobs were asked for (None otherwise): the tokens whose text this step released
