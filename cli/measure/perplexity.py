@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from cli.engine.engine import Engine
+from cli.engine.engine import Engine, log_softmax
 from cli.errors import UsageError
 
 
@@ -43,11 +43,7 @@ class PerplexityProgress:
 
 def negative_log_likelihoods(logits: np.ndarray, targets: Sequence[int]) -> np.ndarray:
     """-log softmax(logits)[target] per row, in float64 as llama-perplexity computes it."""
-    rows = logits.astype(np.float64)
-    peak = rows.max(axis=1, keepdims=True)
-    log_sum = np.log(np.exp(rows - peak).sum(axis=1)) + peak[:, 0]
-    chosen = rows[np.arange(len(targets)), np.asarray(targets)]
-    return log_sum - chosen
+    return -log_softmax(logits)[np.arange(len(targets)), np.asarray(targets)]
 
 
 def estimate(nll_sum: float, nll_squares: float, count: int) -> tuple[float, float]:
