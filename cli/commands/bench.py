@@ -7,15 +7,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from cli.commands.options import (
-    ApiKey,
-    JsonOutput,
-    MarkdownOutput,
-    ModelArgument,
-    ModelOption,
-    Offline,
-    model_name,
-)
+from cli.commands import options as shared
 from cli.commands.speculation import DraftModel, DraftTokens, spec_options
 from cli.errors import UsageError
 
@@ -33,8 +25,8 @@ def _numbers(value: str, flag: str) -> tuple[int, ...]:
 
 
 def bench(
-    name: ModelArgument = None,
-    model: ModelOption = None,
+    name: shared.ModelArgument = None,
+    model: shared.ModelOption = None,
     prompt_tokens: Annotated[
         str,
         typer.Option(
@@ -79,14 +71,14 @@ def bench(
             "repacking by tensor name with AMX avoided).",
         ),
     ] = "on",
-    json_output: JsonOutput = False,
+    json_output: shared.JsonOutput = False,
     csv_output: Annotated[bool, typer.Option("--csv", help="Print CSV on stdout.")] = False,
-    markdown_output: MarkdownOutput = False,
+    markdown_output: shared.MarkdownOutput = False,
     plot: Annotated[
         Path | None,
         typer.Option("--plot", help="Also draw the results into this PNG (needs matplotlib)."),
     ] = None,
-    offline: Offline = False,
+    offline: shared.Offline = False,
     endpoint: Annotated[
         str | None,
         typer.Option(
@@ -95,7 +87,7 @@ def bench(
             "is its model name).",
         ),
     ] = None,
-    api_key: ApiKey = None,
+    api_key: shared.ApiKey = None,
     spec: Annotated[
         str,
         typer.Option(
@@ -108,13 +100,12 @@ def bench(
     draft_tokens: DraftTokens = None,
 ) -> None:
     """Measure prefill and decode speed over a grid of lengths, depths, KV types and threads."""
-    from cli.commands.options import obtain_model
     from cli.engine.opening import speculate as attach
     from cli.measure.bench import BenchGrid, run_bench
     from cli.store.models import read_model
     from cli.ui import render
 
-    chosen = model_name(name, model)
+    chosen = shared.model_name(name, model)
     if sum((json_output, csv_output, markdown_output)) > 1:
         raise UsageError("choose one of --json, --csv and --markdown")
     grid = BenchGrid(
@@ -142,9 +133,9 @@ def bench(
         rows = _bench_endpoint(endpoint, chosen, grid, api_key)
         _show_bench(rows, chosen or "endpoint", json_output, csv_output, markdown_output, plot)
         return
-    label, path = obtain_model(chosen, offline)
+    label, path = shared.obtain_model(chosen, offline)
     grid.check(read_model(path).context_length)
-    drafted = obtain_model(draft, offline) if "draft" in specs else None
+    drafted = shared.obtain_model(draft, offline) if "draft" in specs else None
 
     def speculate(engine, mode: str) -> None:
         attach(engine, specs[mode], drafted if mode == "draft" else None)
