@@ -100,24 +100,20 @@ def tried_grammar(vocab: object, text: str) -> None:
 def _trial_walk(vocab: object, sampler: object) -> None:
     """A few tokens through the grammar, as sampling would take them (in the trial child)."""
     n_vocab = llama.llama_vocab_n_tokens(vocab)
-    sample = (llama.llama_token_data * TRIAL_SAMPLE)()
-    array = llama.llama_token_data_array(
-        data=ctypes.cast(sample, llama.llama_token_data_p), size=0, selected=-1, sorted=False
-    )
+    sample = np.zeros(min(TRIAL_SAMPLE, n_vocab), dtype=_TOKEN_DATA)
+    array = llama.llama_token_data_array(data=sample.ctypes.data_as(llama.llama_token_data_p))
+    buffer = ctypes.create_string_buffer(256)
     for step in range(TRIAL_STEPS):
-        size = min(TRIAL_SAMPLE, n_vocab)
-        for i in range(size):
-            sample[i].id = (i * 7919 + step * 104729) % n_vocab
-            sample[i].logit, sample[i].p = 0.0, 0.0
-        array.size, array.selected = size, -1
+        sample["id"] = (np.arange(len(sample)) * 7919 + step * 104729) % n_vocab
+        sample["logit"], sample["p"] = 0.0, 0.0
+        array.size, array.selected = len(sample), -1
         llama.llama_sampler_apply(sampler, ctypes.byref(array))
-        allowed = [sample[i].id for i in range(size) if sample[i].logit != float("-inf")]
-        allowed = [t for t in allowed if not llama.llama_vocab_is_eog(vocab, t)]
+        passed = sample["id"][sample["logit"] != -np.inf].tolist()
+        allowed = [t for t in passed if not llama.llama_vocab_is_eog(vocab, t)]
         if not allowed:
             return
         # The longest piece: the most characters through the grammar's stacks at once, where
         # an ambiguous grammar multiplies them fastest.
-        buffer = ctypes.create_string_buffer(256)
         longest = max(
             allowed, key=lambda t: llama.llama_token_to_piece(vocab, t, buffer, 256, 0, True)
         )
