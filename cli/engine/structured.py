@@ -30,6 +30,9 @@ _ENFORCED = {"type", "properties", "required", "additionalProperties", "items", 
              "minItems", "maxItems", "enum", "const", "anyOf", "$ref", "minLength", "maxLength",
              "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "pattern",
              "format"}  # fmt: skip
+# Keywords the grammar holds only in part, as it says.
+_HELD_OTHERWISE = {"oneOf": "oneOf (held as anyOf: exactly-one is not enforced)",
+                   "allOf": "allOf (only its properties are merged)"}  # fmt: skip
 # JSON nesting a schema may have (objects and lists, each a level).
 MAX_DEPTH = 128
 # Optional properties of one object: after each comma, llama.cpp's grammar keeps a parse stack
@@ -139,12 +142,8 @@ def unenforced_keywords(schema: Any, where: str = "#") -> list[str]:
             continue
         if key == "format" and value not in FORMATS:
             found.append(f"{where}: format {value!r}")
-        elif key == "oneOf":
-            found.append(f"{where}: oneOf (held as anyOf: exactly-one is not enforced)")
-        elif key == "allOf":
-            found.append(f"{where}: allOf (only its properties are merged)")
-        elif key not in _ENFORCED:
-            found.append(f"{where}: {key}")
+        elif key in _HELD_OTHERWISE or key not in _ENFORCED:
+            found.append(f"{where}: {_HELD_OTHERWISE.get(key, key)}")
         elif key == "additionalProperties" and isinstance(value, dict):
             found.extend(unenforced_keywords(value, f"{where}/additionalProperties"))
     for container in ("properties", "$defs", "definitions"):
