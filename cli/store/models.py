@@ -332,19 +332,17 @@ def remove(request: ModelRequest, home: Path | None = None) -> LocalModel:
     """Delete a file quill downloaded or made; refuse anything else."""
     home = home or quill_home()
     path = local_path(request, home)
-    downloads = load_manifest(home)
-    mine = next((d for d in downloads if d.path == str(path)), None)
-    if mine is None and _under(path, home / "models"):
-        mine = Download(str(path), request.label, "pypi", None, path.name, 0, None, 0.0)
-    if mine is None:
+    if not owns(path, home):
         raise NotOwnedError(
             f"quill did not download or make {path}, so it will not delete it; "
             "remove it yourself if you mean to"
         )
-    size = path.stat().st_size
-    real = Path(os.path.realpath(path))
+    downloads = load_manifest(home)
+    mine = next((d for d in downloads if d.path == str(path)), None)
+    size, real = path.stat().st_size, Path(os.path.realpath(path))
     path.unlink()
     if real != path:  # a Hugging Face cache entry: a snapshot link to a blob
         real.unlink(missing_ok=True)
-    _save_manifest(home, [d for d in downloads if d.path != mine.path])
-    return LocalModel(mine.name, path, size, mine.source, True)
+    _save_manifest(home, [d for d in downloads if d.path != str(path)])
+    name, source = (mine.name, mine.source) if mine else (request.label, "pypi")
+    return LocalModel(name, path, size, source, True)

@@ -131,9 +131,9 @@ def read_header(path: Path) -> CacheEntry:
     state_bytes, state_sha256 = header.get("state_bytes"), header.get("state_sha256")
     if not _valid_key(key):
         raise CacheFileError("a header whose key is not a map of names to short values")
-    if not isinstance(tokens, list) or not all(_is_token(t) for t in tokens):
+    if not isinstance(tokens, list) or not all(_int_in(t, 0, MAX_TOKEN) for t in tokens):
         raise CacheFileError(f"a header whose tokens are not token ids (0 to {MAX_TOKEN})")
-    if not _is_count(state_bytes):
+    if not _int_in(state_bytes, 0, MAX_FILE_BYTES):
         raise CacheFileError("a header whose state_bytes is not a byte count")
     if not isinstance(state_sha256, str) or not _SHA256.fullmatch(state_sha256):
         raise CacheFileError("a header whose state_sha256 is not a sha256")
@@ -142,13 +142,9 @@ def read_header(path: Path) -> CacheEntry:
     return CacheEntry(path, key, tokens, state_bytes, state_sha256, stat.st_size, stat.st_mtime)
 
 
-def _is_count(value: object) -> bool:
-    # bool is an int to Python, and JSON's 1.0 is a float: neither counts bytes.
-    return type(value) is int and 0 <= value <= MAX_FILE_BYTES
-
-
-def _is_token(value: object) -> bool:
-    return type(value) is int and 0 <= value <= MAX_TOKEN
+def _int_in(value: object, low: int, high: int) -> bool:
+    # bool is an int to Python, and JSON's 1.0 is a float: neither counts bytes or is a token.
+    return type(value) is int and low <= value <= high
 
 
 def _valid_key(key: object) -> bool:
@@ -161,9 +157,9 @@ def _valid_key(key: object) -> bool:
 
 
 def _short_value(value: object) -> bool:
-    if type(value) is int:
-        return -MAX_FILE_BYTES <= value <= MAX_FILE_BYTES
-    return isinstance(value, str) and len(value) <= 256
+    return _int_in(value, -MAX_FILE_BYTES, MAX_FILE_BYTES) or (
+        isinstance(value, str) and len(value) <= 256
+    )
 
 
 def _short(error: Exception) -> str:
@@ -261,13 +257,9 @@ class PromptCacheStore:
     def _evict(self, keep: Path) -> None:
         entries = []
         for path in files(self.folder):
-            try:
-                stat = path.stat()
-            except FileNotFoundError:
-                continue
-            entries.append((stat.st_mtime, stat.st_size, path))
-        total = sum(size for _, size, _ in entries)
-        count = len(entries)
+            with contextlib.suppress(FileNotFoundError):  # evicted by another process meanwhile
+                entries.append((path.stat().st_mtime, path.stat().st_size, path))
+        total, count = sum(size for _, size, _ in entries), len(entries)
         for _, size, path in sorted(entries):
             if total <= self.max_bytes and (self.max_files is None or count <= self.max_files):
                 break
