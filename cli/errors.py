@@ -215,3 +215,12 @@ class Interrupted(QuillError):
     """Ctrl-C, with what it leaves behind (a download to resume, a partial result)."""
 
     exit_code = EXIT_INTERRUPTED
+
+
+class TextTooShortError(UsageError):
+    """Fewer than two windows of tokens: nothing would be scored with enough context."""
+
+    def __init__(self, tokens: int, window: int):
+        super().__init__(
+            f"the text has {tokens} tokens; scoring windows of {window} needs at least {2 * window}"
+        )

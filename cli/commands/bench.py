@@ -15,13 +15,38 @@ if TYPE_CHECKING:
     from cli.measure.bench import BenchGrid, BenchRow
 
 
-def _numbers(value: str, flag: str) -> tuple[int, ...]:
+def _numbers(value: str, flag: str, least: int = 1) -> tuple[int, ...]:
     try:
-        return tuple(int(part) for part in value.split(","))
+        numbers = tuple(int(part) for part in value.split(","))
     except ValueError:
         raise UsageError(
             f"{flag} takes comma-separated whole numbers, like 0,1024; got {value!r}"
         ) from None
+    if min(numbers) < least:
+        takes = "positive numbers" if least else "numbers of tokens >= 0"
+        raise UsageError(f"{flag} takes {takes}, not {list(numbers)}")
+    return numbers
+
+
+def _check_grid(grid: BenchGrid, trained_ctx: int | None = None) -> None:
+    """Refuse a grid that cannot run, before anything is loaded."""
+    from quant.kv import check_kv_type
+
+    if not (grid.prompt_tokens or grid.gen_tokens):
+        raise UsageError("nothing to measure: give -p or -n a length")
+    if grid.repetitions < 1:
+        raise UsageError(f"-r/--repetitions must be at least 1, not {grid.repetitions}")
+    for kv in grid.kv_types:
+        try:
+            check_kv_type(kv, "--kv-type")
+        except ValueError as error:
+            raise UsageError(str(error)) from None
+    if trained_ctx is not None and grid.needed_ctx > trained_ctx:
+        raise UsageError(
+            f"depth {max(grid.depths)} + {grid.needed_ctx - max(grid.depths)} more tokens need "
+            f"{grid.needed_ctx} positions, but the model was trained for {trained_ctx}: "
+            "lower --depth, -p or -n"
+        )
 
 
 def bench(
@@ -111,7 +136,7 @@ def bench(
     grid = BenchGrid(
         prompt_tokens=_numbers(prompt_tokens, "-p/--prompt-tokens") if prompt_tokens != "0" else (),
         gen_tokens=_numbers(gen_tokens, "-n/--gen-tokens") if gen_tokens != "0" else (),
-        depths=_numbers(depth, "--depth"),
+        depths=_numbers(depth, "--depth", least=0),
         kv_types=tuple(kv_type.split(",")),
         threads=_numbers(threads, "--threads") if threads else (),
         batches=_numbers(batch, "--batch"),
@@ -119,7 +144,7 @@ def bench(
         repetitions=repetitions,
         spec=tuple(spec.split(",")),
     )
-    grid.check()
+    _check_grid(grid)
     # The flags together, as the mode that asks the most of them takes them; then each row's.
     most = "draft" if "draft" in grid.spec else max(grid.spec, key=lambda mode: mode != "off")
     spec_options(most, draft, draft_tokens, endpoint)
@@ -134,7 +159,7 @@ def bench(
         _show_bench(rows, chosen or "endpoint", json_output, csv_output, markdown_output, plot)
         return
     label, path = shared.obtain_model(chosen, offline)
-    grid.check(read_model(path).context_length)
+    _check_grid(grid, read_model(path).context_length)
     drafted = shared.obtain_model(draft, offline) if "draft" in specs else None
 
     def speculate(engine, mode: str) -> None:

@@ -13,6 +13,7 @@ from cli.errors import (
     SilentLoadError,
     SilentQuantizeError,
     SpecOptionError,
+    TextTooShortError,
 )
 
 # The option that fixes an error whose own line says the rest (a subclass before its base).
@@ -20,6 +21,7 @@ ADVICE: dict[type[Exception], str] = {
     SilentQuantizeError: ": run with --verbose for llama.cpp's log",
     SilentLoadError: " (run with --verbose)",
     AuthRequiredError: " (pass --api-key)",
+    TextTooShortError: ": give a longer text or a smaller --ctx",
     KvCacheTypeError: ": use --kv-type f16 for it",
 }
 

@@ -25,8 +25,6 @@ from cli.engine.events import StreamEvent
 from cli.engine.opening import open_engine
 from cli.engine.sampling import SamplingParams
 from cli.engine.settings import ModelSettings
-from cli.errors import UsageError
-from quant.kv import check_kv_type
 
 GREEDY_NO_EOS = SamplingParams(temperature=0.0, ignore_eos=True)
 
@@ -42,34 +40,6 @@ class BenchGrid:
     repacks: tuple[bool, ...] = (True,)  # weight repacking on and/or off (cli/engine/loading.py)
     repetitions: int = 5
     spec: tuple[str, ...] = ("off",)  # speculative decoding modes for tg rows (tgN+ngram, ...)
-
-    def check(self, trained_ctx: int | None = None) -> None:
-        """Refuse a grid that cannot run, before anything is loaded."""
-        for name, values in (
-            ("-p/--prompt-tokens", self.prompt_tokens),
-            ("-n/--gen-tokens", self.gen_tokens),
-            ("--threads", self.threads),
-            ("--batch", self.batches),
-        ):
-            if any(v <= 0 for v in values):
-                raise UsageError(f"{name} takes positive numbers, not {list(values)}")
-        if any(d < 0 for d in self.depths):
-            raise UsageError(f"--depth takes numbers of tokens >= 0, not {list(self.depths)}")
-        if not (self.prompt_tokens or self.gen_tokens):
-            raise UsageError("nothing to measure: give -p or -n a length")
-        if self.repetitions < 1:
-            raise UsageError(f"-r/--repetitions must be at least 1, not {self.repetitions}")
-        for kv in self.kv_types:
-            try:
-                check_kv_type(kv, "--kv-type")
-            except ValueError as error:
-                raise UsageError(str(error)) from None
-        if trained_ctx is not None and self.needed_ctx > trained_ctx:
-            raise UsageError(
-                f"depth {max(self.depths)} + {self.needed_ctx - max(self.depths)} more tokens need "
-                f"{self.needed_ctx} positions, but the model was trained for {trained_ctx}: "
-                "lower --depth, -p or -n"
-            )
 
     @property
     def needed_ctx(self) -> int:

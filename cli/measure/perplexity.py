@@ -16,11 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from cli.engine.engine import Engine, log_softmax
-from cli.errors import UsageError
-
-
-class TextTooShortError(UsageError):
-    """Fewer than two windows of tokens: nothing would be scored with enough context."""
+from cli.errors import TextTooShortError
 
 
 @dataclass(frozen=True)
@@ -62,10 +58,7 @@ def perplexity(
     """Yields the running estimate after each window; the last one is the result."""
     available = len(tokens) // window
     if available < 2:  # llama-perplexity's rule too
-        raise TextTooShortError(
-            f"the text has {len(tokens)} tokens; scoring windows of {window} needs at least "
-            f"{2 * window}: give a longer text or a smaller --ctx"
-        )
+        raise TextTooShortError(len(tokens), window)
     windows = min(available, max_windows) if max_windows else available
     first_scored = window // 2
     nll_sum = nll_squares = 0.0
