@@ -1,9 +1,7 @@
-"""The one GGUF header reader: key-value fields and tensor infos, read lazily, no weights.
-
-A GGUF file starts with its header: a magic, a version, counts, then key-value fields and one
-info per tensor (name, shape, type). The tokenizer's arrays (49,152 strings for SmolLM2) make up
-most of it and are skipped unless asked for by name, so reading what `quill list` and
-`quill inspect` show takes milliseconds, with neither numpy nor the gguf package imported.
+"""The one GGUF header reader: key-value fields and tensor infos (name, shape, type), no
+weights. The tokenizer's arrays (49,152 strings for SmolLM2) are most of a header and are skipped
+unless asked for by name, so what `quill list` and `quill inspect` show takes milliseconds, with
+neither numpy nor the gguf package imported.
 """
 
 from __future__ import annotations

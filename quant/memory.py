@@ -1,17 +1,12 @@
-"""How much memory a model needs at a given context: weights, KV cache, compute buffers.
-
-The arithmetic follows what llama.cpp (the version quill ships with) allocates on the CPU:
-- the context is rounded up to a multiple of 256 cells;
-- KV cache: for each layer, KV heads x (K head dim x bytes per K element + V head dim x bytes per V
-  element) x cells. quill keeps the full context for sliding-window layers as well (llama.cpp's
-  swa_full, its C default, which lets the prefix cache reuse a conversation); what a cache limited
-  to the window would take is reported beside it;
-- compute buffer, with flash attention (as quill runs on the CPU): n_ubatch x 4 bytes x
-  (vocabulary + 2 x embedding length), dominated by the logits of one batch; output buffer:
-  vocabulary x 4 bytes. These match llama.cpp's own report for SmolLM2 and Gemma 3 with an f16
-  cache; with a quantized cache llama.cpp's graph allocator takes 1-5% more (measured on
-  SmolLM2 at 768 and 4096 cells), and GPU backends and other architectures allocate
-  differently: the compute figure is an estimate. The KV figure is exact.
+"""How much memory a model needs at a given context, as llama.cpp (the version quill ships
+with) allocates it on the CPU: the context rounded up to a multiple of 256 cells; the KV cache
+(quant.kv) over the full context for sliding-window layers too (llama.cpp's swa_full, its C
+default, which lets the prefix cache reuse a conversation; a windowed cache is reported beside
+it); with flash attention, a compute buffer of n_ubatch x 4 bytes x (vocabulary + 2 x embedding
+length) and an output buffer of vocabulary x 4 bytes. These match llama.cpp's own report for
+SmolLM2 and Gemma 3 with an f16 cache; with a quantized one its graph allocator takes 1-5% more
+(SmolLM2 at 768 and 4096 cells), and GPU backends allocate differently: the compute figure is an
+estimate, the KV figure exact.
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""Weight quantization with llama.cpp's own quantizer, run in process.
-
-The quantizer reads an F32, F16 or BF16 GGUF and writes every weight matrix in the chosen type
-(norms and other small tensors stay in float). It writes to a temporary file that is renamed only
-on success, so a failed or interrupted run never leaves a half-written model under the real name,
-and only ever over a regular file that is not the input (quant.partfiles).
+"""Weight quantization with llama.cpp's own quantizer, run in process: every weight matrix of
+an F32, F16 or BF16 GGUF in the chosen type (norms and small tensors stay in float), written to a
+part file renamed only on success, and only over a regular file that is not the input.
 """
 
 from __future__ import annotations

@@ -1,12 +1,10 @@
 """The Hugging Face Hub as a source: where its cache keeps a file, which file of a repository a
-quant names, and downloading one into the standard cache, resumably; its typed errors are mapped
-once to the phrase a user reads. huggingface-hub is imported only when the Hub is really asked.
+quant names, a download into the standard cache, and its typed errors as the phrase a user reads.
+huggingface-hub is imported only when the Hub is really asked.
 
-huggingface-hub downloads into a temporary file unique to each process and deletes it when the
-download fails, so a download stopped by Ctrl-C, a kill or a reboot would start again from zero.
-quill keeps the partial file at blobs/<etag>.incomplete and continues it with an HTTP Range
-request; the metadata request (authentication, redirects, typed errors) and http_get (the bytes,
-with retries that resume within one run) stay the library's.
+The library deletes its per-process temporary file when a download fails, so a download stopped
+by Ctrl-C, a kill or a reboot would start from zero; quill keeps it at blobs/<etag>.incomplete
+and continues it with an HTTP Range request through the library's own metadata call and http_get.
 """
 
 from __future__ import annotations
