@@ -1,4 +1,4 @@
-"""Numbers for people."""
+"""Numbers and values for people."""
 
 
 def human_bytes(size: float) -> str:
@@ -8,3 +8,8 @@ def human_bytes(size: float) -> str:
             return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
         size /= 1024
     return f"{size:.1f} TiB"
+
+
+def shortened(text: str, width: int = 80) -> str:
+    """text, cut to width characters with "..." when longer: a value a user typed, in a message."""
+    return text if len(text) <= width else text[: width - 3] + "..."

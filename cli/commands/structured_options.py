@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from cli.errors import InvalidOutputError, UsageError
+from cli.units import shortened
 
 if TYPE_CHECKING:
     from cli.engine.sampling import SamplingParams
@@ -101,7 +102,8 @@ def read_schema(spec: str, multi: bool = False) -> dict[str, Any]:
     if text.startswith("@"):
         text = read_user_file(Path(text[1:]), "schema file").strip()
         if not text.startswith("{"):
-            raise UsageError(f"the schema file {_shown(spec[1:])} does not hold a JSON object")
+            shown = shortened(spec[1:])
+            raise UsageError(f"the schema file {shown} does not hold a JSON object")
     if text.startswith("{"):
         try:
             schema = json.loads(text)
@@ -155,23 +157,19 @@ def read_user_file(path: Path, what: str) -> str:
     from cli.engine.gbnf import MAX_GRAMMAR_CHARS
 
     limit = 4 * MAX_GRAMMAR_CHARS  # read no more than the grammar budget could take
+    shown = shortened(str(path))
     try:
         path = path.expanduser()
         if path.stat() and not path.is_file():  # stat first: a missing file says so
-            raise UsageError(f"cannot read the {what} {_shown(path)}: not a regular file")
+            raise UsageError(f"cannot read the {what} {shown}: not a regular file")
         if path.stat().st_size > limit:
-            raise UsageError(f"the {what} {_shown(path)} is over {limit} bytes (quill's budget)")
+            raise UsageError(f"the {what} {shown} is over {limit} bytes (quill's budget)")
         return path.read_text(encoding="utf-8")
     except RuntimeError:  # ~user for a user there is not
-        raise UsageError(f"cannot read the {what} {_shown(path)}: no such user") from None
+        raise UsageError(f"cannot read the {what} {shown}: no such user") from None
     except (OSError, UnicodeDecodeError) as error:
         reason = getattr(error, "strerror", None) or error
-        raise UsageError(f"cannot read the {what} {_shown(path)}: {reason}") from None
-
-
-def _shown(path: object) -> str:
-    text = str(path)
-    return text if len(text) <= 80 else text[:77] + "..."
+        raise UsageError(f"cannot read the {what} {shown}: {reason}") from None
 
 
 def constrained_sampling(sampling: SamplingParams, constraint: Constraint | None) -> SamplingParams:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cli.engine.reasoning import partial_suffix
+from cli.units import shortened
 
 HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"
 MISTRAL_MARK = "[TOOL_CALLS]"
@@ -149,11 +150,6 @@ class ToolsError(ValueError):
 TOOL_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
 
 
-def _shown(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
-
-
 def check_tools(tools: Any, tool_choice: Any) -> tuple[list[dict] | None, str | None]:
     """The request's tools (None when absent or tool_choice is "none") and the function a call
     must name: "*" for any (required), a name, or None (the model decides). Every name and
@@ -179,7 +175,8 @@ def check_tools(tools: Any, tool_choice: Any) -> tuple[list[dict] | None, str | 
         if not TOOL_NAME.fullmatch(function["name"]):
             raise ToolsError(
                 f"tools[{index}].function.name must be 1 to 64 letters, digits, '_', '-', '.' "
-                f"or ':' (OpenAI's rule, with '.' and ':'), not {_shown(function['name'])}",
+                f"or ':' (OpenAI's rule, with '.' and ':'), not "
+                + shortened(repr(function["name"])),
                 "tools",
             )
         parameters = function.get("parameters", {})
@@ -201,9 +198,8 @@ def check_tools(tools: Any, tool_choice: Any) -> tuple[list[dict] | None, str | 
         name = function.get("name") if isinstance(function, dict) else None
         if isinstance(name, str) and name in names:
             return tools, name
-        raise ToolsError(
-            f"tool_choice names {_shown(name)}, which is not one of the tools", "tool_choice"
-        )
+        shown = shortened(repr(name))
+        raise ToolsError(f"tool_choice names {shown}, which is not one of the tools", "tool_choice")
     raise ToolsError(
         '\'tool_choice\' must be "none", "auto", "required" or '
         '{"type": "function", "function": {"name": ...}}',
