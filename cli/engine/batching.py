@@ -1,15 +1,11 @@
-"""Continuous batching: several sequences share each llama_decode step, as serving engines do.
+"""Continuous batching (docs/serve.md): one thread admits waiting requests into free slots (each
+its own sequence, sampler chain and text stream), decodes one batch of every decoding slot's next
+token plus as much of the waiting prompts as fits, and samples every slot that got logits.
 
-One thread loops: admit waiting requests into free slots (each its own sequence id, KV cells,
-sampler chain and text stream), decode one batch of every decoding slot's next token plus as much
-of the waiting prompts as fits, sample every slot that got logits. A request that ends leaves at
-once; a new one joins at the next step.
-
-A slot keeps its tokens and cells after its request (llama-server's cache_prompt): a new request
-takes the idle slot sharing the longest prefix with its prompt (else the least recently used), so
-a conversation re-sent with one more message costs the new message. With a RAM budget
-(park_bytes, llama-server's --cache-ram) a cache about to be overwritten is parked as a
-serialized state, and loaded back for a later request that shares more with it than with any slot.
+A slot keeps its cells after its request (llama-server's cache_prompt): a new request takes the
+idle slot sharing the longest prefix with its prompt (else the least recently used); with a RAM
+budget (park_bytes) a cache about to be overwritten is parked, and loaded back for a later
+request that shares more with it than with any slot.
 """
 
 from __future__ import annotations

@@ -1,24 +1,12 @@
-"""Speculative decoding: guess a few tokens cheaply, check them in one batched pass, keep the
-longest run the model agrees with. On a CPU a pass over k+1 tokens costs far less than k+1 passes.
-
-Drafters: NgramDrafter (prompt lookup: what followed the latest earlier occurrence of the reply's
-last n-gram; free, and strong where the reply copies its input) and DraftModelDrafter (a small
-model of the same vocabulary, drafting greedily in its own context).
-
-A check decodes [last sampled token, guesses] with logits everywhere and samples through the
-request's own chain position by position, stopping at the first disagreement, whose token
-replaces the guess; the rejected cells leave the KV cache. So greedy output is plain greedy output
-by construction, and every event is one token. Under sampling a guess stands with the chain's
-probability of it and a rejected one is redrawn without it (RejectionSampler): distribution-exact,
-where accepting a sampled token that happened to equal the guess would skew toward the guesses.
-
-The policy (GatedPolicy) checks DRAFT_TOKENS guesses, gated as llama.cpp gates drafts: a draft
-model guesses while its top token is at least P_MIN likely, and EMPTY_CHECKS checks in a row that
-held nothing pause speculation (a rewrite's preamble guesses badly, its copied body well). Prompt
-lookup keeps guessing while paused and follows each would-be check for free (WouldBeCheck),
-resuming once one would have held RESUME_HELD; a draft model's pause lasts FIRST_PAUSE tokens,
-doubling. A fixed draft_tokens K checks K at every step. An adaptive k did no better in the
-replay over five weight types (benchmarks/README.md, 2026-12-01).
+"""Speculative decoding (docs/speculative.md): guess a few tokens cheaply (NgramDrafter: prompt
+lookup; DraftModelDrafter: a small model of the same vocabulary), check them with the pending
+token in one batched pass (on a CPU far cheaper than one pass each), keep the run the model
+agrees with, and remove the rejected cells from the KV cache. Each position is sampled through
+the request's own chain, so greedy output is plain greedy output by construction; under sampling
+a guess stands with the chain's probability of it and a rejected one is redrawn without it
+(RejectionSampler), which keeps the distribution exact. GatedPolicy decides when to guess and
+how many (llama.cpp's gating; an adaptive k did no better in the replay over five weight types,
+benchmarks/README.md, 2026-12-01).
 """
 
 from __future__ import annotations
