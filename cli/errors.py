@@ -154,6 +154,14 @@ class SilentLoadError(ModelLoadError):
     """llama.cpp refused the file and logged no error (its full log may say more)."""
 
 
+class QuantizeRefusedError(UsageError):
+    """quant refused to quantize (its QuantizeError, kept as reason, says why)."""
+
+    def __init__(self, reason: Exception):
+        self.reason = reason
+        super().__init__(str(reason))
+
+
 class SilentQuantizeError(SilentLoadError):
     """llama.cpp's quantizer failed and logged no reason (its full log may say more)."""
 

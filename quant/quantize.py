@@ -8,11 +8,12 @@ from __future__ import annotations
 import ctypes
 import re
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from quant.gguf import LLAMA_FILE_TYPES, read_header
+from quant.gguf import FILE_TYPES, LLAMA_FILE_TYPES, read_header
 from quant.partfiles import check_replaceable, partial_path, remove_stale_parts
 
 # The types llama.cpp's llama-quantize accepts, by name, with their llama_ftype numbers.
@@ -45,16 +46,28 @@ class UnknownTypeError(QuantizeError): ...
 class NeedsImatrixError(QuantizeError): ...
 
 
-class AlreadyQuantizedError(QuantizeError): ...
+class AlreadyQuantizedError(QuantizeError):
+    def __init__(self, source: Path, file_type: str):
+        self.source, self.file_type = source, file_type
+        super().__init__(
+            f"{source} is already quantized ({file_type}); quantizing it again compounds the "
+            "rounding errors"
+        )
 
 
-class OutputExistsError(QuantizeError): ...
+class OutputExistsError(QuantizeError):
+    def __init__(self, output: Path):
+        self.output = output
+        super().__init__(f"{output} exists")
 
 
 class QuantizeFailedError(QuantizeError): ...
 
 
-class OutputNotWritableError(QuantizeError): ...
+class OutputNotWritableError(QuantizeError):
+    def __init__(self, output: Path, reason: str):
+        self.output = output
+        super().__init__(f"cannot write {output}: {reason}")
 
 
 class UnsafeOutputError(QuantizeError): ...
@@ -112,7 +125,10 @@ def quantize(
     threads: int,
     allow_requantize: bool = False,
     force: bool = False,
+    on_start: Callable[[], None] | None = None,
 ) -> QuantizeResult:
+    """Quantize source into output; on_start is called once every check has passed, just before
+    llama.cpp's quantizer starts."""
     import llama_cpp
 
     chosen = weight_type(type_name)
@@ -120,23 +136,19 @@ def quantize(
     # Asking a quantized model for f16/bf16/f32 expands it; that is not a second rounding.
     dequantize = chosen in FLOAT_FILE_TYPES.values() and file_type not in FLOAT_FILE_TYPES
     if file_type not in FLOAT_FILE_TYPES and not (allow_requantize or dequantize):
-        raise AlreadyQuantizedError(
-            f"{source} is already quantized; quantizing it again compounds the rounding errors. "
-            "Start from an F16/BF16/F32 file (`quill quantize NAME --to f16` makes one), or pass "
-            "--allow-requantize to do it anyway"
-        )
+        raise AlreadyQuantizedError(source, FILE_TYPES.get(file_type, f"type {file_type}"))
     check_replaceable(output, source, UnsafeOutputError)
     if output.exists() and not force:
-        raise OutputExistsError(f"{output} exists; pass --force to replace it")
+        raise OutputExistsError(output)
     remove_stale_parts(output)  # left by a quantize that was killed before it could clean up
     partial = partial_path(output)
     try:
         output.parent.mkdir(parents=True, exist_ok=True)
         partial.touch()
     except OSError as error:
-        raise OutputNotWritableError(
-            f"cannot write {output}: {error.strerror}; choose another place with -o"
-        ) from None
+        raise OutputNotWritableError(output, error.strerror or str(error)) from None
+    if on_start is not None:
+        on_start()
     params = llama_cpp.llama_model_quantize_default_params()
     params.nthread = threads
     params.ftype = WEIGHT_TYPES[chosen]

@@ -4,14 +4,21 @@ Q4_1, offline) and the tiny model; sizes, loading, generation, registration, bad
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+from hubserver import Hub, serve_hub
 
 from cli.app import app
 from cli.engine.engine import Engine, LoadOptions
 from cli.engine.sampling import SamplingParams
 from quant.quantize import quantize, weight_type
+
+from conftest import quill_env
+
+QUILL = str(Path(sys.executable).parent / "quill")
 
 
 def quantize_cli(runner, *args):
@@ -64,13 +71,11 @@ def test_bad_inputs(runner, smollm2_path, smollm2_f16, tiny_path, tmp_path):
     one_line(
         runner.invoke(app, ["quantize", str(tiny_path), "--to", "iq2_xs"]), 2, "importance matrix"
     )
-    one_line(
-        runner.invoke(
-            app, ["quantize", "smollm2-135m", "--to", "q4_0", "-o", str(tmp_path / "a.gguf")]
-        ),
-        2,
-        "already quantized",
+    refused = runner.invoke(
+        app, ["quantize", "smollm2-135m:q4_1", "--to", "q4_0", "-o", str(tmp_path / "a.gguf")]
     )
+    one_line(refused, 2, "already quantized (Q4_1)")
+    assert "\nquantizing " not in "\n" + refused.stderr  # refused before it says it starts
     text = tmp_path / "notes.gguf"
     text.write_text("hello")
     one_line(runner.invoke(app, ["quantize", str(text), "--to", "q8_0"]), 5, "not a GGUF file")
@@ -96,3 +101,28 @@ def test_requantize_when_asked(runner, tiny_path, tmp_path):
     )
     assert result.exit_code == 0, result.stderr
     assert generates(json.loads(result.stdout)["output"]) >= 1
+
+
+def test_the_readme_example_on_a_fresh_install(smollm2_f16, tmp_path):
+    """`quill quantize smollm2-135m --to int8`, as the README shows it, with an empty store: the
+    default file is Q4_1, so quill fetches the registry's F16 file of the model (from a local Hub
+    through the real huggingface-hub client) and rounds its weights once."""
+    files = {
+        ("bartowski/SmolLM2-135M-Instruct-GGUF", "SmolLM2-135M-Instruct-f16.gguf"): Path(
+            smollm2_f16["output"]
+        )
+    }
+    home = tmp_path / "fresh"
+    with serve_hub(Hub(files=files)) as hub:
+        environment = quill_env(home, HF_ENDPOINT=hub.url, HF_HOME=str(home / "hf"))
+        environment.pop("HF_HUB_OFFLINE")
+        result = subprocess.run(
+            [QUILL, "quantize", "smollm2-135m", "--to", "int8", "--json"],
+            capture_output=True, text=True, env=environment, timeout=300,
+        )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "quantizing from smollm2-135m:f16" in result.stderr
+    made = json.loads(result.stdout)
+    assert made["name"] == "smollm2-135m:q8_0" and 0.50 <= made["ratio"] <= 0.56
+    assert not made["dequantized"] and Path(made["output"]).is_relative_to(home)
+    assert generates(made["output"]) >= 1

@@ -42,6 +42,7 @@ def quantize(
     from cli.commands.options import obtain_request
     from cli.engine.hardware import physical_cores
     from cli.engine.llamalog import llama_log
+    from cli.errors import ModelNotFoundError
     from cli.store.making import make_quantized, target_type
     from cli.store.models import parse_model_name
     from cli.store.registry import load_registry
@@ -52,10 +53,32 @@ def quantize(
     target = target_type(to)
     registry = load_registry()
     request = parse_model_name(name, registry)
-    source = obtain_request(request, offline)
+    entry = registry.models.get(name)  # an alias with no tag: its default tag
+    floats = ("f16", "bf16", "f32")
+    float_tag = next((tag for tag in floats if entry and tag in entry.tags), None)
+    if (
+        float_tag
+        and not allow_requantize
+        and target not in floats
+        and entry.default_tag not in floats
+    ):
+        # The default file is quantized: start from the registry's float file of the same
+        # model, so that the weights are rounded once, as a user asking for NAME at int8 means.
+        render.info_line(
+            f"{name}'s default file is {entry.default_tag}; quantizing from {name}:{float_tag}"
+        )
+        request = parse_model_name(f"{name}:{float_tag}", registry)
+        try:
+            source = obtain_request(request, offline)
+        except ModelNotFoundError as error:
+            raise ModelNotFoundError(
+                f"{error}; or pass --allow-requantize to quantize the {entry.default_tag} file "
+                "(its weights are then rounded twice)"
+            ) from None
+    else:
+        source = obtain_request(request, offline)
     threads = threads or physical_cores()
     llama_log().verbose = verbose
-    render.info_line(f"quantizing {source.name} to {target} with {threads} threads")
     with StepProgress("tensors") as progress:
         made = make_quantized(
             name,
@@ -68,6 +91,9 @@ def quantize(
             allow_requantize=allow_requantize,
             force=force,
             on_tensor=None if verbose else progress.update,
+            on_start=lambda: render.info_line(
+                f"quantizing {source.name} to {target} with {threads} threads"
+            ),
         )
     result, made_name = made.result, made.name
     if result.dequantized:

@@ -10,6 +10,7 @@ from cli.errors import (
     ContextOverflowError,
     KvCacheTypeError,
     NotOnDiskError,
+    QuantizeRefusedError,
     SilentLoadError,
     SilentQuantizeError,
     SpecOptionError,
@@ -65,6 +66,15 @@ def user_message(error: Exception) -> str:
     if isinstance(error, SpecOptionError):
         flag = "--spec" if error.setting == "mode" else "--draft-tokens"
         return f"{flag} takes {error.takes}, not {error.value!r}"
+    if isinstance(error, QuantizeRefusedError):
+        from quant.quantize import AlreadyQuantizedError, OutputExistsError, OutputNotWritableError
+
+        return str(error) + {
+            AlreadyQuantizedError: ": start from an F16/BF16/F32 file (`quill quantize NAME --to "
+            "f16` makes one from this one), or pass --allow-requantize to do it anyway",
+            OutputExistsError: "; pass --force to replace it",
+            OutputNotWritableError: "; choose another place with -o",
+        }.get(type(error.reason), "")
     from cli.engine.chatsession import NotATranscriptError
 
     if isinstance(error, NotATranscriptError) and error.continuing:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cli.engine.llamalog import llama_log
-from cli.errors import ModelLoadError, SilentQuantizeError, UsageError
+from cli.errors import ModelLoadError, QuantizeRefusedError, SilentQuantizeError, UsageError
 from cli.store.home import quill_home
 from cli.store.models import Download, ModelRequest, file_quant, read_model, record
 from cli.store.registry import Registry
@@ -51,6 +51,7 @@ def make_quantized(
     allow_requantize: bool = False,
     force: bool = False,
     on_tensor: TensorProgress | None = None,
+    on_start: Callable[[], None] | None = None,
 ) -> Made:
     """Quantize source to target; the output goes beside the source, or under QUILL_HOME/models
     for a model of the store, and is recorded there under alias:target."""
@@ -72,7 +73,7 @@ def make_quantized(
     log.listener = follow
     try:
         result = quantize(
-            source, output, target, threads, allow_requantize=allow_requantize, force=force
+            source, output, target, threads, allow_requantize, force, on_start=on_start
         )
     except QuantizeFailedError as error:
         reasons = "; ".join(log.drain()[-2:])
@@ -80,7 +81,7 @@ def make_quantized(
             raise SilentQuantizeError(str(error)) from None
         raise ModelLoadError(f"{error}: {reasons}") from None
     except QuantizeError as error:
-        raise UsageError(str(error)) from None
+        raise QuantizeRefusedError(error) from None
     finally:
         log.listener = None
     made_name = f"{alias}:{target}"
