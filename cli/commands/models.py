@@ -21,7 +21,7 @@ def pull(
         bool, typer.Option("--offline", help="Only check the local cache; no network.")
     ] = False,
     verbose: Annotated[
-        bool, typer.Option("--verbose", "-v", help="Show the Hub client's log.")
+        bool, typer.Option("--verbose", "-v", help="Show the Hub client's log and pip's output.")
     ] = False,
 ) -> None:
     """Download a model into the local cache: resumable, checked against its sha256."""

@@ -310,7 +310,6 @@ def obtain_request(request: ModelRequest, offline: bool, verbose: bool = False) 
         offline=offline,
         report=render.info_line,
         progress=download_progress(),
-        terminal=sys.stderr.isatty(),
         verbose=verbose,
     )
 

@@ -173,7 +173,6 @@ def obtain(
     home: Path | None = None,
     report: Report = lambda _line: None,
     progress: type | None = None,
-    terminal: bool = False,
     verbose: bool = False,
 ) -> Path:
     """A local path to the requested GGUF file, downloaded if needed (the arguments: Fetch's)."""
@@ -187,7 +186,7 @@ def obtain(
         if found is not None:
             report(f"{request.label}: another quill fetched it meanwhile, at {found}")
             return found
-        how = Fetch(offline, report, progress, terminal, verbose)
+        how = Fetch(offline, report, progress, verbose)
         failures: list[SourceFailed] = []
         for source in request.sources:
             try:

@@ -17,12 +17,11 @@ Report = Callable[[str], None]
 @dataclass(frozen=True)
 class Fetch:
     """How to fetch: offline means no network at all; progress is a tqdm class for a byte
-    counter (None: no bar); terminal says stderr is one, where pip may draw its own bar."""
+    counter (None: no bar); verbose shows what pip says."""
 
     offline: bool = False
     report: Report = lambda _line: None
     progress: type | None = None
-    terminal: bool = False
     verbose: bool = False
 
 

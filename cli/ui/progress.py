@@ -32,8 +32,8 @@ class PlainDownloadLines(tqdm):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._next_tenth = 1
         self._last_line = time.monotonic()
-        kwargs["file"] = sys.stderr
-        super().__init__(*args, **kwargs)
+        kwargs["file"] = _Discard()  # display() writes the lines; tqdm's own writes (a newline
+        super().__init__(*args, **kwargs)  # at close) would leave blank lines in a log
 
     def display(self, msg: str | None = None, pos: int | None = None) -> bool:
         total = self.total or 0
@@ -50,6 +50,12 @@ class PlainDownloadLines(tqdm):
         self._next_tenth = 11 if done else tenth + 1
         self._last_line = time.monotonic()
         return True
+
+
+class _Discard:
+    def write(self, _text: str) -> None: ...
+
+    def flush(self) -> None: ...
 
 
 def download_progress() -> type[tqdm]:
