@@ -60,8 +60,10 @@ def perplexity(
 ) -> None:
     """Perplexity of a model over a text file, with its ± error: lower is better, and the change
     against the F16 model is what a quantization costs."""
-    from cli.engine.engine import Engine
+    from cli.engine.engine import NO_SETTINGS
+    from cli.engine.opening import open_engine
     from cli.measure.perplexity import perplexity as score
+    from cli.measure.perplexity import windows_in
     from cli.store.models import read_model
     from cli.ui import render
     from cli.ui.progress import StepProgress
@@ -75,14 +77,9 @@ def perplexity(
     label, path = shared.obtain_model(shared.model_name(name, model), offline)
     _check_window(ctx, read_model(path).context_length or ctx)
     try:
-        with Engine(path, options, verbose=verbose) as engine:
+        with open_engine(path, options, NO_SETTINGS, verbose) as engine:
             tokens = engine.tokenize(text)
-            if len(tokens) < 2 * ctx:
-                raise UsageError(
-                    f"{file} has {len(tokens)} tokens; scoring windows of {ctx} needs at least "
-                    f"{2 * ctx}: give a longer text or a smaller --ctx"
-                )
-            available = len(tokens) // ctx
+            available = windows_in(len(tokens), ctx)
             scored = f", scoring the first {chunks}" if chunks and chunks < available else ""
             render.info_line(
                 f"{file.name}: {len(tokens)} tokens, {available} windows of {ctx}{scored}"

@@ -27,12 +27,13 @@ def tokenize(
 ) -> None:
     """Show the tokens a text becomes: tokens, not characters, are what context, max_tokens and
     speed are counted in."""
-    from cli.engine.engine import Engine, LoadOptions
+    from cli.engine.engine import NO_SETTINGS, LoadOptions
+    from cli.engine.opening import open_engine
     from cli.ui import render
 
     content = read_prompt(text)
     label, path = obtain_model(model, offline)
-    with Engine(path, LoadOptions(n_ctx=256)) as engine:
+    with open_engine(path, LoadOptions(n_ctx=256), NO_SETTINGS) as engine:
         ids = engine.tokenize(content)
         pieces = [engine.piece(token, special=True) for token in ids]
     characters, size = len(content), len(content.encode("utf-8"))

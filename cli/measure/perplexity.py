@@ -52,13 +52,19 @@ def estimate(nll_sum: float, nll_squares: float, count: int) -> tuple[float, flo
     return perplexity, perplexity * math.sqrt(variance / (count - 1))
 
 
+def windows_in(tokens: int, window: int) -> int:
+    """The windows of window tokens a text of tokens holds: at least two (llama-perplexity's
+    rule too), or TextTooShortError."""
+    if tokens < 2 * window:
+        raise TextTooShortError(tokens, window)
+    return tokens // window
+
+
 def perplexity(
     engine: Engine, tokens: Sequence[int], window: int, max_windows: int | None = None
 ) -> Iterator[PerplexityProgress]:
     """Yields the running estimate after each window; the last one is the result."""
-    available = len(tokens) // window
-    if available < 2:  # llama-perplexity's rule too
-        raise TextTooShortError(len(tokens), window)
+    available = windows_in(len(tokens), window)
     windows = min(available, max_windows) if max_windows else available
     first_scored = window // 2
     nll_sum = nll_squares = 0.0
