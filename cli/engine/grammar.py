@@ -27,8 +27,9 @@ from cli.engine.gbnf import GrammarError, safe_grammar
 from cli.engine.llamalog import llama_log
 from cli.errors import InvalidOutputError
 
-_TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])
-assert _TOKEN_DATA.itemsize == ctypes.sizeof(llama.llama_token_data)
+# llama_token_data as numpy lays it out: candidate arrays filled without a Python loop.
+TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])
+assert TOKEN_DATA.itemsize == ctypes.sizeof(llama.llama_token_data)
 
 
 class GrammarDeadEnd(InvalidOutputError):
@@ -100,7 +101,7 @@ def tried_grammar(vocab: object, text: str) -> None:
 def _trial_walk(vocab: object, sampler: object) -> None:
     """A few tokens through the grammar, as sampling would take them (in the trial child)."""
     n_vocab = llama.llama_vocab_n_tokens(vocab)
-    sample = np.zeros(min(TRIAL_SAMPLE, n_vocab), dtype=_TOKEN_DATA)
+    sample = np.zeros(min(TRIAL_SAMPLE, n_vocab), dtype=TOKEN_DATA)
     array = llama.llama_token_data_array(data=sample.ctypes.data_as(llama.llama_token_data_p))
     buffer = ctypes.create_string_buffer(256)
     for step in range(TRIAL_STEPS):
@@ -218,7 +219,7 @@ class GrammarGate:
         self._ids = np.arange(n_vocab, dtype=np.int32)
         # Candidates filled from the logits in numpy and handed to the samplers in place: no
         # Python loop over the vocabulary.
-        self._candidates = np.zeros(n_vocab, dtype=_TOKEN_DATA)
+        self._candidates = np.zeros(n_vocab, dtype=TOKEN_DATA)
         self._array = llama.llama_token_data_array(
             data=self._candidates.ctypes.data_as(llama.llama_token_data_p)
         )

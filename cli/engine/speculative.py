@@ -21,6 +21,7 @@ import llama_cpp as llama
 import numpy as np
 
 from cli.engine.events import StreamEvent
+from cli.engine.grammar import TOKEN_DATA
 from cli.engine.sampling import SamplingParams
 from cli.errors import SpecOptionError, UsageError
 
@@ -204,9 +205,6 @@ def vocabulary_difference(target: Engine, draft: Engine) -> str | None:
         if llama.llama_vocab_get_text(a, token) != llama.llama_vocab_get_text(b, token):
             return f"token {token} differs"
     return None
-
-
-TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])
 
 
 class RejectionSampler:
