@@ -248,6 +248,9 @@ class Engine:
         bos = self.bos_token
         # A chat template may already start with the BOS text; never add a second one.
         add_bos = self.add_bos and not (bos >= 0 and data.startswith(self.piece(bos, True)))
+        return self._tokenize(data, add_bos)
+
+    def _tokenize(self, data: bytes, add_bos: bool) -> list[int]:
         capacity = len(data) + 8
         tokens = (llama.llama_token * capacity)()
         n = llama.llama_tokenize(self._vocab, data, len(data), tokens, capacity, add_bos, True)
@@ -256,6 +259,31 @@ class Engine:
             tokens = (llama.llama_token * capacity)()
             n = llama.llama_tokenize(self._vocab, data, len(data), tokens, capacity, add_bos, True)
         return list(tokens[:n])
+
+    def respell(self, tokens: Sequence[int], like: Sequence[int]) -> list[int]:
+        """tokens (of a text) led by as many of like as spell the same bytes, the rest tokenized
+        again: a reply kept as the tokens it was sampled as (" ra" "is" "se", which its text
+        tokenizes back to as " ra" "isse") keeps its KV cells, as llama-cli keeps them."""
+        same = common_prefix(like, tokens)
+        if same in (len(like), len(tokens)):
+            return list(tokens)
+        text = b"".join(map(self._spelling, tokens[same:]))
+        kept, offset = same, 0
+        for token in like[same:]:
+            piece = self._spelling(token)
+            if not piece or not text.startswith(piece, offset):
+                break
+            kept, offset = kept + 1, offset + len(piece)
+        while kept > same and offset < len(text) and 0x80 <= text[offset] < 0xC0:
+            kept -= 1  # the rest must start on a character
+            offset -= len(self._spelling(like[kept]))
+        rest = self._tokenize(text[offset:], add_bos=False)
+        if kept == same or b"".join(map(self._spelling, rest)) != text[offset:]:
+            return list(tokens)  # a tokenizer that adds a space at the start (SentencePiece)
+        return [*like[:kept], *rest]
+
+    def _spelling(self, token: int) -> bytes:
+        return self.piece(token) or self.piece(token, special=True)
 
     def piece(self, token: int, special: bool = False) -> bytes:
         """The bytes of one token, whatever their length (llama-cpp-python's helper cuts at 32)."""
@@ -336,7 +364,9 @@ class Engine:
         tokens = self.tokenize(text)
         if len(tokens) + max_tokens > self.n_ctx:
             raise ContextOverflowError(len(tokens), max_tokens, self.n_ctx, self.trained_ctx)
-        return self.stream_generate(tokens, max_tokens, sampling, stop)
+        # A run's saved prompt is exact: its tokens stay as the text tokenizes.
+        respell = not (self.prompt_cache and self.prompt_cache.exact)
+        return self.stream_generate(tokens, max_tokens, sampling, stop, respell)
 
     def stream_generate(
         self,
@@ -344,6 +374,7 @@ class Engine:
         max_tokens: int,
         sampling: SamplingParams = DEFAULT_SAMPLING,
         stop: Sequence[str] = (),
+        respell: bool = False,  # the tokens are a text's: the cells' spelling of it may lead
     ) -> Iterator[StreamEvent]:
         """One sequence (0) from prompt to finish: prefill, then one SequenceStep per token."""
         if not prompt_tokens:
@@ -351,9 +382,11 @@ class Engine:
         llama.llama_perf_context_reset(self._ctx)
         started = time.perf_counter()
         self._load_prompt_cache(prompt_tokens)
+        if respell:
+            prompt_tokens = self.respell(prompt_tokens, self._cached[0])
         exact = self.restored_tokens and self.prompt_cache and self.prompt_cache.exact
         cached, output = self.prefill(prompt_tokens, EXACT_BATCH if exact else 1)
-        self.restored_tokens = min(self.restored_tokens, cached)
+        self.restored_tokens = cached if self.restored_tokens else 0  # all from the file
         self.prefilled_tokens = len(prompt_tokens) - cached
         step = SequenceStep(
             self, prompt_tokens, max_tokens, sampling, stop, cached, started, logprobs=self.logprobs
