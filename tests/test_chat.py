@@ -280,9 +280,9 @@ def test_model_in_a_chat_with_an_endpoint_asks_the_server(runner, tiny_path, qui
     """/model NAME in a chat with --endpoint names the server's model, as ollama's /load asks its
     server: no local model opens (no-such-model would be a download refused offline), the server
     answers for the name, and its own name brings replies back."""
-    from cli.app import app
-
     from test_serve import start_server
+
+    from cli.app import app
 
     process, url = start_server(quill_home, tmp_path, str(tiny_path), "--ctx", "256", "-np", "1")
     transcript = tmp_path / "remote.json"
@@ -303,3 +303,21 @@ def test_model_in_a_chat_with_an_endpoint_asks_the_server(runner, tiny_path, qui
     assert saved(transcript)["model"] == "quill"
     roles = [m["role"] for m in saved(transcript)["messages"]]
     assert roles[-2:] == ["user", "assistant"]
+
+
+def test_up_arrow_recalls_a_block_whole_and_sends_it_again(tiny_path, quill_home, transcript):
+    child = spawn(quill_home, transcript, "-m", str(tiny_path), "-n", "3")
+    child.sendline('"""')
+    child.sendline("First line,")
+    child.sendline('second line."""')
+    child.expect(STATS)
+    child.expect_exact(PROMPT)
+    child.send("\x1b[A")  # up arrow: the whole block, not its last line
+    child.expect_exact('"""First line,')
+    child.send("\r")
+    child.expect(STATS)
+    child.expect_exact(PROMPT)
+    child.sendline("/bye")
+    child.expect(pexpect.EOF)
+    sent = [m["content"] for m in saved(transcript)["messages"][::2]]
+    assert sent == ["First line,\nsecond line."] * 2

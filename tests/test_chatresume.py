@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
+import pexpect
 import pytest
+from test_chat import PROMPT, say
 
 from cli.store.promptcache import files
 
@@ -114,3 +117,145 @@ def test_resume_refuses_what_it_cannot_find(tmp_path, tiny_path):
         )  # fmt: skip
         assert result.returncode == 2 and needle in result.stderr
         assert result.stderr.count("\n") == 1
+
+
+# --- in a pseudo-terminal, as a user types it (issue 30, item 10) ---------------------------------
+
+CONTEXT = re.compile(r"context (\d+)/")
+
+
+def typed(home: Path, *args: str) -> pexpect.spawn:
+    """quill chat in a pseudo-terminal, at its first prompt."""
+    child = pexpect.spawn(
+        QUILL, ["chat", *args], env=quill_env(home, TERM="dumb"), encoding="utf-8", timeout=120,
+        dimensions=(40, 250),
+    )  # fmt: skip
+    child.expect_exact(PROMPT)
+    return child
+
+
+def leave(child: pexpect.spawn) -> None:
+    child.sendline("/bye")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
+
+
+def test_resume_last_takes_the_chat_used_last_wherever_its_transcript_is(tmp_path, tiny_path):
+    home, elsewhere = tmp_path / "home", tmp_path / "project" / "notes.json"
+    first = typed(home, "-m", str(tiny_path), "-n", "4")
+    say(first, "Hello.")
+    leave(first)
+    (kept,) = (home / "chats").glob("*.json")
+    second = typed(home, "-m", str(tiny_path), "-n", "4", "--transcript", str(elsewhere))
+    say(second, "Hello from elsewhere.")
+    leave(second)
+    resumed = typed(home, "--resume", "last")  # no -m: the chat's own model, as `llm -c`
+    assert f"continuing the 2 messages in {elsewhere}" in resumed.before
+    say(resumed, "And again.")
+    leave(resumed)
+    assert len(replies(elsewhere)) == 2
+    by_id = typed(home, "--resume", kept.stem[:8])  # the one in chats/, by the start of its name
+    assert f"continuing the 2 messages in {kept}" in by_id.before
+    leave(by_id)
+    again = typed(home, "--resume", "last")  # now the one in chats/ was used last
+    assert f"continuing the 2 messages in {kept}" in again.before
+    leave(again)
+    by_name = typed(home, "--resume", "notes")  # an ID finds one outside chats/ too
+    assert f"continuing the 4 messages in {elsewhere}" in by_name.before
+    leave(by_name)
+
+
+def test_a_chat_open_elsewhere_goes_on_in_a_copy_and_says_so(tmp_path, tiny_path):
+    home, transcript = tmp_path / "home", tmp_path / "chat.json"
+    first = typed(home, "-m", str(tiny_path), "-n", "4", "--transcript", str(transcript))
+    say(first, "Hello.")
+    second = typed(home, "--resume", "last")  # the first chat is still open in its terminal
+    copy = tmp_path / "chat-2.json"
+    (warning,) = [line for line in second.before.splitlines() if "warning" in line]
+    assert f"{transcript} is open in another quill chat (pid {first.pid})" in warning
+    assert f"goes on in a copy, {copy}" in warning and "leave the other chat first" in warning
+    assert f"continuing the 2 messages in {copy}" in second.before
+    say(first, "One more from the first.")
+    say(second, "One more from the second.")
+    leave(second)
+    leave(first)
+    # Neither lost a turn: each file holds its own chat's messages.
+    assert [m["content"] for m in saved(transcript)[::2]] == ["Hello.", "One more from the first."]
+    assert [m["content"] for m in saved(copy)[::2]] == ["Hello.", "One more from the second."]
+    # A chat that was killed holds nothing: the next one continues the file, without a warning.
+    killed = typed(home, "--resume", "chat")
+    killed.kill(signal.SIGKILL)
+    killed.close()
+    after = typed(home, "--resume", "chat")
+    assert "warning" not in after.before
+    assert f"continuing the 4 messages in {transcript}" in after.before
+    leave(after)
+
+
+def test_resume_restores_the_settings_and_the_system_prompt(tmp_path, tiny_path):
+    home, transcript = tmp_path / "home", tmp_path / "chat.json"
+    child = typed(home, "-m", str(tiny_path), "--transcript", str(transcript))
+    for command, said in (("/set max_tokens 6", "max_tokens = 6"),
+                          ("/set temperature 0.25", "temperature = 0.25"),
+                          ("/set stop \\n\\n,END", "stop = "),
+                          ("/system You are terse.", "system prompt set")):  # fmt: skip
+        child.sendline(command)
+        child.expect_exact(said)
+        child.expect_exact(PROMPT)
+    say(child, "Hello.")
+    leave(child)
+    resumed = typed(home, "--resume", "last")
+    resumed.sendline("/show")
+    resumed.expect_exact("system     You are terse.")
+    resumed.expect_exact("temperature 0.25")
+    resumed.expect_exact("max_tokens 6, stop ['\\n\\n', 'END']")
+    resumed.expect_exact(PROMPT)
+    resumed.sendline("Tell me a very long story.")
+    resumed.expect(r"decode (\d+) tok")
+    assert int(resumed.match.group(1)) <= 6
+    resumed.expect_exact(PROMPT)
+    leave(resumed)
+    # What is typed on the command line wins over what the transcript kept.
+    overridden = typed(home, "--resume", "last", "-n", "9", "--temperature", "0")
+    overridden.sendline("/show")
+    overridden.expect_exact("temperature 0.0")
+    overridden.expect_exact("max_tokens 9")
+    overridden.expect_exact(PROMPT)
+    leave(overridden)
+    # A transcript written before settings were kept still loads, with the defaults.
+    data = json.loads(transcript.read_text())
+    del data["settings"]
+    transcript.write_text(json.dumps(data))
+    old = typed(home, "--resume", "last")
+    assert "continuing the" in old.before
+    old.sendline("/show")
+    old.expect_exact("max_tokens 512")
+    old.expect_exact(PROMPT)
+    leave(old)
+
+
+def test_the_turn_after_a_reply_cut_at_the_length_limit_reuses_the_whole_conversation(
+    tmp_path, smollm2_path
+):
+    """Sampled replies hold tokens their text does not tokenize back to (" ra" "is" "se" where
+    " raisse" is one token): the next turn keeps them as sampled, so every cell is reused."""
+    child = typed(tmp_path / "home", "-m", str(smollm2_path), "--temperature", "1", "--seed", "5",
+                  "-n", "40", "--transcript", str(tmp_path / "chat.json"))  # fmt: skip
+    held = 0
+    for message in ("Écris une longue histoire sur Paris, en français.", "Continue, en français.",
+                    "Encore, en français.", "Et la fin, en français."):  # fmt: skip
+        child.sendline(message)
+        child.expect(STATS)
+        new, cached = int(child.match.group(1)), int(child.match.group(2))
+        child.expect(CONTEXT)
+        assert cached == held, f"{message!r}: {cached} of the {held} cells held were reused"
+        assert held == 0 or new < 30  # the new message and the turn's template tokens
+        held = int(child.match.group(1))
+        child.expect_exact(PROMPT)
+    leave(child)
+    assert all(m["finish_reason"] == "length" for m in saved(tmp_path / "chat.json")[1::2])
+
+
+def saved(transcript: Path) -> list[dict]:
+    return json.loads(transcript.read_text())["messages"]

@@ -31,10 +31,12 @@ from cli.commands.wording import user_message
 from cli.engine.backend import Backend
 from cli.engine.chatsession import (
     OVERFLOW_POLICIES,
+    RESTORED,
     ChatSession,
     ChatSettings,
     TurnStart,
     check_text,
+    saved_model,
     with_setting,
 )
 from cli.engine.events import StreamEvent
@@ -82,6 +84,7 @@ class Quit(Exception):
 
 
 def chat(
+    invocation: typer.Context,
     name: shared.ModelArgument = None,
     model: shared.ModelOption = None,
     system: shared.System = None,
@@ -118,8 +121,8 @@ def chat(
         str | None,
         typer.Option(
             "--resume",
-            help="Continue a saved chat with its KV cache: last, or an ID from "
-            "$QUILL_HOME/chats (the file name, or its start).",
+            help="Continue a saved chat with its model, settings and KV cache: last (the "
+            "chat used last, --transcript ones too), or an ID (its file name, or its start).",
         ),
     ] = None,
     chat_template: ChatTemplateFile = None,
@@ -150,6 +153,8 @@ def chat(
         if transcript is not None:
             raise UsageError("--resume names the transcript itself: drop --transcript")
         transcript = find_transcript(resume)
+        if chosen is None and not endpoint:  # as `llm -c` does: the chat's own model
+            chosen = saved_model(transcript)
     options = shared.load_options(ctx, threads, gpu_layers, kv_type, kv_k, kv_v)
     template = read_template_option(chat_template)
     settings = ModelSettings(chat_template=template, think=think, spec=speculation)
@@ -168,8 +173,6 @@ def chat(
             name, endpoint, api_key, options, settings, offline, verbose
         )
 
-    # A model /model switches to starts without the chat's saved KV cache, which is the first's.
-    label, backend = opener(replace(settings, prompt_cache=chat_cache(transcript)))(chosen)
     chat_settings = ChatSettings(
         sampling=constrained_sampling(
             shared.sampling_params(temperature, top_k, top_p, min_p, repeat_penalty, seed),
@@ -179,17 +182,44 @@ def chat(
         stop=tuple(stop or ()),
         on_overflow=on_overflow,
     )
-    report = ChatCacheReport(backend, resumed=resume is not None)
-    session = ChatSession(backend, label, transcript, system, chat_settings)
-    if session.continued:
-        render.info_line(f"continuing the {session.continued} messages in {transcript}")
-    repl = Repl(session, opener(settings), not no_stats, constraint, report.after_turn)
-    try:
-        repl.run()
-    finally:
-        report.finish(session.backend)
+    # A continued transcript's settings stand, but for those typed on this command line.
+    source = invocation.get_parameter_source
+    given = [key for key in RESTORED if getattr(source(key), "name", "DEFAULT") != "DEFAULT"]
+    with contextlib.ExitStack() as held:
+        transcript = _hold(transcript, held)
+        # A model /model switches to starts without the chat's saved KV cache, the first's.
+        label, backend = opener(replace(settings, prompt_cache=chat_cache(transcript)))(chosen)
+        report = ChatCacheReport(backend, resumed=resume is not None)
+        session = ChatSession(backend, label, transcript, system, chat_settings, given)
+        if session.continued:
+            render.info_line(f"continuing the {session.continued} messages in {transcript}")
+        repl = Repl(session, opener(settings), not no_stats, constraint, report.after_turn)
+        try:
+            repl.run()
+        finally:
+            report.finish(session.backend)
     if repl.exit_code != EXIT_OK:  # each refusal had its error line when it happened
         raise typer.Exit(repl.exit_code)
+
+
+def _hold(transcript: Path, held: contextlib.ExitStack) -> Path:
+    """The transcript this chat writes, locked until it ends: a copy where another chat has it
+    open (each rewrites the whole file: one would lose the other's turns)."""
+    from cli.store.chats import chat_lock, copy_transcript, note_used
+
+    holder = held.enter_context(chat_lock(transcript))
+    if holder is not None:
+        copy = copy_transcript(transcript)
+        render.warning_line(
+            f"{transcript} is open in another quill chat"
+            + (f" (pid {holder})" if holder else "")
+            + f"; this one goes on in a copy, {copy}, so that neither loses turns (to continue "
+            "the same file, leave the other chat first)"
+        )
+        transcript = copy
+        held.enter_context(chat_lock(transcript))
+    note_used(transcript)
+    return transcript
 
 
 class Repl:
@@ -252,6 +282,7 @@ class Repl:
 
     def _messages(self) -> Iterator[str]:
         while True:
+            mark = _history_length() if self.interactive else 0
             try:
                 line = self._read(">>> ")
             except EOFError:
@@ -263,11 +294,16 @@ class Repl:
                 if self.interactive and _line_buffer():  # Ctrl-C drops a half-typed line
                     continue
                 return
-            if line.strip() == BLOCK or (line.startswith(BLOCK) and not line.endswith(BLOCK)):
-                block = self._block(line.strip()[len(BLOCK) :])
+            text = line.strip()
+            if text == BLOCK or (line.startswith(BLOCK) and not line.endswith(BLOCK)):
+                block = self._block(text[len(BLOCK) :])
+                if block is not None and self.interactive:
+                    _remember_block(mark, BLOCK + block + BLOCK)
                 if block is not None and block.strip() and self._valid(block):
                     yield block
                 continue
+            if len(text) > 2 * len(BLOCK) and text.startswith(BLOCK) and text.endswith(BLOCK):
+                line = text[len(BLOCK) : -len(BLOCK)].strip("\n")  # a block, as up-arrow recalls
             if line.strip() and self._valid(line):
                 yield line.strip() if line.strip().startswith("/") else line
 
@@ -471,6 +507,26 @@ def _history(save: bool = False) -> None:
         else:
             readline.set_history_length(1000)
             readline.read_history_file(path)
+
+
+def _history_length() -> int:
+    try:
+        import readline
+
+        return readline.get_current_history_length()
+    except ImportError:  # pragma: no cover
+        return 0
+
+
+def _remember_block(mark: int, block: str) -> None:
+    """Make the lines of a block, readline's entries since mark, one entry that the up arrow
+    recalls whole (and that is sent as the block again)."""
+    with contextlib.suppress(ImportError):
+        import readline
+
+        while readline.get_current_history_length() > mark:
+            readline.remove_history_item(readline.get_current_history_length() - 1)
+        readline.add_history(block)
 
 
 def _line_buffer() -> str:

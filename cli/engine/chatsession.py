@@ -7,9 +7,10 @@ when a message is added and every few tokens of a reply: a killed process loses 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -57,6 +58,7 @@ class ChatSession:
         transcript: Path | None,
         system: str | None = None,
         settings: ChatSettings | None = None,
+        given: Collection[str] = (),  # settings chosen for this run: a transcript's do not replace
     ) -> None:
         self.backend = backend
         self.model_name = model_name
@@ -69,7 +71,7 @@ class ChatSession:
         # An existing transcript is continued; a file that is not one is refused, not overwritten.
         self.continued = 0  # messages taken over from the transcript
         if transcript is not None and (transcript.exists() or transcript.is_symlink()):
-            self._continue(transcript, keep_system=system is not None)
+            self._continue(transcript, keep_system=system is not None, given=given)
         self.save()
 
     def conversation(self) -> list[tuple[str, str]]:
@@ -207,14 +209,16 @@ class ChatSession:
         self.system = data.system
         self.save()
 
-    def _continue(self, path: Path, keep_system: bool) -> None:
-        """Take over the conversation in an existing transcript file."""
+    def _continue(self, path: Path, keep_system: bool, given: Collection[str]) -> None:
+        """Take over the conversation and the settings in an existing transcript file."""
         try:
             check_replaceable(path)
         except UnsafeTargetError as error:
             raise TranscriptError(str(error)) from None
         data = read_transcript(path, continuing=True)
         self.messages, self.earlier = data.messages, data.earlier
+        saved = {key: value for key, value in data.settings.items() if key not in given}
+        self.settings = with_settings(self.settings, saved)
         if not keep_system:
             self.system = data.system
         self.continued = len(data.messages)
@@ -225,6 +229,7 @@ class SavedConversation:
     system: str | None
     messages: list[Message]
     earlier: list[Message]
+    settings: dict[str, Any]  # what /set changes; none in a transcript older than that
 
 
 class NotATranscriptError(TranscriptError):
@@ -244,6 +249,9 @@ def read_transcript(path: Path, continuing: bool) -> SavedConversation:
         system = data.get("system")
         if system is not None and not isinstance(system, str):
             raise TypeError("'system' is not text")
+        saved = data.get("settings", {})
+        settings = {key: saved[key] for key in RESTORED if saved.get(key) is not None}
+        with_settings(ChatSettings(), settings)  # or ValueError/TypeError: not a transcript
         for message in [*messages, *earlier]:
             if not isinstance(message.content, str) or message.role not in ("user", "assistant"):
                 raise TypeError("a message without a role and text")
@@ -259,7 +267,15 @@ def read_transcript(path: Path, continuing: bool) -> SavedConversation:
         raise NotATranscriptError(
             f"{path} is not a quill chat transcript ({why})", continuing
         ) from None
-    return SavedConversation(system, messages, earlier)
+    return SavedConversation(system, messages, earlier, settings)
+
+
+def saved_model(path: Path) -> str | None:
+    """The model a transcript was written with, if it names one."""
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        model = json.loads(path.read_text(encoding="utf-8")).get("model")
+        return model if isinstance(model, str) and model else None
+    return None
 
 
 def check_text(text: str) -> None:
@@ -320,5 +336,19 @@ def with_setting(settings: ChatSettings, key: str, value: str) -> ChatSettings:
         # Backslash escapes so that a newline can be typed: /set stop \n\n
         stops = tuple(s.encode().decode("unicode_escape") for s in value.split(",") if s)
         return replace(settings, stop=stops)
-    known = ", ".join([*SETTING_RANGES, "max_tokens", "stop"])
-    raise ValueError(f"unknown setting {key!r}; /set takes {known}")
+    raise ValueError(f"unknown setting {key!r}; /set takes {', '.join(RESTORED)}")
+
+
+RESTORED = (*SETTING_RANGES, "max_tokens", "stop")  # what /set changes and a transcript keeps
+
+
+def with_settings(settings: ChatSettings, saved: dict[str, Any]) -> ChatSettings:
+    """settings with a transcript's saved ones applied, checked as /set checks them."""
+    for key, value in saved.items():
+        if key != "stop":
+            settings = with_setting(settings, key, str(value))
+        elif isinstance(value, list) and all(isinstance(stop, str) for stop in value):
+            settings = replace(settings, stop=tuple(value))
+        else:
+            raise TypeError("'stop' is not a list of texts")
+    return settings
