@@ -74,9 +74,9 @@ class ModelNotFoundError(QuillError):
 class NotOnDiskError(ModelNotFoundError):
     """The model is not on disk, and the caller asked not to download it."""
 
-    def __init__(self, name: str, label: str):
+    def __init__(self, name: str, label: str, why: str = ""):
         self.name, self.label = name, label
-        super().__init__(f"{label} is not on disk")
+        super().__init__(f"{label} is not on disk{why}")
 
 
 class DiskSpaceError(ModelNotFoundError):

@@ -1,13 +1,15 @@
 """The one GGUF header reader: key-value fields and tensor infos (name, shape, type), no
-weights. The tokenizer's arrays (49,152 strings for SmolLM2) are most of a header and are skipped
-unless asked for by name, so what `quill list` and `quill inspect` show takes milliseconds, with
-neither numpy nor the gguf package imported.
+weights, from a file or from the first bytes of one (a download's start, an HTTP range). The
+tokenizer's arrays (49,152 strings for SmolLM2) are most of a header and are skipped unless asked
+for by name, so what `quill list` and `quill inspect` show takes milliseconds, with neither numpy
+nor the gguf package imported.
 """
 
 from __future__ import annotations
 
 import math
 import mmap
+import re
 import struct
 from collections import Counter
 from collections.abc import Callable, Collection
@@ -18,6 +20,18 @@ from typing import Any
 
 class GGUFError(ValueError):
     """Not a GGUF file, or a truncated or corrupt one: the message says which and what to do."""
+
+
+class HeaderIncomplete(GGUFError):
+    """A file's first bytes that end inside its header; needed: a length that will not be enough
+    either (where the field being read ends)."""
+
+    def __init__(self, where: str, have: int, needed: int):
+        self.needed = needed
+        super().__init__(
+            f"{where} holds the first {have:,} bytes of a GGUF file, and its header goes on past "
+            f"byte {needed:,}: let its download go further"
+        )
 
 
 # ggml tensor types: id -> (name, values per block, bytes per block), as ggml defines them.
@@ -47,6 +61,8 @@ FILE_TYPES: dict[int, str] = {number: name.upper() for name, number in LLAMA_FIL
 _SCALARS = dict(zip((0, 1, 2, 3, 4, 5, 6, 7, 10, 11, 12), "BbHhIif?Qqd", strict=True))
 _STRING, _ARRAY = 8, 9
 _U64 = struct.Struct("<Q")
+# llama.cpp's split files (llama_split_path): the first holds the metadata, each its own tensors.
+SPLIT_NAME = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$")
 # Arrays of numbers up to this length (per-layer head counts, window patterns) are always read;
 # longer ones and arrays of strings (the tokenizer's) only when asked for by name.
 SMALL_ARRAY = 4096
@@ -78,6 +94,7 @@ class GGUFHeader:
     fields: dict[str, Any]
     array_lengths: dict[str, int]  # every array field, read or skipped: its number of items
     tensors: list[TensorInfo]
+    size: int = 0  # the file's length by its tensor table (0 when the tensors were not read)
 
     def get(self, key: str, default: Any = None) -> Any:
         value = self.fields.get(key)
@@ -85,15 +102,18 @@ class GGUFHeader:
 
 
 class _Cursor:
-    def __init__(self, data: Any, path: Path) -> None:
-        self.data, self.at, self.path = data, 0, path
+    def __init__(self, data: Any, where: str, whole: bool) -> None:
+        self.data, self.at, self.where, self.whole = data, 0, where, whole
 
     def take(self, fmt: str) -> Any:
         try:
             (value,) = struct.unpack_from("<" + fmt, self.data, self.at)
         except struct.error:
+            if not self.whole:
+                needed = self.at + struct.calcsize(fmt)
+                raise HeaderIncomplete(self.where, len(self.data), needed) from None
             raise GGUFError(
-                f"{self.path} is not a readable GGUF file (truncated or corrupt: its header ends "
+                f"{self.where} is not a readable GGUF file (truncated or corrupt: its header ends "
                 f"at byte {self.at}); download it again"
             ) from None
         self.at += struct.calcsize(fmt)
@@ -114,7 +134,7 @@ class _Cursor:
         if kind == _STRING:
             return self.string(), None
         if kind != _ARRAY:
-            raise GGUFError(f"{self.path} is not a readable GGUF file (unknown value type {kind})")
+            raise GGUFError(f"{self.where} is not a readable GGUF file (unknown value type {kind})")
         item, count = self.take("I"), self.take("Q")
         if keep or (item in _SCALARS and count <= SMALL_ARRAY):
             return [self.value(item, True)[0] for _ in range(count)], count
@@ -142,9 +162,13 @@ def check_gguf_magic(path: Path) -> None:
             magic = handle.read(4)
     except OSError as error:
         raise GGUFError(f"cannot read {path}: {error.strerror}") from error
+    _check_magic(magic, str(path))
+
+
+def _check_magic(magic: bytes, where: str) -> None:
     if magic != b"GGUF":
         raise GGUFError(
-            f"{path} is not a GGUF file (it starts with {magic!r}, not b'GGUF'): "
+            f"{where} is not a GGUF file (it starts with {magic!r}, not b'GGUF'): "
             "quill runs llama.cpp's GGUF format; convert the model or pick a .gguf file"
         )
 
@@ -154,10 +178,9 @@ def read_header(
     arrays: Collection[str] = (),
     tensors: bool = True,
     only: Collection[str] | None = None,
+    whole: bool = True,
 ) -> GGUFHeader:
-    """The header of a GGUF file. Large arrays and arrays of strings are read only when named
-    in arrays (the others give their length); tensors=False skips the tensor infos; only=KEYS
-    stops reading as soon as those fields are found (the header then holds what was read)."""
+    """The header of a GGUF file: parse_header of its bytes."""
     check_gguf_magic(path)
     with path.open("rb") as handle:
         try:
@@ -165,41 +188,85 @@ def read_header(
         except ValueError:
             raise GGUFError(f"{path} is empty; download it again") from None
     try:
-        cursor = _Cursor(data, path)
-        cursor.take("I")
-        version = cursor.take("I")
-        n_tensors, n_fields = cursor.take("Q"), cursor.take("Q")
-        fields: dict[str, Any] = {}
-        lengths: dict[str, int] = {}
-        wanted = set(only) if only is not None else None
-        for _ in range(n_fields):
-            key = cursor.string()
-            value, length = cursor.value(cursor.take("I"), key in arrays)
-            fields[key] = value
-            if length is not None:
-                lengths[key] = length
-            if wanted is not None:
-                wanted.discard(key)
-                if not wanted:
-                    return GGUFHeader(version, fields, lengths, [])
-        infos: list[TensorInfo] = []
-        data_end = 0  # where the last tensor's data ends, from the start of the data
-        for _ in range(n_tensors if tensors else 0):
-            name = cursor.string()
-            shape = tuple(cursor.take("Q") for _ in range(cursor.take("I")))
-            info = TensorInfo(name, shape, cursor.take("I"))
-            data_end = max(data_end, cursor.take("Q") + info.n_bytes)
-            infos.append(info)
-        alignment = int(fields.get("general.alignment") or 32)
-        data_start = -(-cursor.at // alignment) * alignment
-        if tensors and data_start + data_end > len(data):
-            raise GGUFError(
-                f"{path} is not a readable GGUF file (truncated or corrupt: its tensors need "
-                f"{data_start + data_end} bytes, the file has {len(data)}); download it again"
-            )
-        return GGUFHeader(version, fields, lengths, infos)
+        return parse_header(data, str(path), arrays, tensors, only, whole)
     finally:
         data.close()
+
+
+def parse_header(
+    data: Any,
+    where: str,
+    arrays: Collection[str] = (),
+    tensors: bool = True,
+    only: Collection[str] | None = None,
+    whole: bool = True,
+) -> GGUFHeader:
+    """Large arrays and arrays of strings are read only when named in arrays (the others give
+    their length); tensors=False skips the tensor infos; only=KEYS stops reading as soon as those
+    fields are found (the header then holds what was read). whole=False: data is only the file's
+    start, and running out of it raises HeaderIncomplete instead of calling the file truncated."""
+    _check_magic(bytes(data[:4]), where)
+    cursor = _Cursor(data, where, whole)
+    cursor.take("I")
+    version = cursor.take("I")
+    n_tensors, n_fields = cursor.take("Q"), cursor.take("Q")
+    fields: dict[str, Any] = {}
+    lengths: dict[str, int] = {}
+    wanted = set(only) if only is not None else None
+    for _ in range(n_fields):
+        key = cursor.string()
+        value, length = cursor.value(cursor.take("I"), key in arrays)
+        fields[key] = value
+        if length is not None:
+            lengths[key] = length
+        if wanted is not None:
+            wanted.discard(key)
+            if not wanted:
+                return GGUFHeader(version, fields, lengths, [])
+    infos: list[TensorInfo] = []
+    data_end = 0  # where the last tensor's data ends, from the start of the data
+    for _ in range(n_tensors if tensors else 0):
+        name = cursor.string()
+        shape = tuple(cursor.take("Q") for _ in range(cursor.take("I")))
+        info = TensorInfo(name, shape, cursor.take("I"))
+        data_end = max(data_end, cursor.take("Q") + info.n_bytes)
+        infos.append(info)
+    if not tensors:
+        return GGUFHeader(version, fields, lengths, [])
+    alignment = int(fields.get("general.alignment") or 32)
+    size = -(-cursor.at // alignment) * alignment + data_end
+    if whole and size > len(data):
+        raise GGUFError(
+            f"{where} is not a readable GGUF file (truncated or corrupt: its tensors need "
+            f"{size} bytes, the file has {len(data)}); download it again"
+        )
+    return GGUFHeader(version, fields, lengths, infos, size)
+
+
+def split_parts(name: str, header: GGUFHeader) -> list[str]:
+    """The names of a split GGUF's other files (llama.cpp's NAME-00001-of-0000N.gguf), from its
+    first file's name and header; none for a single file."""
+    count = int(header.get("split.count", 1))
+    match = SPLIT_NAME.search(name)
+    if count < 2:
+        return []
+    if int(header.get("split.no", 0)) != 0 or match is None:
+        first = f"-00001-of-{count:05}.gguf"
+        raise GGUFError(f"{name} is one part of a split GGUF: name its first part, …{first}")
+    return [f"{name[: match.start()]}-{n:05}-of-{count:05}.gguf" for n in range(2, count + 1)]
+
+
+def joined(parts: list[GGUFHeader], where: str) -> GGUFHeader:
+    """A split GGUF's header: its first file's fields and every file's tensors."""
+    first, tensors = parts[0], [t for part in parts for t in part.tensors]
+    expected = int(first.get("split.tensors.count", len(tensors)))
+    if len(tensors) != expected:
+        raise GGUFError(
+            f"{where}: its parts list {len(tensors)} tensors, its first part says {expected}; "
+            "one is from another model or version: download them again"
+        )
+    size = sum(part.size for part in parts)
+    return GGUFHeader(first.version, first.fields, first.array_lengths, tensors, size)
 
 
 def file_type_name(header: GGUFHeader) -> str | None:
@@ -256,9 +323,12 @@ class GGUFInfo:
         return asdict(self)
 
 
-def read_gguf(path: Path, header: GGUFHeader | None = None) -> GGUFInfo:
-    """What `quill inspect` shows, from the header alone (read here unless given)."""
-    header = header or read_header(path)
+def read_gguf(
+    path: Path | str, header: GGUFHeader | None = None, file_size: int | None = None
+) -> GGUFInfo:
+    """What `quill inspect` shows, from the header alone (read here unless given); file_size
+    for a file that is not (all) at path."""
+    header = header or read_header(Path(path))
     arch = header.get("general.architecture", "unknown")
     heads = header.get(f"{arch}.attention.head_count")
     embedding = header.get(f"{arch}.embedding_length")
@@ -273,7 +343,7 @@ def read_gguf(path: Path, header: GGUFHeader | None = None) -> GGUFInfo:
         sizes[tensor.type_name] += tensor.n_bytes
     return GGUFInfo(
         path=str(path),
-        file_size=path.stat().st_size,
+        file_size=Path(path).stat().st_size if file_size is None else file_size,
         gguf_version=header.version,
         name=header.get("general.name"),
         architecture=arch,

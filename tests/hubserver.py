@@ -141,12 +141,14 @@ def serve_hub(hub: Hub) -> Iterator[Hub]:
             chunk = 1 << 18
             for offset in range(start, stop, chunk):
                 piece = bytes(data[offset : min(offset + chunk, stop)])
+                # Counted before the client can have it: once a request returns, its count is whole.
+                transfer.sent += len(piece)
                 try:
                     self.wfile.write(piece)
                     self.wfile.flush()
                 except (BrokenPipeError, ConnectionResetError):
+                    transfer.sent -= len(piece)
                     return
-                transfer.sent += len(piece)
                 if hub.seconds_per_mib:
                     time.sleep(hub.seconds_per_mib * len(piece) / 2**20)
             if stop <= end:

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from cli.commands.options import JsonOutput, KvK, KvType, KvV, stdin_is_terminal
+from cli.commands.options import JsonOutput, KvK, KvType, KvV, Offline, stdin_is_terminal
 from cli.errors import Interrupted, ModelNotFoundError, UsageError
 
 # What pull and inspect say of a base model (models.yaml `base: true`).
@@ -114,7 +114,8 @@ def inspect(
     name: Annotated[
         str,
         typer.Argument(
-            help="A model on disk: alias[:tag], OWNER/REPO[:QUANT], hf://..., or a path."
+            help="alias[:tag], OWNER/REPO[:QUANT], hf://... or a path; a model not on disk "
+            "is read from the Hub, its header only."
         ),
     ],
     ctx: Annotated[
@@ -140,28 +141,33 @@ def inspect(
         str | None,
         typer.Option(
             "--draft",
-            help="Count a draft model for --spec draft (a model on disk), loaded at the same "
-            "context and KV types.",
+            help="Count a draft model for --spec draft, loaded at the same context and KV types.",
         ),
     ] = None,
+    offline: Offline = False,
     json_output: JsonOutput = False,
 ) -> None:
-    """Show what a GGUF file holds and the memory it needs at a context, without loading weights."""
+    """Show what a GGUF file holds and the memory it needs at a context, without loading weights.
+    A model not on disk is read from the Hub, its header only; the plan says whether it fits this
+    machine's free memory."""
     import json
 
+    import psutil
+
     from cli.commands.options import MAX_CTX, check_at_most, kv_types, size_option
+    from cli.engine.hardware import gpu_memory
     from cli.engine.options import context_size
-    from cli.store.models import local_path, parse_model_name, read_model_header
+    from cli.store.models import model_header, parse_model_name
     from cli.store.registry import load_registry, model_kind
     from cli.ui import render
     from quant.memory import largest_context, plan
 
     registry = load_registry()
-    path = local_path(parse_model_name(name, registry))
-    info, shape, header = read_model_header(path)
+    model = model_header(parse_model_name(name, registry), offline)
+    info, shape, header = model.info, model.shape, model.header
     draft_shape = None
     if draft is not None:
-        draft_shape = read_model_header(local_path(parse_model_name(draft, registry)))[1]
+        draft_shape = model_header(parse_model_name(draft, registry), offline).shape
     parked = size_option("--cache-ram", cache_ram)
     check_at_most("--ctx", ctx, MAX_CTX, "past any model's trained context")
     type_k, type_v = kv_types(kv_type, kv_k, kv_v)
@@ -175,16 +181,18 @@ def inspect(
     )
     template = _template_facts(header.get("tokenizer.chat_template"), name)
     kind = model_kind(name, registry)
+    available = [("RAM", psutil.virtual_memory().available), *gpu_memory()]
     if json_output:
         data = {**info.as_dict(), **template, "kind": kind, "memory": memory.as_dict()}
+        data["header_read_bytes"] = model.read
+        data["available"] = [{"memory": where, "bytes": free} for where, free in available]
         if budget is not None:
             data["memory_budget"] = {"bytes": budget, "largest_context": largest}
         render.write_stdout(json.dumps(data, indent=1) + "\n")
     else:
-        render.gguf_report(
-            info, template["template_summary"], BASE_NOTE if kind == "base" else None
-        )
-        render.memory_report(memory, budget, largest)
+        base = BASE_NOTE if kind == "base" else None
+        render.gguf_report(info, template["template_summary"], base, model.read)
+        render.memory_report(memory, budget, largest, available)
 
 
 def _template_facts(source: object, name: str) -> dict:

@@ -1,4 +1,4 @@
-"""What the machine offers: physical cores, AMX, GPU offload."""
+"""What the machine offers: physical cores, AMX, GPUs and their free memory."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from pathlib import Path
 import psutil
 
 AMX_FLAGS = ("amx_tile", "amx_int8", "amx_bf16")
+GGML_DEVICE_GPU = 1  # ggml_backend_dev_type: a GPU with memory of its own
 
 
 def physical_cores() -> int:
@@ -40,3 +41,27 @@ def cpu_has_amx(flags: set[str] | None = None) -> bool:
     issue 20824): models load without the extra buffer types there."""
     flags = cpu_flags() if flags is None else flags
     return any(flag in flags for flag in AMX_FLAGS)
+
+
+def gpu_memory() -> list[tuple[str, int]]:
+    """(description, free bytes) of each GPU with memory of its own in llama.cpp's device list,
+    read from ggml's library alone: in 0.1 s, where importing llama-cpp-python takes 0.5."""
+    import ctypes
+    import importlib.util
+
+    spec = importlib.util.find_spec("llama_cpp")
+    found = sorted(Path(spec.origin).parent.glob("lib/*ggml.*")) if spec and spec.origin else []
+    try:
+        ggml = ctypes.CDLL(str(found[0]))
+    except (IndexError, OSError):
+        return []
+    ggml.ggml_backend_dev_get.restype = ctypes.c_void_p
+    ggml.ggml_backend_dev_description.restype = ctypes.c_char_p
+    gpus = []
+    for index in range(ggml.ggml_backend_dev_count()):
+        device = ctypes.c_void_p(ggml.ggml_backend_dev_get(ctypes.c_size_t(index)))
+        if ggml.ggml_backend_dev_type(device) == GGML_DEVICE_GPU:
+            free, total = ctypes.c_size_t(), ctypes.c_size_t()
+            ggml.ggml_backend_dev_memory(device, ctypes.byref(free), ctypes.byref(total))
+            gpus.append((ggml.ggml_backend_dev_description(device).decode(), free.value))
+    return gpus

@@ -1,6 +1,7 @@
 """The Hugging Face Hub as a source: where its cache keeps a file, which file of a repository a
-quant names, a download into the standard cache, and its typed errors as the phrase a user reads.
-huggingface-hub is imported only when the Hub is really asked.
+quant names, a download into the standard cache, a file's header alone by HTTP range requests, and
+its typed errors as the phrase a user reads. huggingface-hub is imported only when the Hub is
+really asked.
 
 The library deletes its per-process temporary file when a download fails, so a download stopped
 by Ctrl-C, a kill or a reboot would start from zero; quill keeps it at blobs/<etag>.incomplete
@@ -18,11 +19,13 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from cli.errors import DiskSpaceError
+from cli.store.header import ModelHeader
 from cli.store.sources import Fetch, Fetched, SourceFailed
 from cli.units import human_bytes
+from quant.gguf import SPLIT_NAME, GGUFHeader, HeaderIncomplete, joined, parse_header, split_parts
 
-SPLIT_GGUF = re.compile(r"-\d{5}-of-\d{5}\.gguf$")
 RESUME_CHUNK = 2**20
+FIRST_RANGE = 2**20  # a header's first request; doubled until the header parses
 
 
 @dataclass(frozen=True)
@@ -56,21 +59,9 @@ class HubSource:
 
     def fetch(self, home: Path, how: Fetch) -> Fetched:
         """Download into the Hugging Face cache."""
-        from huggingface_hub import HfApi
-        from huggingface_hub.utils import logging
-
-        # HF_HUB_OFFLINE is the Hub's own switch; offline means no network at all.
-        if how.offline or hub_offline():
-            raise SourceFailed(self.describe(), "skipped, offline")
-        unresolvable = _hub_unresolvable()
-        if unresolvable is not None:
-            raise SourceFailed(self.describe(), unresolvable)
-        # Its retry warnings are noise next to quill's own summary unless asked for.
-        logging.set_verbosity_info() if how.verbose else logging.set_verbosity_error()
-        file = self.file or ""
+        remote = self.ask(how)
+        file = remote.filename
         try:
-            file = file or self._file_for_quant(HfApi().list_repo_files(self.repo))
-            remote = HubFile.ask(self.repo, file, self.revision)
             done = remote.resumable
             os.makedirs(cache_root(), exist_ok=True)
             check_free_space(Path(cache_root()), remote.size - done, f"{self.repo}/{file}")
@@ -85,9 +76,44 @@ class HubSource:
         sha256 = remote.etag if re.fullmatch(r"[0-9a-f]{64}", remote.etag) else None
         return Fetched(path, file, "hf", self.repo, sha256)
 
+    def ask(self, how: Fetch, file: str | None = None) -> HubFile:
+        """The Hub's facts on the file (or on another file of the repository)."""
+        from huggingface_hub import HfApi
+        from huggingface_hub.utils import logging
+
+        # HF_HUB_OFFLINE is the Hub's own switch; offline means no network at all.
+        if how.offline or hub_offline():
+            raise SourceFailed(self.describe(), "skipped, offline")
+        unresolvable = _hub_unresolvable()
+        if unresolvable is not None:
+            raise SourceFailed(self.describe(), unresolvable)
+        # Its retry warnings are noise next to quill's own summary unless asked for.
+        logging.set_verbosity_info() if how.verbose else logging.set_verbosity_error()
+        file = file or self.file or ""
+        try:
+            file = file or self._file_for_quant(HfApi().list_repo_files(self.repo))
+            return HubFile.ask(self.repo, file, self.revision)
+        except _hub_errors() as error:
+            raise SourceFailed(self.describe(), _hub_failure(error, file, self.revision)) from None
+
+    def header(self, how: Fetch) -> ModelHeader:
+        """The file's header (a split's files joined) by HTTP range requests; no weights."""
+        files = [self.ask(how)]
+        where = f"hf://{self.repo}/{files[0].filename}"
+        try:
+            parts = [files[0].read_header()]
+            for name in split_parts(files[0].filename, parts[0][0]):
+                files.append(self.ask(how, name))
+                parts.append(files[-1].read_header())
+            header = joined([part for part, _ in parts], where)
+        except _hub_errors() as error:
+            failure = _hub_failure(error, files[-1].filename, self.revision)
+            raise SourceFailed(self.describe(), failure) from None
+        return ModelHeader(header, where, sum(f.size for f in files), sum(n for _, n in parts))
+
     def _file_for_quant(self, files: list[str]) -> str:
         """The one single-file GGUF in the repository with this quantization."""
-        ggufs = sorted(f for f in files if f.endswith(".gguf") and not SPLIT_GGUF.search(f))
+        ggufs = sorted(f for f in files if f.endswith(".gguf") and not SPLIT_NAME.search(f))
         wanted = re.compile(rf"(^|[-._/]){re.escape(self.quant)}([-._]|$)", re.IGNORECASE)
         matches = [f for f in ggufs if wanted.search(f.removesuffix(".gguf"))]
         if len(matches) == 1:
@@ -136,12 +162,42 @@ class HubFile:
     def resumable(self) -> int:
         return self.partial.stat().st_size if self.partial.exists() else 0
 
+    def read_header(self) -> tuple[GGUFHeader, int]:
+        """The header and the bytes read for it: the file's first FIRST_RANGE bytes, then twice
+        as many, and so on, until it parses."""
+        from huggingface_hub import constants
+        from huggingface_hub.utils import hf_raise_for_status, http_stream_backoff
+
+        data, end = bytearray(), min(FIRST_RANGE, self.size)
+        while True:
+            headers = {**self._token(), "Range": f"bytes={len(data)}-{end - 1}"}
+            timeout = constants.HF_HUB_DOWNLOAD_TIMEOUT
+            with http_stream_backoff("GET", self.location, headers=headers, timeout=timeout) as got:
+                hf_raise_for_status(got)
+                if got.status_code != 206:  # the whole file would follow
+                    raise OSError(f"{urlparse(self.location).netloc} ignored a byte range")
+                data += got.read()
+            if len(data) != end:
+                raise OSError(f"asked for {end} bytes of {self.filename}, got {len(data)}")
+            try:
+                where = f"hf://{self.repo}/{self.filename}"
+                return parse_header(data, where, whole=end == self.size), end
+            except HeaderIncomplete as short:
+                end = min(max(2 * end, short.needed), self.size)
+
+    def _token(self) -> dict[str, str]:
+        """The token goes to the Hub only, never to the CDN a large file redirects to."""
+        from huggingface_hub import constants
+        from huggingface_hub.utils import build_hf_headers
+
+        same_host = urlparse(self.location).netloc == urlparse(constants.ENDPOINT).netloc
+        return build_hf_headers() if same_host else {}
+
     def download(self, tqdm_class: type | None = None) -> Path:
         """Fetch the file into the cache (continuing a partial one); its snapshot path."""
         from filelock import FileLock
         from huggingface_hub import constants
         from huggingface_hub.file_download import http_get
-        from huggingface_hub.utils import build_hf_headers
 
         pointer = _repo_folder(self.repo) / "snapshots" / self.commit / self.filename
         # Where huggingface-hub keeps its own locks, so both tools exclude each other.
@@ -154,8 +210,6 @@ class HubFile:
                 if resume > self.size:  # not a prefix of this file after all
                     self.partial.unlink()
                     resume = 0
-                # The token goes to the Hub only, never to the CDN a large file redirects to.
-                same_host = urlparse(self.location).netloc == urlparse(constants.ENDPOINT).netloc
                 # The client writes (and reports) a chunk at a time, 10 MB by default: a resume
                 # restarts at the last whole chunk. 1 MiB loses less and moves the bar smoothly.
                 constants.DOWNLOAD_CHUNK_SIZE = RESUME_CHUNK
@@ -164,7 +218,7 @@ class HubFile:
                         self.location,
                         out,
                         resume_size=resume,
-                        headers=build_hf_headers() if same_host else {},
+                        headers=self._token(),
                         expected_size=self.size,
                         displayed_filename=self.filename,
                         tqdm_class=tqdm_class,

@@ -19,12 +19,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from cli.errors import (
-    ModelLoadError,
     ModelNotFoundError,
     NotOnDiskError,
     NotOwnedError,
     QuillError,
 )
+from cli.store.header import ModelHeader, header_on_disk
 from cli.store.home import quill_home
 from cli.store.hub import HubSource
 from cli.store.registry import Registry, TagSpec, names_near
@@ -32,8 +32,7 @@ from cli.store.sources import Fetch, Fetched, LocalFile, Report, Source, SourceF
 from quant.partfiles import write_replacing
 
 if TYPE_CHECKING:
-    from quant.gguf import GGUFHeader, GGUFInfo
-    from quant.memory import ModelShape
+    from quant.gguf import GGUFInfo
 
 REPO_NAME = re.compile(r"^[\w.-]+/[\w.-]+$")
 
@@ -261,20 +260,26 @@ def sha256_of(path: Path) -> str:
 
 def read_model(path: Path) -> GGUFInfo:
     """What a GGUF file holds, from its header; ModelLoadError when it is not a readable one."""
-    return read_model_header(path)[0]
+    return header_on_disk(path).info
 
 
-def read_model_header(path: Path) -> tuple[GGUFInfo, ModelShape, GGUFHeader]:
-    """What read_model gives, the memory plan's shape, and the header (inspect reads the chat
-    template from it), from one reading of the header."""
-    from quant.gguf import GGUFError, read_gguf, read_header
-    from quant.memory import ModelShape
-
+def model_header(request: ModelRequest, offline: bool = False) -> ModelHeader:
+    """From the file on disk, else from the first Hub source that answers; NotOnDiskError saying
+    what each source answered."""
     try:
-        header = read_header(path)
-    except GGUFError as error:
-        raise ModelLoadError(str(error)) from None
-    return read_gguf(path, header), ModelShape.from_header(header), header
+        return header_on_disk(local_path(request))
+    except NotOnDiskError:
+        pass
+    failures = []
+    for source in request.sources:
+        try:
+            if not isinstance(source, HubSource):
+                raise SourceFailed(source.describe(), "its wheels are read only whole")
+            return source.header(Fetch(offline))
+        except SourceFailed as failure:
+            failures.append(str(failure))
+    why = ", and reading its header failed: " + "; ".join(failures)
+    raise NotOnDiskError(request.name, request.label, why)
 
 
 @dataclass(frozen=True)

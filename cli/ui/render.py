@@ -248,10 +248,13 @@ def models_table(models: list[Any], quants: dict[str, str], kinds: dict[str, str
     write_stdout(columns(["NAME", "QUANT", "KIND", "SIZE", "SOURCE", "PATH"], rows))
 
 
-def gguf_report(info: Any, template: str | None = None, base: str | None = None) -> None:
+def gguf_report(
+    info: Any, template: str | None = None, base: str | None = None, read: int | None = None
+) -> None:
     def number(value: Any) -> str:
         return f"{value:,}" if isinstance(value, int) else str(value if value is not None else "-")
 
+    weights = f"{human_bytes(info.file_size - (read or 0))} of weights"
     facts = [
         ("name", info.name or "-"),
         ("architecture", info.architecture),
@@ -268,6 +271,11 @@ def gguf_report(info: Any, template: str | None = None, base: str | None = None)
         ("chat template", template or ("yes" if info.chat_template else "no")),
         *([("kind", base)] if base else []),
         ("file size", f"{human_bytes(info.file_size)} ({info.file_size:,} bytes)"),
+        *(
+            [("read", f"header only: {human_bytes(read)} read, {weights} not downloaded")]
+            if read
+            else []
+        ),
         ("path", info.path),
     ]
     width = max(len(label) for label, _ in facts)
@@ -288,7 +296,9 @@ def memory_line(memory: Any) -> str:
     )
 
 
-def memory_report(memory: Any, budget: int | None, largest: int | None) -> None:
+def memory_report(
+    memory: Any, budget: int | None, largest: int | None, available: list[tuple[str, int]]
+) -> None:
     kv = f"{memory.type_k}/{memory.type_v}" if memory.type_k != memory.type_v else memory.type_k
     note = f"{memory.n_ctx} cells"
     if memory.kv_bytes_windowed != memory.kv_bytes:
@@ -311,6 +321,9 @@ def memory_report(memory: Any, budget: int | None, largest: int | None) -> None:
         text += f"largest context that fits {human_bytes(budget)}: {largest} tokens\n"
     elif budget is not None:
         text += f"the model does not fit {human_bytes(budget)} even with 256 tokens of context\n"
+    for where, free in available:
+        fits = "fits" if memory.total_bytes <= free else "does not fit"
+        text += f"{fits} in {where}: {human_bytes(free)} available\n"
     write_stdout(text)
 
 
