@@ -319,5 +319,12 @@ def test_up_arrow_recalls_a_block_whole_and_sends_it_again(tiny_path, quill_home
     child.expect_exact(PROMPT)
     child.sendline("/bye")
     child.expect(pexpect.EOF)
+    again = spawn(quill_home, transcript, "-m", str(tiny_path))  # the next chat: from the file
+    again.send("\x1b[A\x1b[A")  # over /bye
+    again.expect_exact('"""First line,')
+    again.sendintr()
+    again.expect_exact(PROMPT)
+    again.sendline("/bye")
+    again.expect(pexpect.EOF)
     sent = [m["content"] for m in saved(transcript)["messages"][::2]]
     assert sent == ["First line,\nsecond line."] * 2

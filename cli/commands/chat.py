@@ -8,7 +8,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -503,10 +503,22 @@ def _history(save: bool = False) -> None:
         path = quill_home() / "chat_history"
         if save:
             path.parent.mkdir(parents=True, exist_ok=True)
+            _rewrite_history(readline, lambda entry: entry.replace("\n", NEWLINE))
             readline.write_history_file(path)
         else:
             readline.set_history_length(1000)
             readline.read_history_file(path)
+            _rewrite_history(readline, lambda entry: entry.replace(NEWLINE, "\n"))
+
+
+NEWLINE = "\u2424"  # a block's newlines in the history file, which holds an entry a line
+
+
+def _rewrite_history(readline: Any, change: Callable[[str], str]) -> None:
+    for index in range(readline.get_current_history_length()):
+        entry = readline.get_history_item(index + 1) or ""
+        if change(entry) != entry:
+            readline.replace_history_item(index, change(entry))
 
 
 def _history_length() -> int:
