@@ -346,6 +346,8 @@ class QuillApp:
             "requests_waiting": scheduler.queued,
             "decode_steps": scheduler.steps,
             "max_sequences_in_a_step": scheduler.max_sequences_in_a_step,
+            "threads": scheduler.engine.threads,  # with no --threads, judged again as it decodes
+            "threads_auto": scheduler.engine.core_load is not None,
         }
         return JsonResponse(payload, status_code=200 if status == "ok" else 503)
 

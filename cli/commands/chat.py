@@ -54,8 +54,9 @@ HELP = """\
                    the transcript keeps the messages under "earlier")
 /system TEXT       set the system prompt (/system alone removes it)
 /set KEY VALUE     temperature, top_p, top_k, min_p, repeat_penalty, seed, max_tokens,
-                   stop (comma-separated, backslash escapes: /set stop \\n\\n; /set stop clears)
-/show              model, settings, context used of total, KV cache bytes
+                   stop (comma-separated, backslash escapes: /set stop \\n\\n; /set stop clears),
+                   threads N (fixed) or threads auto (judged again while replying)
+/show              model, settings, context used of total, KV cache bytes, threads
 /stats             the numbers of the last reply
 /save FILE         write the transcript (JSON) to FILE
 /load FILE         continue a saved conversation
@@ -424,6 +425,8 @@ class Repl:
         elif command == "/system":
             session.set_system(argument)
             render.info_line("system prompt set" if argument else "system prompt removed")
+        elif command == "/set" and argument.split()[0] == "threads":
+            self._set_threads(argument.partition(" ")[2].strip())
         elif command == "/set":
             key, _, value = argument.partition(" ")
             session.settings = with_setting(session.settings, key, value.strip())
@@ -470,6 +473,8 @@ class Repl:
                 f"{len(session.messages)} messages",
                 f"KV cache   {backend.kv_type_k}/{backend.kv_type_v}, "
                 f"{human_bytes(backend.kv_cache_bytes)} allocated",
+                f"threads    {backend.threads}, "
+                + ("fixed" if backend.core_load is None else "auto (judged again while replying)"),
             ]
         else:
             lines += [
@@ -480,6 +485,17 @@ class Repl:
             ]
         lines.append(f"transcript {session.transcript}")
         render.write_stderr("\n".join(lines) + "\n")
+
+    def _set_threads(self, value: str) -> None:
+        backend = self.session.backend
+        if not backend.is_local:
+            raise ValueError("threads are the server's to choose (quill serve -t N)")
+        most = shared.MAX_THREADS  # llama.cpp's
+        if value != "auto" and not (value.isdigit() and 1 <= int(value) <= most):
+            raise ValueError(f"threads takes a whole number 1 to {most}, or auto, not {value!r}")
+        backend.set_threads(None if value == "auto" else int(value))
+        now = f" ({backend.threads} now)" if value == "auto" else ""
+        render.info_line(f"threads = {value}{now}")
 
     def _switch_model(self, name: str) -> None:
         """Open NAME as the first model was opened: locally with the chat's options, or, in a

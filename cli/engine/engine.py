@@ -18,7 +18,7 @@ import llama_cpp as llama
 import numpy as np
 
 from cli.engine.events import MAX_TOP_LOGPROBS, Candidate, StreamEvent, TokenLogprobs
-from cli.engine.freecores import CoreLoad, measure_free_cores
+from cli.engine.freecores import CoreLoad, ThreadJudge, measure_free_cores
 from cli.engine.grammar import GrammarGate
 from cli.engine.llamalog import llama_log
 from cli.engine.loading import load_model
@@ -58,6 +58,8 @@ class Speculator(Protocol):  # cli/engine/speculative.py's
     ) -> Iterator[StreamEvent]: ...
 
     def close(self) -> None: ...
+
+    def set_threads(self, threads: int) -> None: ...  # a draft model follows its target's
 
 
 class Engine:
@@ -109,12 +111,10 @@ class Engine:
         self._refuse_impossible_kv_types()
         self.trained_ctx = llama.llama_model_n_ctx_train(self._model)
         n_ctx = context_size(options.n_ctx, self.trained_ctx)
-        self.core_load: CoreLoad | None = None  # measured only when the thread count is ours
-        if options.threads:
-            self.threads = options.threads
-        else:  # one per physical core that other processes leave free
-            self.core_load = measure_free_cores()
-            self.threads = self.core_load.threads
+        # Automatic (no --threads): one per physical core that other processes leave free,
+        # judged again while decoding (freecores.ThreadJudge).
+        self.thread_judge = None if options.threads else ThreadJudge(measure_free_cores())
+        self.threads = options.threads or self.thread_judge.threads
 
         context_params = llama.llama_context_default_params()
         context_params.n_ctx = n_ctx * options.parallel
@@ -178,6 +178,21 @@ class Engine:
             if cache_type in QUANTIZED_KV_TYPES and head_dim % 32:
                 self.close()
                 raise KvCacheTypeError(cache_type, which, head_dim)
+
+    @property
+    def core_load(self) -> CoreLoad | None:  # the last look's; None: a fixed thread count
+        return self.thread_judge.load if self.thread_judge else None
+
+    def set_threads(self, threads: int | None) -> None:
+        """Decode with threads from the next decode on; None: automatic again."""
+        self.thread_judge = None if threads else ThreadJudge(measure_free_cores())
+        self._use_threads(threads or self.thread_judge.threads)
+
+    def _use_threads(self, threads: int) -> None:
+        self.threads = threads
+        llama.llama_set_n_threads(self._ctx, threads, threads)
+        if self.speculator is not None:
+            self.speculator.set_threads(threads)
 
     def meta(self, key: str) -> str | None:
         size = 256
@@ -557,6 +572,8 @@ class Engine:
             positions[seq] += 1
             outputs.append(n if wants_logits else -1)
         batch.n_tokens = len(items)
+        if self.thread_judge is not None and self.thread_judge.look():
+            self._use_threads(self.thread_judge.threads)  # another process took or freed a core
         status = llama.llama_decode(self._ctx, batch)
         if status != 0:
             problems = "; ".join(llama_log().drain()[-2:])

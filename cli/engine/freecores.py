@@ -5,7 +5,8 @@ its core with another process holds back all the others (2 cores beside one busy
 decode ran at 32 tokens/s with 2 threads, 54 with 1). So quill measures the CPU time other
 processes used (system-wide minus its own) over a window that starts at import, so a model's
 load is the window; one shorter than MIN_WINDOW_S is waited out, one older than MAX_WINDOW_S
-started afresh.
+started afresh. While a model decodes, ThreadJudge looks again (llama.cpp takes a new count
+between decodes): a busy process started after the load is left out too.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ MAX_WINDOW_S = 5.0
 # A core counts as busy when other processes use more than this share of it: a thread of ours
 # there would wait for its time slice at every barrier.
 BUSY_SHARE = 0.3
+LOOK_EVERY_S = 0.5  # a decoding engine's looks at the load (a psutil read, well under 1 ms)
+CONFIRM_S = 1.0  # a new count stands once looks in a row covering this long agree on it
 
 
 @dataclass(frozen=True)
@@ -76,6 +79,10 @@ def measure_free_cores() -> CoreLoad:
         time.sleep(MIN_WINDOW_S - age)
     end = _snapshot()
     _window_start = end  # the next measurement in this process starts here
+    return _load(start, end)
+
+
+def _load(start: _Snapshot, end: _Snapshot) -> CoreLoad:
     wall = max(end.wall - start.wall, 1e-6)
     others = max(0.0, (end.busy_s - start.busy_s) - (end.own_s - start.own_s))
     return CoreLoad(
@@ -90,3 +97,28 @@ def restart_window() -> None:
     """Start the next measurement's window now (before a model load, say)."""
     global _window_start
     _window_start = _snapshot()
+
+
+class ThreadJudge:
+    """An automatic thread count, judged again from other processes' CPU use since the last look.
+    A new count stands once looks in a row covering CONFIRM_S agree on it: a burst elsewhere, or
+    noise on an idle machine, does not flip it (a reply after a pause decides at its first look)."""
+
+    def __init__(self, load: CoreLoad) -> None:
+        self.load, self.threads = load, load.threads  # the last look's load; the count in use
+        self._since = _snapshot()
+        self._proposed, self._agreed_s = load.threads, 0.0
+
+    def look(self) -> bool:
+        """Whether the count changed; nothing is read before LOOK_EVERY_S since the last look."""
+        if time.monotonic() - self._since.wall < LOOK_EVERY_S:
+            return False
+        end = _snapshot()
+        self.load, self._since = _load(self._since, end), end
+        proposed = self.load.threads
+        agreed = self._agreed_s if proposed == self._proposed else 0.0
+        self._proposed, self._agreed_s = proposed, agreed + self.load.window_s
+        if proposed == self.threads or self._agreed_s < CONFIRM_S:
+            return False
+        self.threads = proposed
+        return True

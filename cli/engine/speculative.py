@@ -285,6 +285,10 @@ class Speculator:
     def close(self) -> None:
         self.drafter.close()
 
+    def set_threads(self, threads: int) -> None:
+        if isinstance(self.drafter, DraftModelDrafter):  # a draft model decodes as its target
+            self.drafter.engine.set_threads(threads)
+
     def decode(
         self, engine: Engine, step: SequenceStep, output: int, sampling: SamplingParams
     ) -> Iterator[StreamEvent]:

@@ -62,9 +62,6 @@ def stats_parts(metrics: RunMetrics, local: bool = True) -> list[tuple[str, str]
     finish = m.finish_reason or "n/a"
     if m.stop_string is not None:
         finish += f" ({json.dumps(m.stop_string, ensure_ascii=False)})"
-    threads = str(m.threads)
-    if m.busy_cores:  # other work took cores: why there may be fewer threads than usual
-        threads += f" ({m.busy_cores} {'core' if m.busy_cores == 1 else 'cores'} busy elsewhere)"
     thinking = [  # a reply that reasoned: thinking and answer apart, and when the answer began
         ("thinking", f"{m.thinking_tokens} tok, answer {m.answer_tokens} tok"),
         ("first answer", _ms(m.time_to_first_answer_s)),
@@ -80,10 +77,17 @@ def stats_parts(metrics: RunMetrics, local: bool = True) -> list[tuple[str, str]
         ("total", f"{m.total_s:.2f} s"),
         ("finish", finish),
         ("KV", f"{m.kv_cache_type} {human_bytes(m.kv_cache_bytes)} @ ctx {m.n_ctx}"),
-        ("threads", threads),
+        ("threads", _threads_text(m)),
         ("GPU layers", str(m.gpu_layers)),
     ]
     return [part for part in parts if local or part[0] in REMOTE_PARTS]
+
+
+def _threads_text(m: RunMetrics) -> str:
+    """The threads a reply ended with, and why there may be fewer than usual."""
+    if not m.busy_cores:
+        return str(m.threads)
+    return f"{m.threads} ({m.busy_cores} {'core' if m.busy_cores == 1 else 'cores'} busy elsewhere)"
 
 
 def turn_stats_line(m: RunMetrics, context_used: int | None) -> str:
@@ -95,8 +99,8 @@ def turn_stats_line(m: RunMetrics, context_used: int | None) -> str:
         f"TTFT {_ms(m.ttft_s or 0.0)} · decode {m.generation_tokens} tok, "
         f"{m.decode_tokens_per_s:.1f} tok/s · finish {m.finish_reason}"
     )
-    if context_used is not None:
-        line += f" · context {context_used}/{m.n_ctx}"
+    if context_used is not None:  # a local model: its context and threads
+        line += f" · context {context_used}/{m.n_ctx} · threads {_threads_text(m)}"
     if m.speculation is not None:
         line += f" · spec {speculation_text(m.speculation)}"
     return line
