@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import psutil
@@ -23,10 +21,8 @@ from cli.store.models import ModelRequest, model_header, parse_model_name
 from cli.store.registry import load_registry
 from quant.gguf import GGUFError, HeaderIncomplete, parse_header
 
-from conftest import quill_env
 from tinymodel import write_tiny_llama
 
-QUILL = str(Path(sys.executable).parent / "quill")
 MiB = 2**20
 
 
@@ -180,6 +176,10 @@ def test_a_split_gguf_on_disk_and_on_the_hub(tmp_path, hub_env, wide_tiny):
     assert tensor_table(remote) == tensor_table(local) and remote.size == split.size
     assert [t.path for t in hub.transfers] == [p.name for p in parts]
     assert remote.read == sum(t.sent for t in hub.transfers) < split.size // 4
+    # OWNER/REPO:QUANT names a split's first file, as llama.cpp's -hf does.
+    hub.files = {("owner/split", p.name.replace("tiny-", "Tiny-Q4_K_M-")): p for p in parts}
+    assert tensor_table(from_hub("owner/split:Q4_K_M")) == tensor_table(local)
+    hub.files = {("owner/split", p.name): p for p in parts}
     del hub.files[("owner/split", parts[2].name)]
     with pytest.raises(NotOnDiskError, match=f"has no file {parts[2].name}"):
         from_hub(f"hf://owner/split/{parts[0].name}")
@@ -189,16 +189,18 @@ def test_a_split_gguf_on_disk_and_on_the_hub(tmp_path, hub_env, wide_tiny):
 
 
 def test_llama_cpp_loads_the_split(tmp_path, wide_tiny):
-    """The split files the tests read are the format llama.cpp itself loads."""
-    first = write_split(wide_tiny, tmp_path, 2)[0]
-    result = subprocess.run(
-        [QUILL, "run", "-m", str(first), "-n", "2", "--json", "hello"],
-        capture_output=True,
-        text=True,
-        env=quill_env(tmp_path),
-    )
-    assert result.returncode == 0, result.stderr
-    assert json.loads(result.stdout)["generation_tokens"] == 2
+    """The split files these tests read are the format llama.cpp loads, every file of it."""
+    import llama_cpp
+
+    from cli.engine.loading import load_model
+
+    loaded = load_model(write_split(wide_tiny, tmp_path, 2)[0])
+    assert loaded.model
+    try:
+        parameters = llama_cpp.llama_model_n_params(loaded.model)
+        assert parameters == header_on_disk(wide_tiny).info.parameters
+    finally:
+        llama_cpp.llama_model_free(loaded.model)
 
 
 @pytest.mark.parametrize("suffix", [".incomplete", ".part"])

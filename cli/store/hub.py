@@ -76,8 +76,9 @@ class HubSource:
         sha256 = remote.etag if re.fullmatch(r"[0-9a-f]{64}", remote.etag) else None
         return Fetched(path, file, "hf", self.repo, sha256)
 
-    def ask(self, how: Fetch, file: str | None = None) -> HubFile:
-        """The Hub's facts on the file (or on another file of the repository)."""
+    def ask(self, how: Fetch, file: str | None = None, splits: bool = False) -> HubFile:
+        """The Hub's facts on the file (or on another file of the repository); splits: a quant
+        may name the first file of a split GGUF."""
         from huggingface_hub import HfApi
         from huggingface_hub.utils import logging
 
@@ -91,14 +92,14 @@ class HubSource:
         logging.set_verbosity_info() if how.verbose else logging.set_verbosity_error()
         file = file or self.file or ""
         try:
-            file = file or self._file_for_quant(HfApi().list_repo_files(self.repo))
+            file = file or self._file_for_quant(HfApi().list_repo_files(self.repo), splits)
             return HubFile.ask(self.repo, file, self.revision)
         except _hub_errors() as error:
             raise SourceFailed(self.describe(), _hub_failure(error, file, self.revision)) from None
 
     def header(self, how: Fetch) -> ModelHeader:
         """The file's header (a split's files joined) by HTTP range requests; no weights."""
-        files = [self.ask(how)]
+        files = [self.ask(how, splits=True)]
         where = f"hf://{self.repo}/{files[0].filename}"
         try:
             parts = [files[0].read_header()]
@@ -111,9 +112,11 @@ class HubSource:
             raise SourceFailed(self.describe(), failure) from None
         return ModelHeader(header, where, sum(f.size for f in files), sum(n for _, n in parts))
 
-    def _file_for_quant(self, files: list[str]) -> str:
-        """The one single-file GGUF in the repository with this quantization."""
-        ggufs = sorted(f for f in files if f.endswith(".gguf") and not SPLIT_NAME.search(f))
+    def _file_for_quant(self, files: list[str], splits: bool = False) -> str:
+        """The one single-file GGUF in the repository with this quantization (or, with splits,
+        the first file of a split one: pull fetches one file, a header needs only that)."""
+        parts = {f: SPLIT_NAME.search(f) for f in files if f.endswith(".gguf")}
+        ggufs = sorted(f for f, at in parts.items() if not at or (splits and at[1] == "00001"))
         wanted = re.compile(rf"(^|[-._/]){re.escape(self.quant)}([-._]|$)", re.IGNORECASE)
         matches = [f for f in ggufs if wanted.search(f.removesuffix(".gguf"))]
         if len(matches) == 1:
@@ -122,7 +125,7 @@ class HubSource:
             raise SourceFailed(self.repo, "holds no single-file GGUF model")
         if matches:
             raise SourceFailed(f"{self.repo}:{self.quant}", f"ambiguous: {', '.join(matches)}")
-        quants = (re.split(r"[-.]", f.removesuffix(".gguf"))[-1] for f in ggufs)
+        quants = (re.split(r"[-.]", SPLIT_NAME.sub("", f).removesuffix(".gguf"))[-1] for f in ggufs)
         listing = ", ".join(f"{self.repo}:{quant}" for quant in quants)
         raise SourceFailed(self.repo, f"has no {self.quant} file; available: {listing}")
 
