@@ -174,37 +174,30 @@ def _check_magic(magic: bytes, where: str) -> None:
 
 
 def read_header(
-    path: Path,
+    path: Path | str,
     arrays: Collection[str] = (),
     tensors: bool = True,
     only: Collection[str] | None = None,
     whole: bool = True,
+    data: Any = None,
 ) -> GGUFHeader:
-    """The header of a GGUF file: parse_header of its bytes."""
-    check_gguf_magic(path)
-    with path.open("rb") as handle:
+    """The header of a GGUF file, read from path or given as data: all its bytes, or with
+    whole=False its first ones (running out of them then raises HeaderIncomplete instead of
+    calling the file truncated). Large arrays and arrays of strings are read only when named in
+    arrays (the others give their length); tensors=False skips the tensor infos; only=KEYS stops
+    reading as soon as those fields are found (the header then holds what was read)."""
+    if data is None:
+        check_gguf_magic(Path(path))
+        with Path(path).open("rb") as handle:
+            try:
+                mapped = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+            except ValueError:
+                raise GGUFError(f"{path} is empty; download it again") from None
         try:
-            data = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
-        except ValueError:
-            raise GGUFError(f"{path} is empty; download it again") from None
-    try:
-        return parse_header(data, str(path), arrays, tensors, only, whole)
-    finally:
-        data.close()
-
-
-def parse_header(
-    data: Any,
-    where: str,
-    arrays: Collection[str] = (),
-    tensors: bool = True,
-    only: Collection[str] | None = None,
-    whole: bool = True,
-) -> GGUFHeader:
-    """Large arrays and arrays of strings are read only when named in arrays (the others give
-    their length); tensors=False skips the tensor infos; only=KEYS stops reading as soon as those
-    fields are found (the header then holds what was read). whole=False: data is only the file's
-    start, and running out of it raises HeaderIncomplete instead of calling the file truncated."""
+            return read_header(path, arrays, tensors, only, whole, mapped)
+        finally:
+            mapped.close()
+    where = str(path)
     _check_magic(bytes(data[:4]), where)
     cursor = _Cursor(data, where, whole)
     cursor.take("I")

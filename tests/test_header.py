@@ -19,7 +19,7 @@ from cli.errors import ModelLoadError, NotOnDiskError
 from cli.store.header import ModelHeader, header_on_disk
 from cli.store.models import ModelRequest, model_header, parse_model_name
 from cli.store.registry import load_registry
-from quant.gguf import GGUFError, HeaderIncomplete, parse_header
+from quant.gguf import GGUFError, HeaderIncomplete, read_header
 
 from tinymodel import write_tiny_llama
 
@@ -89,14 +89,14 @@ def from_hub(name: str) -> ModelHeader:
 
 def test_a_prefix_asks_for_more_bytes_and_a_whole_file_is_truncated(wide_tiny):
     data = wide_tiny.read_bytes()
-    whole = parse_header(data, "tiny")
+    whole = read_header("tiny", data=data)
     end = whole.size - sum(t.n_bytes for t in whole.tensors)  # the header's end, about
     with pytest.raises(HeaderIncomplete) as short:
-        parse_header(data[:4096], "tiny", whole=False)
+        read_header("tiny", whole=False, data=data[:4096])
     assert 4096 < short.value.needed <= end
     with pytest.raises(GGUFError, match="truncated or corrupt"):
-        parse_header(data[:4096], "tiny")
-    assert parse_header(data[: end + 64], "tiny", whole=False).tensors == whole.tensors
+        read_header("tiny", data=data[:4096])
+    assert read_header("tiny", whole=False, data=data[: end + 64]).tensors == whole.tensors
     assert whole.size == len(data)
 
 

@@ -22,7 +22,7 @@ from cli.errors import DiskSpaceError
 from cli.store.header import ModelHeader
 from cli.store.sources import Fetch, Fetched, SourceFailed
 from cli.units import human_bytes
-from quant.gguf import SPLIT_NAME, GGUFHeader, HeaderIncomplete, joined, parse_header, split_parts
+from quant.gguf import SPLIT_NAME, GGUFHeader, HeaderIncomplete, joined, read_header, split_parts
 
 RESUME_CHUNK = 2**20
 FIRST_RANGE = 2**20  # a header's first request; doubled until the header parses
@@ -184,7 +184,7 @@ class HubFile:
                 raise OSError(f"asked for {end} bytes of {self.filename}, got {len(data)}")
             try:
                 where = f"hf://{self.repo}/{self.filename}"
-                return parse_header(data, where, whole=end == self.size), end
+                return read_header(where, whole=end == self.size, data=data), end
             except HeaderIncomplete as short:
                 end = min(max(2 * end, short.needed), self.size)
 
