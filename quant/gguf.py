@@ -94,7 +94,7 @@ class GGUFHeader:
     fields: dict[str, Any]
     array_lengths: dict[str, int]  # every array field, read or skipped: its number of items
     tensors: list[TensorInfo]
-    size: int = 0  # the file's length by its tensor table (0 when the tensors were not read)
+    size: int = 0  # the file's length by its tensor table (when it was read)
 
     def get(self, key: str, default: Any = None) -> Any:
         value = self.fields.get(key)
@@ -224,11 +224,9 @@ def read_header(
         info = TensorInfo(name, shape, cursor.take("I"))
         data_end = max(data_end, cursor.take("Q") + info.n_bytes)
         infos.append(info)
-    if not tensors:
-        return GGUFHeader(version, fields, lengths, [])
     alignment = int(fields.get("general.alignment") or 32)
     size = -(-cursor.at // alignment) * alignment + data_end
-    if whole and size > len(data):
+    if tensors and whole and size > len(data):
         raise GGUFError(
             f"{where} is not a readable GGUF file (truncated or corrupt: its tensors need "
             f"{size} bytes, the file has {len(data)}); download it again"
