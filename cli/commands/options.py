@@ -41,7 +41,8 @@ Threads = Annotated[
         "-t",
         "--threads",
         min=1,
-        help="Default: physical cores that other work leaves free (measured at load).",
+        help="Default: physical cores that other work leaves free (measured at load and "
+        "while decoding).",
     ),
 ]
 GpuLayers = Annotated[

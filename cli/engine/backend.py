@@ -25,7 +25,7 @@ class Backend(Protocol):
     kv_cache_bytes: int
     threads: int
     gpu_layers: int
-    core_load: CoreLoad | None  # cores others kept busy when the threads were counted
+    core_load: CoreLoad | None  # cores others kept busy when the threads were last counted
     prompt_cache: PromptCache | None  # saved states across runs; None: none kept here
     restored_tokens: int  # prompt tokens of the last request loaded from prompt_cache
     restore_s: float

@@ -24,8 +24,8 @@ MAX_WINDOW_S = 5.0
 # A core counts as busy when other processes use more than this share of it: a thread of ours
 # there would wait for its time slice at every barrier.
 BUSY_SHARE = 0.3
-LOOK_EVERY_S = 0.5  # a decoding engine's looks at the load (a psutil read, well under 1 ms)
-CONFIRM_S = 1.0  # a new count stands once looks in a row covering this long agree on it
+LOOK_EVERY_S = 0.25  # a decoding engine's looks at the load (a psutil read, well under 1 ms)
+CONFIRM_S = 1.0  # more threads once looks in a row covering this long agree on them
 
 
 @dataclass(frozen=True)
@@ -101,8 +101,8 @@ def restart_window() -> None:
 
 class ThreadJudge:
     """An automatic thread count, judged again from other processes' CPU use since the last look.
-    A new count stands once looks in a row covering CONFIRM_S agree on it: a burst elsewhere, or
-    noise on an idle machine, does not flip it (a reply after a pause decides at its first look)."""
+    Fewer threads at once (a thread beside a busy core slowed decode 4x here), more once looks in
+    a row covering CONFIRM_S agree: a burst elsewhere costs a second of fewer threads at most."""
 
     def __init__(self, load: CoreLoad) -> None:
         self.load, self.threads = load, load.threads  # the last look's load; the count in use
@@ -118,7 +118,7 @@ class ThreadJudge:
         proposed = self.load.threads
         agreed = self._agreed_s if proposed == self._proposed else 0.0
         self._proposed, self._agreed_s = proposed, agreed + self.load.window_s
-        if proposed == self.threads or self._agreed_s < CONFIRM_S:
+        if proposed == self.threads or (proposed > self.threads and self._agreed_s < CONFIRM_S):
             return False
         self.threads = proposed
         return True

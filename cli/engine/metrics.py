@@ -32,7 +32,7 @@ class RunMetrics:
     kv_cache_type: str | None  # None: a server's model, whose KV cache is its own
     kv_cache_bytes: int
     threads: int
-    # Cores other processes kept busy when the model loaded (None: --threads chose the count).
+    # Cores other processes kept busy at the last look (None: --threads chose the count).
     busy_cores: int | None
     gpu_layers: int
     seed: int | None
