@@ -47,6 +47,7 @@ MESSAGES = [
 ]
 TURN = re.compile(r"decode (\d+) tok, ([\d.]+) tok/s .* threads (\d+)")
 TIMEOUT_S = 300
+LOAD_FIGURES = (("cpu_percent", 0), ("loadavg", 2))  # machine_load's, and the digits shown
 
 
 def environment() -> dict[str, str]:
@@ -204,26 +205,26 @@ def main() -> None:
         "date": time.strftime("%Y-%m-%d %H:%M"),
         "samples": samples,
     }
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.with_suffix(".json").write_text(json.dumps(report, indent=1) + "\n")
     markdown = render(report)
-    args.output.with_suffix(".md").write_text(markdown)
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    for suffix, text in ((".json", json.dumps(report, indent=1) + "\n"), (".md", markdown)):
+        args.output.with_suffix(suffix).write_text(text)
     print(markdown)
 
 
 def render(report: dict) -> str:
     fixed = [f"-t {n}" for n in range(1, report["physical_cores"] + 1)]
-    before, after = report["load_before"], report["load_after"]
+    load = [report[f"load_{when}"] for when in ("before", "after")]
+    cpu, average = ([f"{at[key]:.{digits}f}" for at in load] for key, digits in LOAD_FIGURES)
     lines = [
         f"# Automatic threads beside a core taken after the start ({report['date']})",
         "",
         f"`{report['command']}`: {report['model']}, {report['cpus']} CPUs "
         f"({report['physical_cores']} physical), {report['tokens']} tokens a turn, median over "
         f"{report['rounds']} rounds of the decode tok/s of the {len(MESSAGES) - 1} turns after "
-        f"`yes` started (chat: after a {report['pause_s']:g} s pause; serve: at once). Machine "
-        f"load from other sessions: {before['cpu_percent']:.0f}% CPU before, "
-        f"{after['cpu_percent']:.0f}% after (load average {before['loadavg']:.2f}, "
-        f"{after['loadavg']:.2f}).",
+        f"`yes` started (chat: after a {report['pause_s']:g} s pause; serve: at once). Other "
+        f"sessions' load before and after: {' and '.join(cpu)}% CPU, load average "
+        f"{' and '.join(average)}.",
         "",
         f"| | auto | {' | '.join(fixed)} | auto's threads: first turn, then | auto / best fixed, "
         "by round |",
