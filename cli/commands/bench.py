@@ -73,7 +73,7 @@ def bench(
             "-t",
             "--threads",
             help="Thread counts, e.g. 1,2. Default: the physical cores that other work leaves "
-            "free (measured at each load).",
+            "free, measured at each load and kept for its rows.",
         ),
     ] = None,
     batch: Annotated[

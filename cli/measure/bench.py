@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 
 from cli.engine.engine import Engine, LoadOptions
 from cli.engine.events import StreamEvent
+from cli.engine.freecores import measure_free_cores
 from cli.engine.opening import open_engine
 from cli.engine.sampling import SamplingParams
 from cli.engine.settings import ModelSettings
@@ -35,7 +36,7 @@ class BenchGrid:
     gen_tokens: tuple[int, ...] = (128,)
     depths: tuple[int, ...] = (0,)
     kv_types: tuple[str, ...] = ("f16",)
-    threads: tuple[int, ...] = ()  # empty: physical cores
+    threads: tuple[int, ...] = ()  # empty: the cores other work leaves free, at each load
     batches: tuple[int, ...] = (512,)
     repacks: tuple[bool, ...] = (True,)  # weight repacking on and/or off (cli/engine/loading.py)
     repetitions: int = 5
@@ -85,7 +86,8 @@ def run_bench(
         options = LoadOptions(
             n_ctx=grid.needed_ctx,
             n_batch=batch,
-            threads=threads,
+            # Measured once and then fixed, as llama-bench's -t is: a row keeps its thread count.
+            threads=threads or measure_free_cores().threads,
             kv_type_k=kv_type,
             kv_type_v=kv_type,
             repack=repack,
