@@ -25,12 +25,12 @@ OPERATORS = {"|", "||", "&&", ";", ">", ">>", "<", "2>", "&", "(", ")"}
 REDIRECTION = re.compile(r"\s\d*>>?&?\s*\S+")
 
 
-def quill_commands() -> list[tuple[str, int, list[str], str, bool]]:
+def quill_commands(paths: list[Path] = DOCS) -> list[tuple[str, int, list[str], str, bool]]:
     """(file, line number, argv after `quill`, the text shown after it, whether the line is a
     plain command: `quill ...` with no pipe or redirection, at most a `$(...)` argument) for
     each example."""
     found = []
-    for path in DOCS:
+    for path in paths:
         lines = path.read_text(encoding="utf-8").splitlines()
         for number, line in enumerate(lines, 1):
             if not line.startswith("$ ") or "quill " not in line:
@@ -122,7 +122,8 @@ def shown_reply(shown: str) -> str:
     for text in shown.splitlines():
         if text.startswith("load ") and " TTFT " in text:
             break
-        lines.append(text)
+        if not text.startswith("quill: warning:"):  # stderr, before the reply in one pipe
+            lines.append(text)
     # A reply may start with a newline (the model's first token): only the end is trimmed.
     return "\n".join(lines).rstrip("\n")
 
@@ -228,7 +229,7 @@ def test_an_edited_example_fails(decoders):
 
 def test_pasted_help_is_current():
     sys.path.insert(0, str(ROOT / "scripts"))
-    from refresh_help import current_help, help_blocks
+    from refresh_docs import current_help, help_blocks
 
     stale = []
     for path in DOCS:
@@ -236,4 +237,6 @@ def test_pasted_help_is_current():
         for start, end, args in help_blocks(lines):
             if [line.rstrip() for line in lines[start:end]] != current_help(args):
                 stale.append(f"{path.name}:{start} quill {' '.join(args)} --help")
-    assert not stale, f"stale --help in the docs (python scripts/refresh_help.py): {stale}"
+    assert not stale, (
+        f"stale --help in the docs (python scripts/refresh_docs.py --help-blocks): {stale}"
+    )

@@ -4,7 +4,7 @@ in a quill home of the page's own that starts with only the default model.
 An example whose output shows `quill: error:` must fail (with the exit code the page shows after
 it, if it shows one); any other must succeed. Examples that take minutes (bench grids,
 quant-report) carry the `docs_long` mark and run with `pytest -m docs_long`; examples that need
-the network, a running server or files made by shell commands on the page say so and are skipped.
+the network or a running server say so and are skipped.
 
 Every exit status is checked strictly, on any CPU. That holds only because no example's outcome
 hangs on a near-tie (the path greedy or seeded text takes differs between CPUs): an example that
@@ -34,15 +34,6 @@ SKIP = {
     "gemma3-270m": "downloads Gemma 3 270M (240 MB) from the package index",
     "llama3.2-1b:q2_k": "needs the Hugging Face Hub",
     "--endpoint": "needs quill serve running on port 8080 (tests/test_serve.py covers it)",
-    "cut.gguf": "needs the truncated file the page makes with head -c",
-    "notes.gguf": "needs the text file the page makes",
-    "tiny.gguf": "needs the tiny test model (tests/test_engine.py covers it)",
-    # Run from the checkout's root (where the guide's examples point) by tests/test_docs.py.
-    "tests/data/templates/meta-llama-Llama-3.2-3B-Instruct.jinja": "a template in the checkout",
-    "tests/data/templates/deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja": "a template in the "
-    "checkout",
-    "@person.json": "needs the schema file the page shows (tests/test_structured.py covers @file)",
-    "yesno.gbnf": "needs the grammar file the page shows (tests/test_structured.py covers it)",
 }
 PAGES = sorted({doc for doc, *_ in COMMANDS})
 
@@ -78,6 +69,15 @@ def page_home(tmp_path_factory, smollm2_path, quill_home) -> Path:
 
 
 def run_page(page: str, home: Path, long: bool, workdir: Path) -> list[str]:
+    """The files the page uses are made as scripts/refresh_docs.py makes them when it pastes the
+    page's output: its FIXTURES, and the files the page shows with `$ cat FILE`."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from refresh_docs import make_fixtures, make_page_files
+
+    make_page_files(page, workdir, home)
+    raw = (ROOT / "docs" / page if page != "README.md" else ROOT / page).read_text()
+    for index in range(len(raw.splitlines())):
+        make_fixtures(raw.splitlines(), workdir, index, {})
     problems = []
     for line, argv, shown in examples(page):
         if "--help" in argv or "-h" in argv:
@@ -87,7 +87,6 @@ def run_page(page: str, home: Path, long: bool, workdir: Path) -> list[str]:
             continue
         if argv[0] == "serve" or (argv[0] == "chat" and "--endpoint" in argv):
             continue  # a server runs until stopped: tests/test_serve.py starts and stops one
-        raw = (ROOT / "docs" / page if page != "README.md" else ROOT / page).read_text()
         typed = raw.splitlines()[line - 1][2:]
         # Through bash as the user types it, so that $(...) and quoting behave the same.
         env = quill_env(home, PATH=f"{Path(QUILL).parent}:{os.environ['PATH']}")
