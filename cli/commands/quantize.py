@@ -49,13 +49,15 @@ def quantize(
     from cli.ui import render
     from cli.ui.progress import StepProgress
     from cli.units import human_bytes
+    from quant.quantize import FLOAT_FILE_TYPES
 
     target = target_type(to)
     registry = load_registry()
     request = parse_model_name(name, registry)
     entry = registry.models.get(name)  # an alias with no tag: its default tag
-    floats = ("f16", "bf16", "f32")
-    float_tag = next((tag for tag in floats if entry and tag in entry.tags), None)
+    floats = FLOAT_FILE_TYPES.values()
+    # The smallest float file first: f16, then bf16, then f32.
+    float_tag = next((tag for tag in ("f16", "bf16", "f32") if entry and tag in entry.tags), None)
     if (
         float_tag
         and not allow_requantize
