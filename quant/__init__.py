@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 __all__ = [
     "KV_CACHE_TYPES",
     "QUANTIZED_KV_TYPES",
+    "REPLICA_KEY",
     "GGUFError",
     "GGUFHeader",
     "GGUFInfo",
@@ -30,7 +31,10 @@ __all__ = [
     "quantize",
     "read_gguf",
     "read_header",
+    "replica_bytes",
+    "replica_of",
     "weight_type",
+    "write_replica",
 ]
 
 if TYPE_CHECKING:
@@ -45,13 +49,14 @@ if TYPE_CHECKING:
     )
     from quant.memory import MemoryPlan, ModelShape, largest_context, parse_size, plan
     from quant.quantize import QuantizeError, QuantizeResult, quantize, weight_type
+    from quant.replica import REPLICA_KEY, replica_bytes, replica_of, write_replica
 
 
 def __getattr__(name: str) -> Any:
     if name not in __all__:
         raise AttributeError(f"module 'quant' has no attribute {name!r}")
     # In this order the first module that has the name defines it (the later ones import it).
-    for module in ("quant.gguf", "quant.kv", "quant.memory", "quant.quantize"):
+    for module in ("quant.gguf", "quant.kv", "quant.memory", "quant.quantize", "quant.replica"):
         value = getattr(importlib.import_module(module), name, None)
         if value is not None:
             globals()[name] = value

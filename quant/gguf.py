@@ -73,6 +73,7 @@ class TensorInfo:
     name: str
     shape: tuple[int, ...]
     type_id: int
+    offset: int = 0  # where its data starts, from the start of the file's tensor data
 
     @property
     def type_name(self) -> str:
@@ -95,6 +96,9 @@ class GGUFHeader:
     array_lengths: dict[str, int]  # every array field, read or skipped: its number of items
     tensors: list[TensorInfo]
     size: int = 0  # the file's length by its tensor table (when it was read)
+    kv_end: int = 0  # byte offsets: where the key-value fields end,
+    infos_end: int = 0  # where the tensor infos end,
+    data_start: int = 0  # and where tensor data begins (aligned)
 
     def get(self, key: str, default: Any = None) -> Any:
         value = self.fields.get(key)
@@ -216,22 +220,27 @@ def read_header(
             wanted.discard(key)
             if not wanted:
                 return GGUFHeader(version, fields, lengths, [])
+    kv_end = cursor.at
     infos: list[TensorInfo] = []
     data_end = 0  # where the last tensor's data ends, from the start of the data
     for _ in range(n_tensors if tensors else 0):
         name = cursor.string()
         shape = tuple(cursor.take("Q") for _ in range(cursor.take("I")))
-        info = TensorInfo(name, shape, cursor.take("I"))
-        data_end = max(data_end, cursor.take("Q") + info.n_bytes)
+        info = TensorInfo(name, shape, cursor.take("I"), cursor.take("Q"))
+        data_end = max(data_end, info.offset + info.n_bytes)
         infos.append(info)
-    alignment = int(fields.get("general.alignment") or 32)
-    size = -(-cursor.at // alignment) * alignment + data_end
+    data_start = aligned(cursor.at, int(fields.get("general.alignment") or 32))
+    size = data_start + data_end
     if tensors and whole and size > len(data):
         raise GGUFError(
             f"{where} is not a readable GGUF file (truncated or corrupt: its tensors need "
             f"{size} bytes, the file has {len(data)}); download it again"
         )
-    return GGUFHeader(version, fields, lengths, infos, size)
+    return GGUFHeader(version, fields, lengths, infos, size, kv_end, cursor.at, data_start)
+
+
+def aligned(offset: int, alignment: int) -> int:
+    return -(-offset // alignment) * alignment
 
 
 def split_parts(name: str, header: GGUFHeader) -> list[str]:
