@@ -34,7 +34,7 @@ def test_one_row_per_combination_with_finite_positive_numbers(grid_json):
         if row["test"].startswith("pp"):
             assert row["ttft_ms"] > 0 and row["bytes_per_token"] is None
         else:
-            assert row["bytes_per_token"] > 0 and row["bandwidth_gb_s"] > 0
+            assert row["bytes_per_token"] > 0 and row["weights_kv_gb_per_s"] > 0
 
 
 def test_bytes_per_token_grow_with_depth(grid_json):

@@ -175,6 +175,8 @@ def bench(
             f"{row.test} @ depth {row.depth}, {row.kv_type}, {row.threads} threads, "
             f"batch {row.batch}: {row.tokens_per_s:.1f} ± {row.tokens_per_s_sd:.1f} tok/s"
         )
+    for limit in dict.fromkeys(row.read_bandwidth for row in rows if row.read_bandwidth):
+        render.info_line(limit.describe())
     _show_bench(rows, label, json_output, csv_output, markdown_output, plot)
 
 

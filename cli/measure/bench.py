@@ -4,7 +4,8 @@ For every combination of KV-cache type, threads and batch size a model is loaded
 depth D, prompt length P and generation length N, after one warm-up round:
   ppP @ dD: P random tokens prefilled after D cached tokens (tokens/s; time to the first token)
   tgN @ dD: N tokens decoded one by one after D cached tokens (tokens/s; the bytes each step
-            reads, all weights plus the KV cache so far, hence the bandwidth that speed implies)
+            reads, weights plus the KV cache so far, hence the GB/s that speed implies and its
+            share of this machine's measured read bandwidth: cli/measure/bandwidth.py)
 It only drives Engine.stream_generate: the engine's prefix cache keeps the depth filled once, so
 the timed call computes only the measured tokens.
 """
@@ -26,6 +27,14 @@ from cli.engine.freecores import measure_free_cores
 from cli.engine.opening import open_engine
 from cli.engine.sampling import SamplingParams
 from cli.engine.settings import ModelSettings
+from cli.measure.bandwidth import (
+    Bandwidth,
+    kv_read_per_token,
+    read_bandwidth,
+    weights_read_per_token,
+)
+from cli.store.header import header_on_disk
+from quant.memory import ModelShape
 
 GREEDY_NO_EOS = SamplingParams(temperature=0.0, ignore_eos=True)
 
@@ -60,7 +69,9 @@ class BenchRow:
     ttft_ms: float | None = None  # pp rows: time to the first token for a prompt of P tokens
     ttft_ms_sd: float | None = None
     bytes_per_token: int | None = None  # tg rows: weights + KV read per decode step
-    bandwidth_gb_s: float | None = None  # tg rows: bytes_per_token x tokens/s
+    weights_kv_gb_per_s: float | None = None  # tg rows: bytes_per_token x tokens/s
+    bandwidth_share: float | None = None  # tg rows: that / read_bandwidth's GB/s
+    read_bandwidth: Bandwidth | None = None  # tg rows: the machine's, with the row's threads
     samples: list[float] = field(default_factory=list)
     cpu_path: str = ""  # how the weights sat on the CPU: extra, amx-repack, amx-plain or plain
     acceptance_rate: float | None = None  # tgN+MODE rows: drafted tokens the model agreed with
@@ -80,14 +91,20 @@ def run_bench(
     """Yield one row per combination, in grid order; speculate(engine, mode) sets the
     speculative decoding of the tg rows of each mode in grid.spec."""
     rng = random.Random(0)
+    header = header_on_disk(model).header
+    weights, shape = weights_read_per_token(header), ModelShape.from_header(header)
+    limits: dict[int, Bandwidth] = {}  # by threads
     for repack, kv_type, threads, batch in itertools.product(
         grid.repacks, grid.kv_types, grid.threads or (None,), grid.batches
     ):
+        # Measured once and then fixed, as llama-bench's -t is: a row keeps its thread count.
+        threads = threads or measure_free_cores().threads
+        if threads not in limits:  # before the load, on a quiet machine; cached after once
+            limits[threads] = read_bandwidth(threads)
         options = LoadOptions(
             n_ctx=grid.needed_ctx,
             n_batch=batch,
-            # Measured once and then fixed, as llama-bench's -t is: a row keeps its thread count.
-            threads=threads or measure_free_cores().threads,
+            threads=threads,
             kv_type_k=kv_type,
             kv_type_v=kv_type,
             repack=repack,
@@ -102,6 +119,9 @@ def run_bench(
                     for mode in grid.spec:
                         speculate(engine, mode)
                         row = measure_generation(engine, context, n, grid.repetitions, rng)
+                        # A step reads the weights and the KV cache of every position before it.
+                        kv = kv_read_per_token(shape, depth + 1 + n / 2, kv_type)
+                        row = with_traffic(row, weights + kv, limits[threads])
                         if mode != "off":
                             stats = engine.speculator.last_stats if engine.speculator else None
                             rate = stats.acceptance_rate if stats else None
@@ -161,7 +181,7 @@ def measure_prompt(
 def measure_generation(
     engine: Engine, context: list[int], n: int, reps: int, rng: random.Random
 ) -> BenchRow:
-    """tgN at depth len(context): decode speed, bytes read per token, implied bandwidth."""
+    """tgN at depth len(context): decode speed."""
 
     def decode(_round: int) -> float:
         _fill(engine, context)
@@ -170,15 +190,20 @@ def measure_generation(
         assert last.generation_tokens == n + 1
         return last.decode_tokens_per_s
 
-    row = _row(f"tg{n}", _where(engine, context), _rounds(reps, decode))
-    # Each decode step reads every weight once and the KV cache of every position before it.
-    average_depth = len(context) + 1 + n / 2
-    per_token = int(engine.weights_bytes + average_depth * engine.kv_bytes_per_position)
+    rates = _rounds(reps, decode)
+    return _row(f"tg{n}", _where(engine, context), rates, cpu_path=engine.cpu_path.label)
+
+
+def with_traffic(row: BenchRow, per_token: int, limit: Bandwidth) -> BenchRow:
+    """The row with the bytes a step reads, the GB/s its speed implies and their share of limit."""
+    gb_per_s = per_token * row.tokens_per_s / 1e9
+    share = gb_per_s / limit.gb_per_s
     return replace(
         row,
         bytes_per_token=per_token,
-        bandwidth_gb_s=per_token * row.tokens_per_s / 1e9,
-        cpu_path=engine.cpu_path.label,
+        weights_kv_gb_per_s=gb_per_s,
+        bandwidth_share=share,
+        read_bandwidth=limit,
     )
 
 

@@ -18,8 +18,10 @@ from cli.units import human_bytes
 
 # The CSV's columns: every field of a row but its samples and the extras of some rows.
 COLUMNS = ("test", "depth", "kv_type", "threads", "batch", "tokens_per_s", "tokens_per_s_sd")
-COLUMNS += ("ttft_ms", "ttft_ms_sd", "bytes_per_token", "bandwidth_gb_s", "cpu_path")
-HEADERS = ["test", "depth", "KV", "threads", "batch", "tokens/s", "TTFT ms", "bytes/token", "GB/s"]
+COLUMNS += ("ttft_ms", "ttft_ms_sd", "bytes_per_token", "weights_kv_gb_per_s", "bandwidth_share")
+COLUMNS += ("cpu_path",)
+HEADERS = ["test", "depth", "KV", "threads", "batch", "tokens/s", "TTFT ms", "bytes/token"]
+HEADERS += ["read GB/s", "of limit"]
 
 
 def _known(value: int | None) -> str:
@@ -42,11 +44,12 @@ def _grid(rows: Sequence[BenchRow]) -> tuple[list[str], list[list[str]]]:
     for row in rows:
         ttft = "" if row.ttft_ms is None else f"{row.ttft_ms:.1f} ± {row.ttft_ms_sd or 0:.1f}"
         per_token = "" if row.bytes_per_token is None else human_bytes(row.bytes_per_token)
-        bandwidth = "" if row.bandwidth_gb_s is None else f"{row.bandwidth_gb_s:.2f}"
+        read = "" if row.weights_kv_gb_per_s is None else f"{row.weights_kv_gb_per_s:.2f}"
+        share = "" if row.bandwidth_share is None else f"{row.bandwidth_share:.0%}"
         rate = f"{row.tokens_per_s:.1f} ± {row.tokens_per_s_sd:.1f}"
         where = [row.test, str(row.depth), row.kv_type, _known(row.threads), _known(row.batch)]
         path = [row.cpu_path] if several else []
-        cells.append([*where, rate, ttft, per_token, bandwidth, *path])
+        cells.append([*where, rate, ttft, per_token, read, share, *path])
     return [*HEADERS, "CPU path"] if several else HEADERS, cells
 
 
