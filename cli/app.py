@@ -68,7 +68,9 @@ SUMMARIES: dict[str, str] = {
         "the change against the F16 model is what a quantization costs."
     ),
     "quant-report": "Which quant should I use on this machine?",
-    "cache": ("The prompt caches quill keeps under QUILL_HOME/cache/prompts: list or clear them."),
+    "cache": (
+        "The prompt caches and replicas quill keeps under QUILL_HOME/cache: list or clear them."
+    ),
 }
 
 

@@ -4,6 +4,8 @@ a stderr line and its exit code."""
 
 from __future__ import annotations
 
+from cli.units import human_bytes
+
 EXIT_OK = 0
 EXIT_INTERNAL = 1
 EXIT_USAGE = 2
@@ -12,6 +14,7 @@ EXIT_CONTEXT_OVERFLOW = 4
 EXIT_MODEL_LOAD = 5
 EXIT_ENDPOINT = 6
 EXIT_INVALID_OUTPUT = 7
+EXIT_DOES_NOT_FIT = 8
 EXIT_INTERRUPTED = 130
 
 # What each exit code means, in the words --help uses.
@@ -24,6 +27,7 @@ EXIT_CODES: dict[int, str] = {
     EXIT_MODEL_LOAD: "model failed to load",
     EXIT_ENDPOINT: "server refused or unreachable",
     EXIT_INVALID_OUTPUT: "output does not match the schema",
+    EXIT_DOES_NOT_FIT: "does not fit this machine's memory or disk",
     EXIT_INTERRUPTED: "interrupted",
 }
 
@@ -38,7 +42,7 @@ COMMAND_EXIT_CODES: dict[str, tuple[int, ...]] = {
     "rm": (EXIT_MODEL_NOT_FOUND,),
     "inspect": _MODEL,
     "quantize": _MODEL,
-    "bench": (*_MODEL, EXIT_ENDPOINT),
+    "bench": (*_MODEL, EXIT_ENDPOINT, EXIT_DOES_NOT_FIT),
     "chat": (*_MODEL, EXIT_CONTEXT_OVERFLOW, EXIT_ENDPOINT),
     "tokenize": _MODEL,
     "serve": _MODEL,
@@ -81,6 +85,20 @@ class NotOnDiskError(ModelNotFoundError):
 
 class DiskSpaceError(ModelNotFoundError):
     """Not enough free disk space to download the model."""
+
+
+class DoesNotFitError(QuillError):
+    """A replica that needs more memory or disk than this machine has: refused before anything
+    is written (resource: "memory" or "disk"; detail: the plan's parts)."""
+
+    exit_code = EXIT_DOES_NOT_FIT
+
+    def __init__(self, of: str, resource: str, needs: int, room: int, where: str, detail: str):
+        self.of, self.resource, self.needs, self.room, self.where = of, resource, needs, room, where
+        super().__init__(
+            f"a replica of {of} needs {human_bytes(needs)} of {resource}{detail}, and {where} has "
+            f"{human_bytes(room)} available; nothing was written"
+        )
 
 
 class NotOwnedError(UsageError):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -123,6 +124,15 @@ def bench(
     ] = "off",
     draft: DraftModel = None,
     draft_tokens: DraftTokens = None,
+    replica: Annotated[
+        bool,
+        typer.Option(
+            "--replica",
+            help="Measure a replica: the model's header (from the Hub by range requests when "
+            "it is not on disk) with weights of noise, built once under QUILL_HOME/cache/"
+            "replicas. Its speed and memory are the model's; its text is noise.",
+        ),
+    ] = False,
 ) -> None:
     """Measure prefill and decode speed over a grid of lengths, depths, KV types and threads."""
     from cli.engine.opening import speculate as attach
@@ -154,11 +164,16 @@ def bench(
         )
         for mode in grid.spec
     }
+    if endpoint and replica:
+        raise UsageError("--replica measures here, and --endpoint a server: choose one")
     if endpoint:
         rows = _bench_endpoint(endpoint, chosen, grid, api_key)
         _show_bench(rows, chosen or "endpoint", json_output, csv_output, markdown_output, plot)
         return
-    label, path = shared.obtain_model(chosen, offline)
+    if replica:
+        label, path = _replica(chosen, grid, offline)
+    else:
+        label, path = shared.obtain_model(chosen, offline)
     _check_grid(grid, read_model(path).context_length)
     drafted = shared.obtain_model(draft, offline) if "draft" in specs else None
 
@@ -169,15 +184,43 @@ def bench(
         render.info_line(f"CPU path: {engine.cpu_path.describe()}")
 
     rows = []
+    of = f" (replica of {label})" if replica else ""
     for row in run_bench(path, grid, on_load=name_cpu_path, speculate=speculate):
-        rows.append(row)
+        rows.append(replace(row, replica_of=label) if replica else row)
         render.info_line(
             f"{row.test} @ depth {row.depth}, {row.kv_type}, {row.threads} threads, "
-            f"batch {row.batch}: {row.tokens_per_s:.1f} ± {row.tokens_per_s_sd:.1f} tok/s"
+            f"batch {row.batch}: {row.tokens_per_s:.1f} ± {row.tokens_per_s_sd:.1f} tok/s{of}"
         )
     for limit in dict.fromkeys(row.read_bandwidth for row in rows if row.read_bandwidth):
         render.info_line(limit.describe())
-    _show_bench(rows, label, json_output, csv_output, markdown_output, plot)
+    shown = f"replica of {label}" if replica else label
+    _show_bench(rows, shown, json_output, csv_output, markdown_output, plot)
+
+
+def _replica(name: str | None, grid: BenchGrid, offline: bool) -> tuple[str, Path]:
+    """(the model's label, its replica's first file), built from the model's header or reused;
+    refused before anything is written where it cannot fit this machine at the grid's context."""
+    from cli.commands.models import available_memory
+    from cli.store.models import model_header
+    from cli.store.promptcache import make_room
+    from cli.store.replicas import check_memory, obtain_replica
+    from cli.ui import render
+    from cli.units import human_bytes
+    from quant.memory import plan
+
+    request = shared.model_request(name)
+    model = model_header(request, offline, prefixes=True)
+    _check_grid(grid, model.shape.trained_ctx or None)
+    plans = (plan(model.shape, grid.needed_ctx, kv) for kv in grid.kv_types)
+    check_memory(request.label, max(plans, key=lambda p: p.total_bytes), available_memory())
+    built, took = obtain_replica(model, request.label)
+    done = f"reused {human_bytes(built.size)}"
+    if took:
+        make_room(built.folder)
+        rate = human_bytes(built.size / took)
+        done = f"built {human_bytes(built.size)} in {took:.2f} s ({rate}/s)"
+    render.info_line(f"replica of {request.label}: {done}, at {built.path}; its text is noise")
+    return request.label, built.path
 
 
 def _bench_endpoint(

@@ -61,49 +61,65 @@ def finish_prompt_cache(backend: Backend, show: bool, keep: bool = True) -> None
 
 def cache(
     action: Annotated[
-        str, typer.Argument(help="list: the cached prompts; clear: remove them all.")
+        str,
+        typer.Argument(help="list: the cached prompts and replicas; clear: remove them all."),
     ] = "list",
 ) -> None:
-    """The prompt caches quill keeps under QUILL_HOME/cache/prompts: list or clear them."""
+    """The prompt caches and replicas quill keeps under QUILL_HOME/cache: list or clear them.
+    Replicas are quill bench --replica's; they count against quill run's --cache-max, the least
+    recently used going first."""
     import time
 
     from cli.store.promptcache import CacheEntry, cache_dir, clear, headers
+    from cli.store.replicas import list_replicas, replicas_dir
     from cli.ui import render
     from cli.units import human_bytes
 
     folder = cache_dir()
     if action == "clear":
-        cleared = clear(folder)
-        removed = f"removed {cleared.count} prompt caches, {human_bytes(cleared.bytes)}"
+        cleared = clear(folder, replicas_dir())
+        also = f" and {cleared.replicas} replicas" if cleared.replicas else ""
+        removed = f"removed {cleared.count} prompt caches{also}, {human_bytes(cleared.bytes)}"
         if cleared.failed:
             path, why = cleared.failed[0]
             raise UsageError(
-                f"{removed}, but could not remove {len(cleared.failed)} in {folder} "
+                f"{removed}, but could not remove {len(cleared.failed)} in {path.parent} "
                 f"({path.name}: {why}): check the directory's permissions"
             )
-        render.info_line(f"{removed}, from {folder}")
+        render.info_line(f"{removed}, from {folder.parent}")
         return
     if action != "list":
         from cli.commands.options import shown_text
 
         raise UsageError(f"quill cache takes list or clear, not {shown_text(action, 40)}")
-    entries = list(headers(folder))
+
+    def when(used: float) -> str:
+        return time.strftime("%Y-%m-%d %H:%M", time.localtime(used))
+
+    entries, lines = list(headers(folder)), []
     if not entries:
         render.info_line(f"no prompt caches in {folder}")
-        return
-    lines = [f"{'file':<35} {'tokens':>7} {'size':>10}  {'ctx':>6}  {'KV':<10} last used"]
-    for entry in entries:
-        if not isinstance(entry, CacheEntry):
-            lines.append(f"{entry[0].name:<35} unreadable: {entry[1]}")
-            continue
-        used = time.strftime("%Y-%m-%d %H:%M", time.localtime(entry.used))
-        lines.append(
-            f"{entry.path.name:<35} {len(entry.tokens):>7} {human_bytes(entry.size):>10}  "
-            f"{entry.n_ctx:>6}  {entry.kv_types:<10} {used}"
-        )
-    total = sum(entry.size for entry in entries if isinstance(entry, CacheEntry))
-    lines.append(f"{len(entries)} files, {human_bytes(total)} in {folder}")
-    render.write_stdout("\n".join(lines) + "\n")
+    else:
+        lines.append(f"{'file':<35} {'tokens':>7} {'size':>10}  {'ctx':>6}  {'KV':<10} last used")
+        for entry in entries:
+            if not isinstance(entry, CacheEntry):
+                lines.append(f"{entry[0].name:<35} unreadable: {entry[1]}")
+                continue
+            lines.append(
+                f"{entry.path.name:<35} {len(entry.tokens):>7} {human_bytes(entry.size):>10}  "
+                f"{entry.n_ctx:>6}  {entry.kv_types:<10} {when(entry.used)}"
+            )
+        total = sum(entry.size for entry in entries if isinstance(entry, CacheEntry))
+        lines.append(f"{len(entries)} files, {human_bytes(total)} in {folder}")
+    if replicas := list_replicas():
+        lines.append(f"{'replica of':<35} {'size':>10}  {'last used':<16}  folder")
+        for replica in reversed(replicas):  # the most recently used first
+            of, size = replica.of or "? (incomplete or unreadable)", human_bytes(replica.size)
+            lines.append(f"{of:<35} {size:>10}  {when(replica.used):<16}  {replica.folder.name}")
+        total = sum(replica.size for replica in replicas)
+        lines.append(f"{len(replicas)} replicas, {human_bytes(total)} in {replicas_dir()}")
+    if lines:
+        render.write_stdout("\n".join(lines) + "\n")
 
 
 class ChatCacheReport:

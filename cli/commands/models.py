@@ -152,15 +152,13 @@ def inspect(
     machine's free memory."""
     import json
 
-    import psutil
-
     from cli.commands.options import MAX_CTX, check_at_most, kv_types, size_option
-    from cli.engine.hardware import gpu_memory
     from cli.engine.options import context_size
     from cli.store.models import model_header, parse_model_name
     from cli.store.registry import load_registry, model_kind
     from cli.ui import render
     from quant.memory import largest_context, plan
+    from quant.replica import replica_of
 
     registry = load_registry()
     model = model_header(parse_model_name(name, registry), offline)
@@ -180,19 +178,32 @@ def inspect(
         else None
     )
     template = _template_facts(header.get("tokenizer.chat_template"), name)
-    kind = model_kind(name, registry)
-    available = [("RAM", psutil.virtual_memory().available), *gpu_memory()]
+    of = replica_of(header)
+    kind = "replica" if of else model_kind(name, registry)
+    available = available_memory()
     if json_output:
         data = {**info.as_dict(), **template, "kind": kind, "memory": memory.as_dict()}
+        data["replica_of"] = of
         data["header_read_bytes"] = model.read
         data["available"] = [{"memory": where, "bytes": free} for where, free in available]
         if budget is not None:
             data["memory_budget"] = {"bytes": budget, "largest_context": largest}
         render.write_stdout(json.dumps(data, indent=1) + "\n")
     else:
-        base = BASE_NOTE if kind == "base" else None
-        render.gguf_report(info, template["template_summary"], base, model.read)
+        note = BASE_NOTE if kind == "base" else None
+        if of:
+            note = f"replica of {of}: its weights are noise, so is its text (quill bench --replica)"
+        render.gguf_report(info, template["template_summary"], note, model.read)
         render.memory_report(memory, budget, largest, available)
+
+
+def available_memory() -> list[tuple[str, int]]:
+    """(where, bytes available): RAM, then each GPU's."""
+    import psutil
+
+    from cli.engine.hardware import gpu_memory
+
+    return [("RAM", psutil.virtual_memory().available), *gpu_memory()]
 
 
 def _template_facts(source: object, name: str) -> dict:

@@ -8,6 +8,7 @@ from cli.errors import (
     ChatNotFoundError,
     ChatOverflowError,
     ContextOverflowError,
+    DoesNotFitError,
     KvCacheTypeError,
     NotOnDiskError,
     QuantizeRefusedError,
@@ -53,6 +54,10 @@ def user_message(error: Exception) -> str:
         return f"{error}: /clear, or restart with --on-overflow truncate or a larger --ctx"
     if isinstance(error, ChatOverflowError):
         return f"{error}: shorten it or restart with a larger --ctx"
+    if isinstance(error, DoesNotFitError) and error.resource == "disk":
+        return f"{error}: free some space, or set QUILL_HOME to a larger disk"
+    if isinstance(error, DoesNotFitError):
+        return f"{error}: pick a smaller quant, or lower --depth, -p or -n"
     if isinstance(error, NotOnDiskError):
         return f"{error}; get it with `quill pull {error.name}`"
     if isinstance(error, ChatNotFoundError):

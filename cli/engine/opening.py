@@ -1,5 +1,6 @@
 """The one way a local model is opened with its settings (run, chat at start and at /model,
-serve): the engine, then its speculator, which needs it loaded (bench switches with speculate)."""
+serve): the engine (a replica said to be one), then its speculator, which needs it loaded (bench
+switches with speculate)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from cli.engine.engine import Engine
 from cli.engine.options import LoadOptions
 from cli.engine.settings import ModelSettings
 from cli.engine.speculative import SpecOptions, attach
+from quant.replica import REPLICA_KEY
 
 
 def open_engine(
@@ -24,6 +26,12 @@ def open_engine(
     """The model at path, ready: family is the template family models.yaml names for it, draft
     the (name, file) of settings.spec's draft model."""
     engine = Engine(path, options, verbose, settings, family=family, on_note=on_note)
+    replica = engine.meta(REPLICA_KEY)
+    if replica is not None:  # quill bench --replica's: whatever opens it must not take its text
+        engine.note(
+            f"{path.name} is a replica of {replica}: its weights are noise, so is its text; "
+            "use it to measure speed and memory"
+        )
     if settings.spec is not None:
         speculate(engine, settings.spec, draft, verbose)
     return engine

@@ -76,6 +76,7 @@ class BenchRow:
     cpu_path: str = ""  # how the weights sat on the CPU: extra, amx-repack, amx-plain or plain
     acceptance_rate: float | None = None  # tgN+MODE rows: drafted tokens the model agreed with
     cached_tokens: int | None = None  # remote ppP rows: the most prompt tokens the server reused
+    replica_of: str | None = None  # the model a replica's rows measure (its weights are noise)
 
 
 def mean_sd(values: Sequence[float]) -> tuple[float, float]:

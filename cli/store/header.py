@@ -5,15 +5,27 @@ header is a few MB at the start of a file of GBs, and the memory plan needs noth
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from cli.errors import ModelLoadError
-from quant.gguf import GGUFError, GGUFHeader, GGUFInfo, joined, read_gguf, read_header, split_parts
+from quant.gguf import (
+    GGUFError,
+    GGUFHeader,
+    GGUFInfo,
+    HeaderIncomplete,
+    check_gguf_magic,
+    joined,
+    read_gguf,
+    read_header,
+    split_parts,
+)
 from quant.memory import ModelShape
 
 # A download's start: huggingface-hub's blobs/ETAG.incomplete, a browser's or wget's NAME.part.
 PARTIAL = re.compile(r"\.(incomplete|part)$")
+FIRST_READ = 2**20  # a header's first read; doubled until the header parses
 
 
 @dataclass(frozen=True)
@@ -22,6 +34,9 @@ class ModelHeader:
     where: str  # the path, or hf://OWNER/REPO/FILE
     size: int  # of the whole file (every file of a split)
     read: int | None = None  # the bytes read, when the weights are not all on disk
+    # Each file's header bytes (what a replica is built from), where they were read: always
+    # from the Hub, on disk when asked.
+    prefixes: tuple[bytes, ...] = ()
 
     @property
     def info(self) -> GGUFInfo:
@@ -31,19 +46,60 @@ class ModelHeader:
     def shape(self) -> ModelShape:
         return ModelShape.from_header(self.header)
 
+    @property
+    def names(self) -> list[str]:
+        """Its files' names, a split's in order."""
+        first = PARTIAL.sub("", self.where.rpartition("/")[2])
+        return [first, *split_parts(first, self.header)]
 
-def header_on_disk(path: Path) -> ModelHeader:
+
+def grown_header(
+    where: str, size: int, read: Callable[[int, int], bytes], first: int, whole: bool = True
+) -> tuple[GGUFHeader, bytes, int]:
+    """The header, its bytes, and how many were read: read(start, end) gives the file's first
+    bytes, then twice as many, and so on (or as far as the field being read needs), until it
+    parses; whole: size is the file's, not a download's start."""
+    data, end = bytearray(), min(first, size)
+    while True:
+        data += read(len(data), end)
+        if len(data) != end:
+            raise OSError(f"asked for {end} bytes of {where}, got {len(data)}")
+        try:
+            header = read_header(where, whole=whole and end == size, data=data)
+            return header, bytes(data[: header.data_start]), end
+        except HeaderIncomplete as short:
+            if end == size:
+                raise
+            end = min(max(2 * end, short.needed), size)
+
+
+def _on_disk(path: Path, whole: bool, prefix: bool) -> tuple[GGUFHeader, bytes]:
+    if not prefix:
+        return read_header(path, whole=whole), b""
+    check_gguf_magic(path)
+    with path.open("rb") as file:
+
+        def read(start: int, end: int) -> bytes:
+            file.seek(start)
+            return file.read(end - start)
+
+        return grown_header(str(path), path.stat().st_size, read, FIRST_READ, whole)[:2]
+
+
+def header_on_disk(path: Path, prefixes: bool = False) -> ModelHeader:
     """ModelLoadError when a file is not a readable GGUF (a download's start may end anywhere
-    after its header)."""
+    after its header); prefixes: keep each file's first bytes, as ModelHeader.prefixes."""
     name = PARTIAL.sub("", path.name)
     whole = name == path.name
     try:
-        first = read_header(path, whole=whole)
+        first, prefix = _on_disk(path, whole, prefixes)
         names = split_parts(name, first)
-        header = joined([first, *(read_header(path.with_name(n)) for n in names)], str(path))
+        rest = [_on_disk(path.with_name(n), True, prefixes) for n in names]
+        header = joined([first, *(part for part, _ in rest)], str(path))
     except GGUFError as error:
         raise ModelLoadError(str(error)) from None
+    kept = (prefix, *(data for _, data in rest)) if prefixes else ()
     if not whole:
-        return ModelHeader(header, str(path), header.size, path.stat().st_size)
+        return ModelHeader(header, str(path), header.size, path.stat().st_size, kept)
     size = sum(path.with_name(n).stat().st_size for n in [path.name, *names])
-    return ModelHeader(header, str(path), size)
+    return ModelHeader(header, str(path), size, prefixes=kept)

@@ -19,13 +19,13 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from cli.errors import DiskSpaceError
-from cli.store.header import ModelHeader
+from cli.store.header import FIRST_READ, ModelHeader, grown_header
 from cli.store.sources import Fetch, Fetched, SourceFailed
 from cli.units import human_bytes
-from quant.gguf import SPLIT_NAME, GGUFHeader, HeaderIncomplete, joined, read_header, split_parts
+from quant.gguf import SPLIT_NAME, GGUFHeader, joined, split_parts
 
 RESUME_CHUNK = 2**20
-FIRST_RANGE = 2**20  # a header's first request; doubled until the header parses
+FIRST_RANGE = FIRST_READ  # a header's first request
 
 
 @dataclass(frozen=True)
@@ -106,11 +106,12 @@ class HubSource:
             for name in split_parts(files[0].filename, parts[0][0]):
                 files.append(self.ask(how, name))
                 parts.append(files[-1].read_header())
-            header = joined([part for part, _ in parts], where)
+            header = joined([part for part, _, _ in parts], where)
         except _hub_errors() as error:
             failure = _hub_failure(error, files[-1].filename, self.revision)
             raise SourceFailed(self.describe(), failure) from None
-        return ModelHeader(header, where, sum(f.size for f in files), sum(n for _, n in parts))
+        prefixes, read = tuple(data for _, data, _ in parts), sum(n for _, _, n in parts)
+        return ModelHeader(header, where, sum(f.size for f in files), read, prefixes)
 
     def _file_for_quant(self, files: list[str], splits: bool = False) -> str:
         """The one single-file GGUF in the repository with this quantization (or, with splits,
@@ -165,28 +166,21 @@ class HubFile:
     def resumable(self) -> int:
         return self.partial.stat().st_size if self.partial.exists() else 0
 
-    def read_header(self) -> tuple[GGUFHeader, int]:
-        """The header and the bytes read for it: the file's first FIRST_RANGE bytes, then twice
-        as many, and so on, until it parses."""
+    def read_header(self) -> tuple[GGUFHeader, bytes, int]:
+        """The header, its bytes, and the bytes read for it, by growing range requests."""
         from huggingface_hub import constants
         from huggingface_hub.utils import hf_raise_for_status, http_stream_backoff
 
-        data, end = bytearray(), min(FIRST_RANGE, self.size)
-        while True:
-            headers = {**self._token(), "Range": f"bytes={len(data)}-{end - 1}"}
+        def read(start: int, end: int) -> bytes:
+            headers = {**self._token(), "Range": f"bytes={start}-{end - 1}"}
             timeout = constants.HF_HUB_DOWNLOAD_TIMEOUT
             with http_stream_backoff("GET", self.location, headers=headers, timeout=timeout) as got:
                 hf_raise_for_status(got)
                 if got.status_code != 206:  # the whole file would follow
                     raise OSError(f"{urlparse(self.location).netloc} ignored a byte range")
-                data += got.read()
-            if len(data) != end:
-                raise OSError(f"asked for {end} bytes of {self.filename}, got {len(data)}")
-            try:
-                where = f"hf://{self.repo}/{self.filename}"
-                return read_header(where, whole=end == self.size, data=data), end
-            except HeaderIncomplete as short:
-                end = min(max(2 * end, short.needed), self.size)
+                return got.read()
+
+        return grown_header(f"hf://{self.repo}/{self.filename}", self.size, read, FIRST_RANGE)
 
     def _token(self) -> dict[str, str]:
         """The token goes to the Hub only, never to the CDN a large file redirects to."""

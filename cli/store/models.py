@@ -263,11 +263,13 @@ def read_model(path: Path) -> GGUFInfo:
     return header_on_disk(path).info
 
 
-def model_header(request: ModelRequest, offline: bool = False) -> ModelHeader:
+def model_header(
+    request: ModelRequest, offline: bool = False, prefixes: bool = False
+) -> ModelHeader:
     """From the file on disk, else from the first Hub source that answers; NotOnDiskError saying
-    what each source answered."""
+    what each source answered. prefixes: with each file's first bytes (ModelHeader.prefixes)."""
     try:
-        return header_on_disk(local_path(request))
+        return header_on_disk(local_path(request), prefixes)
     except NotOnDiskError:
         pass
     failures = []

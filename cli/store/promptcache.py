@@ -17,6 +17,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import struct
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -26,6 +27,7 @@ from typing import TYPE_CHECKING
 from cli.sequence import common_prefix
 from cli.store.home import quill_home
 from cli.store.models import sha256_of
+from cli.store.replicas import list_replicas, replicas_dir
 from quant.partfiles import write_replacing
 
 if TYPE_CHECKING:
@@ -83,8 +85,21 @@ def engine_key(engine: Engine) -> dict:
 
 
 def run_cache(max_bytes: int) -> Callable[[Engine], PromptCacheStore]:
-    """The prompt caches of quill run, under QUILL_HOME/cache/prompts, for an engine."""
-    return lambda engine: PromptCacheStore(cache_dir(), lambda: engine_key(engine), max_bytes)
+    """The prompt caches of quill run, under QUILL_HOME/cache/prompts, for an engine; the
+    replicas beside them count against max_bytes."""
+    return lambda engine: PromptCacheStore(
+        cache_dir(), lambda: engine_key(engine), max_bytes, replicas=replicas_dir()
+    )
+
+
+def make_room(keep: Path, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
+    """After a replica is built: the least recently used prompt caches and replicas go beyond
+    max_bytes, the new one (keep) stays."""
+    store = PromptCacheStore(cache_dir(), {}, max_bytes, replicas=replicas_dir())
+    with contextlib.suppress(OSError):  # a cache that cannot be evicted costs disk, not the run
+        store.folder.mkdir(parents=True, exist_ok=True)
+        with store._lock():
+            store._evict(keep)
 
 
 def chat_cache(transcript: Path) -> Callable[[Engine], PromptCacheStore]:
@@ -192,6 +207,7 @@ class PromptCacheStore:
     # logits a run without the cache gets; False: as few as a process that had kept its
     # cells would (a resumed chat continues exactly as if it had never stopped).
     exact: bool = True
+    replicas: Path | None = None  # a folder of replicas counted against max_bytes, and evicted
     warnings: list[str] = field(default_factory=list)
 
     @functools.cached_property
@@ -259,14 +275,20 @@ class PromptCacheStore:
         for path in files(self.folder):
             with contextlib.suppress(FileNotFoundError):  # evicted by another process meanwhile
                 entries.append((path.stat().st_mtime, path.stat().st_size, path))
+        if self.replicas is not None:
+            entries += [(r.used, r.size, r.folder) for r in list_replicas(self.replicas)]
         total, count = sum(size for _, size, _ in entries), len(entries)
         for _, size, path in sorted(entries):
             if total <= self.max_bytes and (self.max_files is None or count <= self.max_files):
                 break
-            if path != keep:
+            if path == keep:
+                continue
+            if path.is_dir():  # a replica
+                shutil.rmtree(path, ignore_errors=True)
+            else:
                 path.unlink(missing_ok=True)
-                total -= size
-                count -= 1
+            total -= size
+            count -= 1
 
     @contextlib.contextmanager
     def _lock(self) -> Iterator[None]:
@@ -316,16 +338,27 @@ def headers(folder: Path) -> Iterator[CacheEntry | tuple[Path, str]]:
 
 @dataclass
 class Cleared:
-    """What quill cache clear did: the files and bytes it removed, and those it could not."""
+    """What quill cache clear did: the files, replicas and bytes it removed, and those it could
+    not."""
 
     count: int = 0
+    replicas: int = 0
     bytes: int = 0
     failed: list[tuple[Path, str]] = field(default_factory=list)
 
 
-def clear(folder: Path) -> Cleared:
-    """Remove every cache file; a file that cannot be removed is listed with why, not hidden."""
+def clear(folder: Path, replicas: Path | None = None) -> Cleared:
+    """Remove every cache file (and the replicas in replicas); one that cannot be removed is
+    listed with why, not hidden."""
     cleared = Cleared()
+    for replica in list_replicas(replicas) if replicas is not None else []:
+        try:
+            shutil.rmtree(replica.folder)
+        except OSError as error:
+            cleared.failed.append((replica.folder, error.strerror or str(error)))
+            continue
+        cleared.replicas += 1
+        cleared.bytes += replica.size
     for path in files(folder):
         try:
             size = path.stat().st_size

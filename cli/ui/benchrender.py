@@ -22,6 +22,7 @@ COLUMNS += ("ttft_ms", "ttft_ms_sd", "bytes_per_token", "weights_kv_gb_per_s", "
 COLUMNS += ("cpu_path",)
 HEADERS = ["test", "depth", "KV", "threads", "batch", "tokens/s", "TTFT ms", "bytes/token"]
 HEADERS += ["read GB/s", "of limit"]
+COLUMNS += ("replica_of",)
 
 
 def _known(value: int | None) -> str:
@@ -40,6 +41,7 @@ def _compares_cpu_paths(rows: Sequence[BenchRow]) -> bool:
 def _grid(rows: Sequence[BenchRow]) -> tuple[list[str], list[list[str]]]:
     """The table's headers and cells, with a CPU path column when the rows compare several."""
     several = _compares_cpu_paths(rows)
+    replica = any(row.replica_of for row in rows)
     cells = []
     for row in rows:
         ttft = "" if row.ttft_ms is None else f"{row.ttft_ms:.1f} ± {row.ttft_ms_sd or 0:.1f}"
@@ -49,12 +51,13 @@ def _grid(rows: Sequence[BenchRow]) -> tuple[list[str], list[list[str]]]:
         rate = f"{row.tokens_per_s:.1f} ± {row.tokens_per_s_sd:.1f}"
         where = [row.test, str(row.depth), row.kv_type, _known(row.threads), _known(row.batch)]
         path = [row.cpu_path] if several else []
-        cells.append([*where, rate, ttft, per_token, read, share, *path])
-    return [*HEADERS, "CPU path"] if several else HEADERS, cells
+        model = [f"replica of {row.replica_of}"] if replica else []
+        cells.append([*where, rate, ttft, per_token, read, share, *path, *model])
+    return [*HEADERS, *["CPU path"] * several, *["model"] * replica], cells
 
 
 def table(rows: Sequence[BenchRow]) -> None:
-    print_table(*_grid(rows), left=("test", "KV", "CPU path"))
+    print_table(*_grid(rows), left=("test", "KV", "CPU path", "model"))
 
 
 def markdown(rows: Sequence[BenchRow]) -> str:
