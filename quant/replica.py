@@ -23,7 +23,8 @@ REPLICA_KEY = "quill.replica_of"
 TEMPLATE_ROWS = 61  # prime: tiled rows do not line up with heads or layers of power-of-2 sizes
 CHUNK_BYTES = 4 << 20
 _GGUF_STRING = 8
-_FLOATS = {0: np.float32, 1: np.float16}
+_FLOATS = {0: np.float32, 1: np.float16, 28: np.float64}
+_ACTIVATION_ONLY = {9, 15}  # Q8_1, Q8_K: ggml has no quantizer for them (it aborts)
 
 
 def replica_of(header: GGUFHeader) -> str | None:
@@ -113,8 +114,11 @@ def _template(type_id: int, row: int, kind: str) -> bytes:
     if type_id == 30:  # BF16: the high half of each float32
         return (floats.view(np.uint32) >> 16).astype(np.uint16).tobytes()
     name, block, size = GGML_TYPES.get(type_id, (str(type_id), 1, 0))
-    if size == 0 or block == 1 or row % block:
-        raise GGUFError(f"quill cannot make {name} weights for a replica (rows of {row})")
+    if size == 0 or block == 1 or row % block or type_id in _ACTIVATION_ONLY:
+        raise GGUFError(
+            f"quill cannot make {name} weights (rows of {row}) for a replica of this model: "
+            "measure the model itself"
+        )
     out = ctypes.create_string_buffer(rows * row // block * size)
     importance = np.ones(row, np.float32)  # needed by the 1-2 bit types; all-equal weighs nothing
     _ggml().ggml_quantize_chunk(

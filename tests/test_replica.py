@@ -11,9 +11,16 @@ from gguf.quants import dequantize
 
 from cli.engine.engine import Engine, LoadOptions
 from cli.engine.sampling import SamplingParams
-from quant.gguf import GGUFError, HeaderIncomplete, read_header
+from quant.gguf import GGML_TYPES, GGUFError, HeaderIncomplete, read_header
 from quant.partfiles import partial_path
-from quant.replica import REPLICA_KEY, replica_bytes, replica_of, write_replica
+from quant.replica import (
+    REPLICA_KEY,
+    TEMPLATE_ROWS,
+    _template,
+    replica_bytes,
+    replica_of,
+    write_replica,
+)
 
 
 def replicate(source: Path, dest: Path, name: str = "the source") -> Path:
@@ -51,6 +58,30 @@ def test_a_replica_of_smollm2_has_its_header_and_loads(smollm2_path: Path, tmp_p
     grown = read_header(replica).data_start - read_header(smollm2_path).data_start
     assert replica.stat().st_size == smollm2_path.stat().st_size + grown  # the key, padded
     check_replica(smollm2_path, replica, "smollm2-135m:q4_1")
+
+
+# ggml builds the 1-2 bit types' search tables on first use: 1-11 s each on 2 cores.
+SLOW_TO_INIT = {16, 17, 19, 22, 29}
+
+
+@pytest.mark.parametrize(
+    "type_id",
+    [
+        pytest.param(t, marks=[pytest.mark.slow] if t in SLOW_TO_INIT else [])
+        for t, (_, block, _) in GGML_TYPES.items()
+        if block > 1
+    ],
+)
+def test_blocks_of_every_type_are_valid(type_id: int):
+    """Each quantized type's template (ggml's quantizer on random rows) is finite when dequantized;
+    Q8_1 and Q8_K, which ggml cannot quantize to (it would abort), are refused."""
+    if type_id in (9, 15):
+        with pytest.raises(GGUFError, match="cannot make Q8_"):
+            _template(type_id, 256, "matrix")
+        return
+    rows = np.frombuffer(_template(type_id, 256, "matrix"), np.uint8).reshape(TEMPLATE_ROWS, -1)
+    values = dequantize(rows, GGMLQuantizationType(type_id))
+    assert np.isfinite(values).all() and 0.03 < values.std() < 0.1  # about 256 ** -0.5
 
 
 def test_a_prefix_short_of_the_header_is_incomplete(tiny_path: Path, tmp_path: Path):
