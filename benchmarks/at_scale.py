@@ -1,0 +1,305 @@
+"""quill against llama.cpp's own tools at the scale users run (issue 27), on random-weight files
+with real models' shapes (benchmarks/shapes.py makes them in /work/shapes).
+
+  decode: on an 8B-class Q4_K_M, per round: `quill run` twice as a user runs it (a fresh process;
+          a 512-token prompt for prefill, then a 2-token prompt and 128 tokens for decode),
+          quill's engine in this process as `quill bench` drives it (pp512, tg128), and
+          `llama-bench -p 512 -n 128 -r 1`. Same threads, batch and ubatch (512), flash
+          attention (auto), weight repacking (llama-bench's --repack as quill's CPU path), f16 KV.
+  serve:  on a 1B-class Q4_K_M, per round: `quill serve -np 4` and `llama-server -np 4` (the
+          same context per slot, threads, batch, flash attention, repacking), each sent 16
+          streaming chat requests (serve_load.py's prompts, 64 tokens, greedy, ignore_eos) by 4
+          client threads; throughput = completion tokens (usage) / wall time.
+The order of the contenders turns each round. Each run adds its rounds to --json and rewrites the
+.md beside it from all rounds so far (ratios: median of the per-round ratios, and of the medians),
+so a long measurement is several runs under ~10 minutes, each under the benchmark lock:
+  flock /work/notes/bench.lock python benchmarks/at_scale.py decode --rounds 3
+  flock /work/notes/bench.lock python benchmarks/at_scale.py serve --rounds 6
+OpenMP as users have it: refuses to run with OMP_WAIT_POLICY set.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import re
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from collections.abc import Callable
+from importlib.metadata import version
+from pathlib import Path
+
+from serve_load import PROMPTS
+from serve_multiturn import free_port, wait_ready
+
+HERE = Path(__file__).resolve().parent
+TOOLS = HERE / f".build/llama-cpp-python-{version('llama-cpp-python')}/build/bin"
+QUILL = str(Path(sys.executable).with_name("quill"))
+THRESHOLDS = {"pp512": 0.98, "tg128": 0.98, "serve": 0.97}  # issue 27's acceptance
+
+
+def run_json(command: list[str], env: dict[str, str] | None = None) -> object:
+    done = subprocess.run(command, capture_output=True, text=True, env=env)
+    if done.returncode:
+        raise SystemExit(f"{shlex.join(command)[:300]} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout)
+
+
+def fitted_prompt(tokenize: Callable[[str], list[int]], words: list[str], n: int, seed: int) -> str:
+    """Text of random words that tokenizes to exactly n tokens (BOS included)."""
+    rng = random.Random(seed)
+    chosen = [rng.choice(words) for _ in range(n)]
+    while (have := len(tokenize(" ".join(chosen)))) != n:
+        if have > n:
+            chosen = chosen[: -max(1, (have - n) // 2)]
+        else:
+            chosen.append(rng.choice(words))
+    return " ".join(chosen)
+
+
+def decode_rounds(args: argparse.Namespace) -> tuple[list[dict], dict]:
+    from cli.engine.engine import Engine, LoadOptions
+    from cli.engine.sampling import SamplingParams
+
+    greedy = SamplingParams(temperature=0.0, ignore_eos=True)
+    p, n, t = 512, 128, str(args.threads)
+    options = LoadOptions(n_ctx=p + n + 2, threads=args.threads)
+    engine = Engine(args.model, options)
+    repack = engine.cpu_path.label == "extra"
+    words = [
+        w for w in re.findall(r"[a-z]{3,9}", Path("/usr/share/common-licenses/GPL-3").read_text())
+    ]
+    rng = random.Random(0)
+    home = tempfile.mkdtemp(prefix="quill-at-scale-")
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"} | {"QUILL_HOME": home}
+    run = [QUILL, "run", "-m", str(args.model), "--raw", "--temp", "0", "--ignore-eos", "--json",
+           "-t", t, "-c", str(p + n + 2)]  # fmt: skip
+    bench = [str(TOOLS / "llama-bench"), "-m", str(args.model), "-t", t, "-p", str(p), "-n",
+             str(n), "-r", "1", "-b", "512", "-ub", "512", "-fa", "auto", "--repack",
+             "1" if repack else "0", "-o", "json"]  # fmt: skip
+
+    def quill_run_pp(round_: int) -> dict:
+        # A distinct prompt each round: the automatic prompt cache (on, as users have it) misses.
+        prompt = fitted_prompt(engine.tokenize, words, p, seed=round_ + 1000 * args.seed)
+        out = run_json([*run, "-n", "1", prompt], env)
+        assert out["prompt_tokens"] == p and out["cached_prompt_tokens"] == 0, out
+        return {"pp512": out["prefill_tokens_per_s"]}
+
+    def quill_run_tg(_round: int) -> dict:
+        out = run_json([*run, "-n", str(n + 1), "Hi"], env)
+        assert out["generation_tokens"] == n + 1, out
+        return {"tg128": out["decode_tokens_per_s"], "prompt_tokens": out["prompt_tokens"]}
+
+    def quill_engine(_round: int) -> dict:
+        prompt = [rng.randrange(engine.n_vocab) for _ in range(p)]
+        pp = next(iter(engine.stream_generate(prompt, 1, greedy))).prefill_tokens_per_s
+        last = list(engine.stream_generate([rng.randrange(engine.n_vocab)], n + 1, greedy))[-1]
+        return {"pp512": pp, "tg128": last.decode_tokens_per_s}
+
+    def llama_bench(_round: int) -> dict:
+        rows = run_json(bench, env)
+        return {("pp512" if r["n_prompt"] else "tg128"): r["avg_ts"] for r in rows} | {
+            "build": rows[0]["build_commit"]
+        }
+
+    contenders = {"quill run pp": quill_run_pp, "quill run tg": quill_run_tg,
+                  "quill engine": quill_engine, "llama-bench": llama_bench}  # fmt: skip
+    quill_engine(-1)  # warm-up: the first prefill and decode of a process are slower
+    rounds = interleave(contenders, args)
+    engine.close()
+    commands = {
+        "quill run pp": shlex.join([*run, "-n", "1", "PROMPT"]) + "  # PROMPT: 512 tokens",
+        "quill run tg": shlex.join([*run, "-n", str(n + 1), "Hi"]),
+        "quill engine": f"Engine({args.model}, LoadOptions(n_ctx={p + n + 2}, threads={t})) "
+        f"stream_generate: {p} random tokens, 1 token; 1 random token, {n + 1} tokens",
+        "llama-bench": shlex.join(bench),
+    }
+    return rounds, {"commands": commands, "weight_repacking": repack}
+
+
+def one_request(url: str, prompt: str, max_tokens: int) -> int:
+    """Completion tokens of one streamed greedy chat request, as the server's usage counts them."""
+    body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
+            "temperature": 0, "ignore_eos": True, "stream": True,
+            "stream_options": {"include_usage": True}}  # fmt: skip
+    request = urllib.request.Request(
+        f"{url}/v1/chat/completions",
+        json.dumps(body).encode(),
+        {"Content-Type": "application/json"},
+    )
+    usage = None
+    with urllib.request.urlopen(request, timeout=600) as response:
+        for raw in response:
+            line = raw.decode().strip()
+            if line.startswith("data: {"):
+                usage = json.loads(line[6:]).get("usage") or usage
+    if not usage:
+        raise SystemExit(f"{url} sent no usage")
+    return usage["completion_tokens"]
+
+
+def throughput(url: str, clients: int, requests: int, max_tokens: int) -> float:
+    todo, tokens, lock = iter(range(requests)), [], threading.Lock()
+
+    def client() -> None:
+        while True:
+            with lock:
+                index = next(todo, None)
+            if index is None:
+                return
+            got = one_request(url, PROMPTS[index % len(PROMPTS)], max_tokens)
+            with lock:
+                tokens.append(got)
+
+    started = time.perf_counter()
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if len(tokens) != requests:
+        raise SystemExit(f"{url}: {requests - len(tokens)} requests failed")
+    return sum(tokens) / (time.perf_counter() - started)
+
+
+def serve_rounds(args: argparse.Namespace) -> tuple[list[dict], dict]:
+    from cli.engine.hardware import cpu_has_amx
+    from cli.engine.loading import cpu_backend_features
+
+    # quill's CPU path off AMX is llama.cpp's extra buffers, which llama-server's default is too.
+    repack = not (cpu_has_amx() or "AMX_INT8" in cpu_backend_features())
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    env["QUILL_HOME"] = tempfile.mkdtemp(prefix="quill-at-scale-")
+    np_, ctx, t = str(args.parallel), args.ctx, str(args.threads)
+    quill = [QUILL, "serve", "-m", str(args.model), "-np", np_, "-c", str(ctx), "-t", t]
+    server = [str(TOOLS / "llama-server"), "-m", str(args.model), "-np", np_,
+              "-c", str(ctx * args.parallel), "-t", t, "-b", "512", "-ub", "512", "-fa", "auto",
+              *([] if repack else ["--no-repack"])]  # fmt: skip
+
+    def serve(command: list[str]) -> Callable[[int], dict]:
+        def measure(_round: int) -> dict:
+            port = free_port()
+            process = subprocess.Popen([*command, "--port", str(port)], env=env,
+                                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                       text=True)  # fmt: skip
+            url = f"http://127.0.0.1:{port}"
+            try:
+                wait_ready(url, process)
+                one_request(url, "Warm up.", 8)
+                rate = throughput(url, args.parallel, args.requests, args.max_tokens)
+            finally:
+                process.terminate()
+                process.wait(timeout=60)
+            return {"serve": rate}
+
+        return measure
+
+    rounds = interleave({"quill serve": serve(quill), "llama-server": serve(server)}, args)
+    commands = {
+        "quill serve": shlex.join([*quill, "--port", "PORT"]),
+        "llama-server": shlex.join([*server, "--port", "PORT"]),
+        "clients": f"{args.parallel} threads, {args.requests} requests of {args.max_tokens} "
+        "tokens, greedy, ignore_eos, stream, serve_load.py's 4 prompts in turn",
+    }
+    return rounds, {"commands": commands, "weight_repacking": repack}
+
+
+def interleave(contenders: dict[str, Callable[[int], dict]], args: argparse.Namespace) -> list:
+    rounds = []
+    for number in range(args.rounds):
+        names = list(contenders)
+        turn = number % len(names)
+        results = {}
+        for name in names[turn:] + names[:turn]:
+            results[name] = contenders[name](number)
+            print(f"round {number + 1}: {name} {results[name]}", file=sys.stderr, flush=True)
+        rounds.append(results)
+    return rounds
+
+
+PAIRS = {  # (part, test, quill's contender, the reference)
+    "decode": [("pp512", "quill run pp", "llama-bench"), ("tg128", "quill run tg", "llama-bench"),
+               ("pp512", "quill engine", "llama-bench"), ("tg128", "quill engine", "llama-bench")],
+    "serve": [("serve", "quill serve", "llama-server")],
+}  # fmt: skip
+
+
+def report(record: dict) -> str:
+    lines = [f"# quill against llama.cpp at the scale users run ({record['date']})", "",
+             f"{record['cpu']}; llama-cpp-python {record['llama_cpp_python']}; "
+             "OpenMP's default wait policy; medians over interleaved rounds.", ""]  # fmt: skip
+    for part, runs in record["parts"].items():
+        rounds = [r for run in runs for r in run["rounds"]]
+        first = runs[-1]
+        lines += [f"## {part}: {Path(first['model']).name}", "",
+                  f"{len(rounds)} rounds in {len(runs)} runs; weight repacking "
+                  f"{'on' if first['weight_repacking'] else 'off'}. Commands:", ""]  # fmt: skip
+        lines += [f"- {name}: `{command}`" for name, command in first["commands"].items()]
+        lines += ["", "| test | quill | quill tok/s (median) | reference | reference tok/s "
+                  "(median) | ratio of medians | per-round ratio: median (min-max) | target |",
+                  "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+        for test, ours, theirs in PAIRS[part]:
+            mine = [r[ours][test] for r in rounds]
+            ref = [r[theirs][test] for r in rounds]
+            ratios = [a / b for a, b in zip(mine, ref, strict=True)]
+            ratio, mine_m, ref_m = (statistics.median(x) for x in (ratios, mine, ref))
+            verdict = "met" if ratio >= THRESHOLDS[test] else "NOT met"
+            lines.append(
+                f"| {test} | {ours} | {mine_m:.2f} | {theirs} | {ref_m:.2f} | {mine_m / ref_m:.3f}"
+                f" | {ratio:.3f} ({min(ratios):.3f}-{max(ratios):.3f}) | "
+                f">= {THRESHOLDS[test]}: {verdict} |"
+            )
+        lines.append("")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("part", choices=["decode", "serve"])
+    parser.add_argument("--model", type=Path, help="default: the part's file in /work/shapes")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--parallel", type=int, default=4, help="serve: slots and clients")
+    parser.add_argument("--ctx", type=int, default=1024, help="serve: context per slot")
+    parser.add_argument("--requests", type=int, default=16, help="serve: requests per round")
+    parser.add_argument("--max-tokens", type=int, default=64, help="serve: tokens per request")
+    parser.add_argument("--seed", type=int, default=0, help="decode: prompt words (vary per run)")
+    parser.add_argument(
+        "--json", type=Path, default=HERE / f"results/at-scale-{time.strftime('%Y-%m-%d')}.json"
+    )
+    args = parser.parse_args()
+    if "OMP_WAIT_POLICY" in os.environ:
+        raise SystemExit("unset OMP_WAIT_POLICY: benchmarks run with OpenMP as users have it")
+    shapes = Path("/work/shapes")
+    args.model = args.model or shapes / {
+        "decode": "llama-3-8b-shape.Q4_K_M.gguf", "serve": "llama-3.2-1b-shape.Q4_K_M.gguf"
+    }[args.part]  # fmt: skip
+    measure = decode_rounds if args.part == "decode" else serve_rounds
+    started = time.strftime("%Y-%m-%dT%H:%M:%S")
+    rounds, facts = measure(args)
+    from cli.engine.hardware import cpu_model
+
+    record = (
+        json.loads(args.json.read_text())
+        if args.json.exists()
+        else {"date": time.strftime("%Y-%m-%d"), "cpu": f"{cpu_model()}, {os.cpu_count()} CPUs",
+              "llama_cpp_python": version("llama-cpp-python"), "parts": {}}
+    )  # fmt: skip
+    run = {"started": started, "model": str(args.model), "threads": args.threads, **facts,
+           "command": shlex.join(["python", *sys.argv]), "rounds": rounds}  # fmt: skip
+    record["parts"].setdefault(args.part, []).append(run)
+    args.json.write_text(json.dumps(record, indent=1))
+    args.json.with_suffix(".md").write_text(report(record))
+    print(report(record))
+
+
+if __name__ == "__main__":
+    main()
