@@ -19,17 +19,21 @@ def partial_path(target: Path, pid: int | None = None) -> Path:
     return target.with_name(f".{target.name}.{pid or os.getpid()}.part")
 
 
-def write_replacing(target: Path, data: str | bytes) -> None:
-    """Write data (text as UTF-8) to target through this process's part file, synced, and a
-    rename: a reader sees the old file or the new one, never half of one. Part files that dead
-    writers left go first (OSError when the folder refuses)."""
+def write_replacing(target: Path, *chunks: str | bytes | bytearray, sync: bool = True) -> None:
+    """Write chunks (text as UTF-8) one after another to target through this process's part
+    file, synced, and a rename: a reader sees the old file or the new one, never half of one.
+    Part files that dead writers left go first (OSError when the folder refuses). sync=False
+    skips the fsync (tens of ms or more) for a file whose reader checks a checksum: after a
+    crash the renamed file may be torn, and is refused."""
     remove_stale_parts(target)
     partial = partial_path(target)
     try:
         with partial.open("wb") as file:
-            file.write(data.encode() if isinstance(data, str) else data)
-            file.flush()
-            os.fsync(file.fileno())
+            for chunk in chunks:
+                file.write(chunk.encode() if isinstance(chunk, str) else chunk)
+            if sync:
+                file.flush()
+                os.fsync(file.fileno())
         partial.replace(target)
     finally:
         partial.unlink(missing_ok=True)

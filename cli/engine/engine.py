@@ -522,12 +522,16 @@ class Engine:
         self.keep_prefix(seq, common)
         return common
 
-    def sequence_state(self, seq: int = 0) -> bytes:
-        """Sequence seq's KV cells as llama.cpp serializes them (for restore_sequence)."""
+    def sequence_state(self, seq: int = 0) -> bytearray:
+        """Sequence seq's KV cells as llama.cpp serializes them (for restore_sequence), written
+        straight into the bytearray returned (no second copy of tens of MB)."""
         size = llama.llama_state_seq_get_size(self._ctx, seq)
-        buffer = (ctypes.c_uint8 * size)()
+        state = bytearray(size)
+        buffer = (ctypes.c_uint8 * size).from_buffer(state)
         written = llama.llama_state_seq_get_data(self._ctx, buffer, size, seq)
-        return ctypes.string_at(buffer, written)  # one copy (slicing would make a list of ints)
+        del buffer  # a bytearray with a live export cannot be resized
+        del state[written:]
+        return state
 
     def restore_sequence(self, seq: int, state: bytes, tokens: Sequence[int]) -> bool:
         """Replace sequence seq's cells with a saved state of tokens; False (seq empty) when

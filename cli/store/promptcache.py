@@ -119,11 +119,12 @@ def entry_name(key: dict, tokens: Sequence[int]) -> str:
     return digest.hexdigest()[:32] + SUFFIX
 
 
-def encode(key: dict, tokens: Sequence[int], state: bytes) -> bytes:
+def encode_header(key: dict, tokens: Sequence[int], state: bytes) -> bytes:
+    """What a cache file holds before the state (which follows it as it is, not copied)."""
     sha = hashlib.sha256(state).hexdigest()
     fields = {"key": key, "tokens": list(tokens), "state_bytes": len(state), "state_sha256": sha}
     header = json.dumps(fields, sort_keys=True).encode()
-    return MAGIC + _LENGTH.pack(len(header)) + header + state
+    return MAGIC + _LENGTH.pack(len(header)) + header
 
 
 def read_header(path: Path) -> CacheEntry:
@@ -253,14 +254,16 @@ class PromptCacheStore:
     def keep(self, tokens: Sequence[int], state: bytes) -> Path | None:
         """Write a cache file and evict the least recently used beyond max_bytes; the path, or
         None where it was not kept (too big, or the disk said no: noted in warnings)."""
-        data = encode(self.key, tokens, state)
-        if len(data) > self.max_bytes:
+        header = encode_header(self.key, tokens, state)
+        if len(header) + len(state) > self.max_bytes:
             return None
         target = self.folder / entry_name(self.key, tokens)
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
             with self._lock():
-                write_replacing(target, data)
+                # Unsynced: a file torn by a crash fails its sha256 and is dropped on load; an
+                # fsync of a 1B model's 37 MB state took 30 to 120 ms (median) more here.
+                write_replacing(target, header, state, sync=False)
                 self._evict(keep=target)
         except OSError as error:
             self.warnings.append(
