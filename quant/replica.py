@@ -14,8 +14,6 @@ import os
 import struct
 from pathlib import Path
 
-import numpy as np
-
 from quant.gguf import GGML_TYPES, GGUFError, GGUFHeader, TensorInfo, aligned, read_header
 from quant.partfiles import check_replaceable, partial_path, remove_stale_parts
 
@@ -23,7 +21,7 @@ REPLICA_KEY = "quill.replica_of"
 TEMPLATE_ROWS = 61  # prime: tiled rows do not line up with heads or layers of power-of-2 sizes
 CHUNK_BYTES = 4 << 20
 _GGUF_STRING = 8
-_FLOATS = {0: np.float32, 1: np.float16, 28: np.float64}
+_FLOATS = {0: "float32", 1: "float16", 28: "float64"}
 _ACTIVATION_ONLY = {9, 15}  # Q8_1, Q8_K: ggml has no quantizer for them (it aborts)
 
 
@@ -36,7 +34,7 @@ def _layout(prefix: bytes, name: str) -> tuple[GGUFHeader, bytes, int]:
     """(the source header, the replica's header bytes padded to alignment, the file's size)."""
     header = read_header("the replica's source", whole=False, data=prefix)
     if REPLICA_KEY in header.fields:
-        raise GGUFError(f"the source is itself a replica of {replica_of(header)}: replicate that")
+        raise GGUFError(f"the source is a replica itself: replicate {replica_of(header)} instead")
     if header.version < 2:
         raise GGUFError(f"GGUF version {header.version} is too old to replicate: convert it again")
     n_tensors, n_kv = struct.unpack_from("<QQ", prefix, 8)
@@ -102,6 +100,8 @@ def _chunk(type_id: int, row: int, kind: str) -> bytes:
 
 
 def _template(type_id: int, row: int, kind: str) -> bytes:
+    import numpy as np  # here: reading REPLICA_KEY or replica_of costs no numpy import
+
     rows = TEMPLATE_ROWS if kind == "matrix" else 1
     rng = np.random.default_rng(type_id * 1_000_003 + row)
     floats = {

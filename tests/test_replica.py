@@ -112,5 +112,5 @@ def test_a_failed_write_leaves_no_file(tmp_path: Path):
 
 def test_a_replica_is_not_replicated_again(tiny_path: Path, tmp_path: Path):
     replica = replicate(tiny_path, tmp_path / "r.gguf", "tiny")
-    with pytest.raises(GGUFError, match="itself a replica of tiny"):
+    with pytest.raises(GGUFError, match="a replica itself: replicate tiny instead"):
         write_replica(replica.read_bytes(), tmp_path / "rr.gguf", "r")
