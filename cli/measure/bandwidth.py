@@ -1,7 +1,7 @@
 """The physical limit of decode: how many bytes a step reads, and how fast this machine's memory
 can deliver them. The bandwidth is measured once per CPU model and thread count and kept in
 QUILL_HOME/bandwidth.json (delete the file to measure again); a measurement taken while other
-processes were busy is not kept (one at 0.8 busy cores read 34.5 GB/s here, a quiet one 46.6)."""
+processes were busy is not kept (one beside another benchmark read 34.5 GB/s here, quiet 44-48)."""
 
 from __future__ import annotations
 
@@ -22,8 +22,8 @@ from quant.partfiles import write_replacing
 
 PASSES, READS = 4, 4  # best of 4 passes, each reading the buffer 4 times (fewer overheads)
 # A float32 dot of each thread's slice with itself reads every byte once through OpenBLAS's
-# SIMD kernel, without the GIL: here (2-core EPYC, 2 threads, quiet) 46.6 GB/s, as llama.cpp
-# reads a 7B model's weights (~47); numpy's sum() of float64 reaches 18.
+# SIMD kernel, without the GIL: here (2-core EPYC VM, 2 threads) 45 GB/s, two processes 44, numpy's
+# sum() of float64 33; llama.cpp's decode of an 8B-class Q4_K_M read 37 (docs/bench.md).
 # Looked up once per token, a row each: the whole table is not read.
 LOOKUP_TABLES = ("position_embd.weight", "token_types.weight", "per_layer_token_embd.weight")
 
