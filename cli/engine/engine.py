@@ -98,7 +98,6 @@ class Engine:
         # What the model is, fixed once it is loaded.
         self.n_layers = llama.llama_model_n_layer(model)
         self.n_vocab = llama.llama_vocab_n_tokens(vocab)
-        self.weights_bytes = llama.llama_model_size(model)  # what a decode step reads at least
         self.architecture = self.meta("general.architecture") or "unknown"
         self.head_dims = head_dims(lambda key, default: self.meta(key) or default)  # (K, V)
         # A recurrent state's cells cannot be partly removed.
@@ -204,10 +203,6 @@ class Engine:
             if n < size:
                 return buf.value.decode("utf-8", errors="replace")
             size = n + 1
-
-    @property
-    def kv_bytes_per_position(self) -> float:
-        return self.kv_cache_bytes / (self.n_ctx * self.parallel)
 
     @property
     def kv_cache_bytes(self) -> int:
