@@ -52,8 +52,9 @@ def main() -> None:
             )
             with Engine(args.model, options) as engine:
                 described[name] = engine.cpu_path.describe()
-                pp = measure_prompt(engine, [], args.prompt_tokens, 1, rng, warmup=False)
-                tg = measure_generation(engine, [], args.gen_tokens, 1, rng, warmup=False)
+                # measure_* run one warm-up round of their own before the measured one
+                pp = measure_prompt(engine, [], args.prompt_tokens, 1, rng)
+                tg = measure_generation(engine, [], args.gen_tokens, 1, rng)
             if round_number:
                 samples[name]["pp"] += pp.samples
                 samples[name]["tg"] += tg.samples
