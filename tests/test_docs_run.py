@@ -35,6 +35,7 @@ SKIP = {
     "llama3.2-1b:q2_k": "needs the Hugging Face Hub",
     "--endpoint": "needs quill serve running on port 8080 (tests/test_serve.py covers it)",
 }
+REPLICA_PATH = "/cache/replicas/"  # the replica a bench --replica example builds in the long pass
 PAGES = sorted({doc for doc, *_ in COMMANDS})
 
 
@@ -80,14 +81,14 @@ def run_page(page: str, home: Path, long: bool, workdir: Path) -> list[str]:
         make_fixtures(raw.splitlines(), workdir, index, {})
     problems = []
     for line, argv, shown in examples(page):
-        if "--help" in argv or "-h" in argv:
-            continue
+        typed = raw.splitlines()[line - 1][2:]
+        if "--help" in argv or "-h" in argv or REPLICA_PATH in typed:
+            continue  # tests/test_replica_cli.py runs a replica
         reason = next((why for key, why in SKIP.items() if key in argv), None)
         if reason or (argv[0] in LONG) != long:
             continue
         if argv[0] == "serve" or (argv[0] == "chat" and "--endpoint" in argv):
             continue  # a server runs until stopped: tests/test_serve.py starts and stops one
-        typed = raw.splitlines()[line - 1][2:]
         # Through bash as the user types it, so that $(...) and quoting behave the same.
         env = quill_env(home, PATH=f"{Path(QUILL).parent}:{os.environ['PATH']}")
         result = subprocess.run(
