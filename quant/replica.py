@@ -78,10 +78,6 @@ def write_replica(prefix: bytes, dest: Path, replica_of: str) -> None:
             file.truncate(size)
             file.flush()
             os.fsync(file.fileno())
-            # Out of the page cache: a load reads it from disk as it reads any file not cached,
-            # in readahead's large folios. Pages cached as written or downloaded sit otherwise,
-            # and that alone moved decode speed by ~8% (benchmarks/replica_fidelity.py).
-            os.posix_fadvise(file.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
         partial.replace(dest)
     finally:
         partial.unlink(missing_ok=True)
