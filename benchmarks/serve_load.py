@@ -1,7 +1,7 @@
 """Throughput against single-request latency: quill serve under 1, 2, 4 and 8 concurrent clients.
 
 Usage (inside quill's venv):
-    python benchmarks/serve_load.py [--parallel 8] [--requests 16] [--max-tokens 64]
+    python benchmarks/serve_load.py [--parallel 8] [--requests 16] [--max-tokens 64] [--model M]
 
 Starts `quill serve --parallel N` on a free port, then for each concurrency C runs C client
 threads that each send requests back to back (greedy, fixed length with ignore_eos, streaming)
@@ -91,10 +91,11 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=16)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--concurrency", default="1,2,4,8")
+    parser.add_argument("--model", default="smollm2-135m", help="as quill serve takes it")
     args = parser.parse_args()
     ready = Path(tempfile.mkdtemp()) / "port"
     server = subprocess.Popen(
-        ["quill", "serve", "--port", "0", "--parallel", str(args.parallel), "--ctx", "512"],
+        ["quill", "serve", args.model, "--port", "0", "-np", str(args.parallel), "-c", "512"],
         env=dict(os.environ, QUILL_SERVE_READY_FILE=str(ready)),
         stderr=subprocess.DEVNULL,
     )
