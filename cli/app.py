@@ -32,6 +32,8 @@ COMMANDS: tuple[tuple[str, str, str, str | None], ...] = (
     ("chat", "chat", "chat", "CHAT_EPILOG"),
     ("tokenize", "tokenize", "tokenize", "EPILOG"),
     ("serve", "serve", "serve", "SERVE_EPILOG"),
+    ("ps", "serve", "ps", None),
+    ("stop", "serve", "stop", None),
     ("perplexity", "quality", "perplexity", "PPL_EPILOG"),
     ("quant-report", "quality", "quant_report", None),
     ("cache", "cache", "cache", None),
@@ -63,6 +65,8 @@ SUMMARIES: dict[str, str] = {
         "max_tokens and speed are counted in."
     ),
     "serve": "Serve a model over an OpenAI-compatible HTTP API, batching concurrent requests.",
+    "ps": "List the models a running quill serve holds: memory, slots busy, time to unload.",
+    "stop": "Unload a model from a running quill serve (once its requests in flight finish).",
     "perplexity": (
         "Perplexity of a model over a text file, with its ± error: lower is better, and "
         "the change against the F16 model is what a quantization costs."

@@ -46,6 +46,8 @@ COMMAND_EXIT_CODES: dict[str, tuple[int, ...]] = {
     "chat": (*_MODEL, EXIT_CONTEXT_OVERFLOW, EXIT_ENDPOINT),
     "tokenize": _MODEL,
     "serve": _MODEL,
+    "ps": (EXIT_ENDPOINT,),
+    "stop": (EXIT_MODEL_NOT_FOUND, EXIT_ENDPOINT),
     "perplexity": _MODEL,
     "quant-report": _MODEL,
     "cache": (),

@@ -310,3 +310,23 @@ def _failure(url: str, error: OSError) -> QuillError:
     if error.code in (400, 413, 422):
         return UsageError(text)
     return EndpointError(text)
+
+
+def server_json(
+    base_url: str, path: str, api_key: str | None, body: dict | None = None, timeout_s: float = 30
+) -> dict:
+    """A JSON answer from a path at the server's root (GET, or POST of body): /api/ps,
+    /models/unload."""
+    url = _root(base_url).removesuffix("/v1") + path
+    headers = {"Content-Type": "application/json"}
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
+    data = json.dumps(body).encode() if body is not None else None
+    try:
+        request = urllib.request.Request(url, data=data, headers=headers)
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            return json.loads(response.read())
+    except OSError as error:
+        raise _failure(url, error) from None
+    except ValueError:
+        raise EndpointError(f"{url} answered something that is not JSON") from None

@@ -41,8 +41,16 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from cli.api.pool import ModelPool, PooledModel, parse_duration
 from cli.api.replies import ReplyWriter, sse
-from cli.api.server import ApiError, ServerState, parse_body, parse_request
+from cli.api.server import (
+    ApiError,
+    ServedRequest,
+    ServerState,
+    bad_request,
+    parse_body,
+    parse_request,
+)
 from cli.engine.batching import SchedulerStoppedError
 from cli.engine.events import StreamEvent
 from cli.errors import InvalidOutputError, QueueFullError, UsageError
@@ -56,6 +64,8 @@ ROUTE_METHODS = {
     "/v1/completions": "POST, OPTIONS",
     "/v1/models": "GET, HEAD, OPTIONS",
     "/health": "GET, HEAD, OPTIONS",
+    "/api/ps": "GET, HEAD, OPTIONS",
+    "/models/unload": "POST, OPTIONS",
 }
 Scope = dict[str, Any]
 Message = dict[str, Any]
@@ -201,6 +211,9 @@ class QuillApp:
 
     def __init__(self, state: ServerState, limits: HttpLimits) -> None:
         self.state = state
+        self.pool: ModelPool = state.pool or ModelPool()
+        if state.pool is None and state.scheduler is not None:
+            self.pool.add_loaded(state.model_name, state.scheduler)
         self.limits = limits
         self.draining = False
         self.in_flight: set[LoopEvents] = set()
@@ -209,6 +222,8 @@ class QuillApp:
             Route("/v1/completions", self._completion, methods=["POST"]),
             Route("/v1/models", self.models, methods=["GET"]),
             Route("/health", self.health, methods=["GET"]),
+            Route("/api/ps", self.ps, methods=["GET"]),
+            Route("/models/unload", self.unload, methods=["POST"]),
         ]
         # ApiError and HTTPException are answered where raised; any other exception is then
         # raised on to __call__, which logs it.
@@ -335,51 +350,72 @@ class QuillApp:
         return error_response(ApiError(error.status_code, message), dict(error.headers or {}))
 
     async def health(self, request: Request) -> Response:
-        scheduler = self.state.scheduler
-        error = {} if scheduler.alive else {"error": scheduler.stopped_reason}
+        schedulers = [m.scheduler for m in self.pool.loaded() if m.scheduler is not None]
+        dead = [s.stopped_reason for s in schedulers if not s.alive]
+        error = {"error": "; ".join(dead)} if dead else {}
         status = "error" if error else "shutting_down" if self.draining else "ok"
         payload = {
             "status": status,
             **error,
-            "slots_processing": scheduler.busy_slots,
-            "slots_idle": scheduler.engine.parallel - scheduler.busy_slots,
-            "requests_waiting": scheduler.queued,
-            "decode_steps": scheduler.steps,
-            "max_sequences_in_a_step": scheduler.max_sequences_in_a_step,
-            "threads": scheduler.engine.threads,  # with no --threads, judged again as it decodes
-            "threads_auto": scheduler.engine.core_load is not None,
+            "models_loaded": len(schedulers),
+            "slots_processing": sum(s.busy_slots for s in schedulers),
+            "slots_idle": sum(s.engine.parallel - s.busy_slots for s in schedulers),
+            "requests_waiting": sum(s.queued for s in schedulers),
+            "decode_steps": sum(s.steps for s in schedulers),
+            "max_sequences_in_a_step": max(
+                (s.max_sequences_in_a_step for s in schedulers), default=0
+            ),
         }
+        if len(schedulers) == 1:  # with no --threads, judged again as it decodes
+            engine = schedulers[0].engine
+            payload.update(threads=engine.threads, threads_auto=engine.core_load is not None)
         return JsonResponse(payload, status_code=200 if status == "ok" else 503)
 
     async def models(self, request: Request) -> Response:
-        model = {
-            "id": self.state.model_name,
-            "object": "model",
-            "created": self.state.created,
-            "owned_by": "quill",
-        }
-        return JsonResponse({"object": "list", "data": [model]})
+        """Every model this server serves, with llama-server router's status of each."""
+        names = await anyio.to_thread.run_sync(self.pool.names)
+        states = {m["name"]: m["status"] for m in self.pool.status()}
+        data = [
+            {"id": name, "object": "model", "created": self.state.created, "owned_by": "quill",
+             "status": {"value": states.get(name, "unloaded")}}
+            for name in names
+        ]  # fmt: skip
+        return JsonResponse({"object": "list", "data": data})
+
+    async def ps(self, request: Request) -> Response:
+        """The loaded models (Ollama's GET /api/ps): memory, slots busy, time until unloaded."""
+        return JsonResponse({"models": self.pool.status()})
+
+    async def unload(self, request: Request) -> Response:
+        """llama-server router's POST /models/unload {"model": NAME}."""
+        body = parse_body(await self._read_body(request))
+        if not isinstance(body.get("model"), str):
+            raise bad_request("'model' must name the model to unload", "model")
+        said = await anyio.to_thread.run_sync(self.pool.stop, body["model"])
+        return JsonResponse({"success": True, "message": said})
 
     async def _completion(self, request: Request) -> Response:
         self._refuse_if_unavailable()
         chat = request.url.path == "/v1/chat/completions"
         body = parse_body(await self._read_body(request))
-        served = await anyio.to_thread.run_sync(parse_request, body, self.state, chat)
-        events = LoopEvents()
-        served.events = events  # type: ignore[assignment]
-        received = time.perf_counter()
+        keep_alive = _keep_alive(body)
+        model = await anyio.to_thread.run_sync(self.pool.acquire, body.get("model"))
         try:
-            self.state.scheduler.submit(served)
-        except QueueFullError as error:
-            raise ApiError(HTTPStatus.TOO_MANY_REQUESTS, str(error), "queue_full") from None
-        except SchedulerStoppedError:
-            self._refuse_if_unavailable()
+            served = self._submit(
+                model, await anyio.to_thread.run_sync(self._parse, body, model, chat)
+            )
+        except BaseException:
+            self.pool.release(model, keep_alive)
             raise
+        events = served.events
+        assert isinstance(events, LoopEvents)
+        received = time.perf_counter()
         self.in_flight.add(events)
 
         def finished() -> None:
             served.cancelled.set()  # finished already, or the client left: free the slot
             self.in_flight.discard(events)
+            self.pool.release(model, keep_alive)
             if self.state.on_request is not None:
                 self.state.on_request(
                     f"{request.method} {request.url.path} {events.outcome} · "
@@ -388,7 +424,7 @@ class QuillApp:
                 )
 
         ident = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
-        writer = ReplyWriter(ident, self.state.model_name, served.reply)
+        writer = ReplyWriter(ident, model.label, served.reply)
         if body.get("stream"):
             return StreamingResponse(
                 self._stream(events, writer, received),
@@ -405,13 +441,30 @@ class QuillApp:
         queued_s = time.perf_counter() - received - pieces[-1].prefill_s - pieces[-1].decode_s
         return JsonResponse(writer.whole(pieces, queued_s))
 
+    def _parse(self, body: dict, model: PooledModel, chat: bool) -> ServedRequest:
+        assert model.scheduler is not None  # acquired: loaded until released
+        return parse_request(body, model.scheduler.engine, self.state.limits, chat)
+
+    def _submit(self, model: PooledModel, served: ServedRequest) -> ServedRequest:
+        served.events = LoopEvents()  # type: ignore[assignment]
+        scheduler = model.scheduler
+        assert scheduler is not None
+        try:
+            if self.draining or not scheduler.alive:
+                raise SchedulerStoppedError(scheduler.stopped_reason)
+            scheduler.submit(served)
+        except QueueFullError as error:
+            raise ApiError(HTTPStatus.TOO_MANY_REQUESTS, str(error), "queue_full") from None
+        except SchedulerStoppedError:
+            self._refuse_if_unavailable()
+            message = f"{scheduler.stopped_reason}; restart quill serve"
+            raise ApiError(HTTPStatus.SERVICE_UNAVAILABLE, message, "scheduler_stopped") from None
+        return served
+
     def _refuse_if_unavailable(self) -> None:
         if self.draining:
             message = "the server is shutting down; retry against another instance"
             raise ApiError(HTTPStatus.SERVICE_UNAVAILABLE, message, "server_shutting_down")
-        if not self.state.scheduler.alive:
-            message = f"{self.state.scheduler.stopped_reason}; restart quill serve"
-            raise ApiError(HTTPStatus.SERVICE_UNAVAILABLE, message, "scheduler_stopped")
 
     async def _read_body(self, request: Request) -> bytes:
         """The body, refused (413) as soon as it passes the body limit, and (408) if it has not
@@ -507,6 +560,16 @@ def streams_end_after(drain_timeout_s: float) -> float:
     second of it, or the last fifth of a short one, is kept for closing streams and freeing the
     model."""
     return max(0.0, drain_timeout_s - min(1.0, drain_timeout_s / 5))
+
+
+def _keep_alive(body: dict) -> float | None:
+    """Ollama's keep_alive field: how long the model stays loaded after this request."""
+    if body.get("keep_alive") is None:
+        return None
+    try:
+        return parse_duration(body["keep_alive"])
+    except ValueError as error:
+        raise bad_request(f"'keep_alive': {error}", "keep_alive") from None
 
 
 def _no_route(path: str) -> ApiError:

@@ -12,7 +12,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from http import HTTPStatus
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cli.api.replies import ChatReply
 from cli.engine.batching import BatchRequest, BatchScheduler
@@ -28,6 +28,9 @@ from cli.engine.structured import (
 )
 from cli.engine.toolcalls import ToolsError, call_format, check_tools, forcing_grammar
 from cli.errors import ChatTemplateError, UsageError
+
+if TYPE_CHECKING:
+    from cli.engine.engine import Engine
 
 
 @dataclass(frozen=True)
@@ -67,12 +70,13 @@ def bad_request(message: str, param: str | None = None, code: str | None = None)
 
 @dataclass
 class ServerState:
-    scheduler: BatchScheduler
+    scheduler: BatchScheduler | None  # a model loaded before serving (None: none)
     model_name: str
     limits: ServerLimits
     api_key: str | None = None
     created: int = 0
     on_request: Callable[[str], None] | None = None  # one line per finished request
+    pool: Any = None  # cli.api.pool.ModelPool; None: a pool of the one model above
 
 
 def parse_body(raw: bytes) -> dict:
@@ -183,18 +187,8 @@ class ServedRequest(BatchRequest):
     reply: ChatReply | None = None  # None: /v1/completions
 
 
-def parse_request(body: dict, state: ServerState, chat: bool) -> ServedRequest:
-    """An OpenAI request body, validated, as a request for the scheduler."""
-    engine = state.scheduler.engine
-    model = body.get("model")
-    known = (state.model_name, state.model_name.partition(":")[0], "quill")
-    if model is not None and model not in known:
-        raise ApiError(
-            HTTPStatus.NOT_FOUND,
-            f"The model '{model}' does not exist; this server has '{state.model_name}'",
-            "model_not_found",
-            "model",
-        )
+def parse_request(body: dict, engine: Engine, limits: ServerLimits, chat: bool) -> ServedRequest:
+    """An OpenAI request body, validated, as a request for the scheduler of engine."""
     reply, grammar = None, None
     if chat:
         messages = body.get("messages")
@@ -211,7 +205,6 @@ def parse_request(body: dict, state: ServerState, chat: bool) -> ServedRequest:
         _text(prompt, "'prompt'", "prompt")
     if body.get("n", 1) != 1:
         raise bad_request("only n=1 is supported", "n")
-    limits = state.limits
     requested = body.get("max_completion_tokens", body.get("max_tokens"))
     max_tokens = _number(
         {"max_tokens": requested}, "max_tokens", int, 1, limits.max_tokens, None

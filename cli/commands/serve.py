@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Annotated
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -12,16 +13,61 @@ from cli.commands import options as shared
 from cli.commands.templating import ChatTemplateFile, Think, read_template_option
 from cli.errors import UsageError
 
+if TYPE_CHECKING:
+    from cli.api.pool import Catalog
+    from cli.engine.batching import BatchScheduler
+    from cli.engine.options import LoadOptions
+    from cli.engine.settings import ModelSettings
+
 SERVE_EPILOG = (
     "Endpoints: POST /v1/chat/completions, POST /v1/completions (stream or not), GET /v1/models, "
-    "GET /health. SIGTERM or Ctrl-C drains the server: no new requests, those in flight get "
-    "all but the last second of --drain-timeout to finish, then exit 0."
+    "GET /health, GET /api/ps (quill ps), POST /models/unload (quill stop). The first MODEL is "
+    "loaded at start and kept; the others, and with --any-model every model on disk, load when "
+    "a request's model field names them and unload --keep-alive after their last request. "
+    "SIGTERM or Ctrl-C drains the server: no new requests, those in flight get all but the "
+    "last second of --drain-timeout to finish, then exit 0."
 )
 
 
 def serve(
-    name: shared.ModelArgument = None,
+    names: Annotated[
+        list[str] | None,
+        typer.Argument(
+            metavar="[MODEL]...",
+            help="The models, as -m takes them (default: smollm2-135m, unless --any-model).",
+        ),
+    ] = None,
     model: shared.ModelOption = None,
+    any_model: Annotated[
+        bool,
+        typer.Option(
+            "--any-model",
+            help="Also serve every model on disk (quill list), loaded when a request names it; "
+            "with no MODEL, none is loaded at start.",
+        ),
+    ] = False,
+    keep_alive: Annotated[
+        str,
+        typer.Option(
+            "--keep-alive",
+            help="How long a model loaded on demand stays after its last request (e.g. 30s, "
+            "5m, 1h; -1: until evicted). A request's keep_alive field overrides it.",
+        ),
+    ] = "5m",
+    max_models: Annotated[
+        int,
+        typer.Option(
+            "--max-models", min=0, help="Models loaded at once (0: as many as memory allows)."
+        ),
+    ] = 0,
+    memory_limit: Annotated[
+        str | None,
+        typer.Option(
+            "--memory-limit",
+            help="Memory the loaded models may plan to take together (e.g. 8GiB). Default: the "
+            "memory available at start.",
+        ),
+    ] = None,
     host: Annotated[
         str, typer.Option("--host", help="Address to listen on (0.0.0.0: every interface).")
     ] = "127.0.0.1",
@@ -103,8 +149,10 @@ def serve(
 ) -> None:
     """Serve a model over an OpenAI-compatible HTTP API, batching concurrent requests."""
     from cli.api.http import HttpLimits, allowed_hosts_for, listen, run_server
+    from cli.api.pool import ModelPool
     from cli.api.server import ServerLimits, ServerState
-    from cli.engine.batching import BatchScheduler
+    from cli.commands.models import available_memory
+    from cli.engine.options import DEFAULT_CTX
     from cli.engine.settings import ModelSettings
     from cli.ui import render
     from cli.units import human_bytes
@@ -114,21 +162,40 @@ def serve(
     check_parallel(parallel, ctx)
     max_connections = open_file_room(max_connections)
     settings = ModelSettings(chat_template=read_template_option(chat_template), think=think)
+    keep_alive_s = duration_option("--keep-alive", keep_alive)
+    named = list(dict.fromkeys([*(names or []), *([model] if model else [])]))
+    if not named and not any_model:
+        named = [shared.model_label(None)]  # the default model, as before several were served
+    files = {label: path for label, path in (shared.obtain_model(n, offline) for n in named)}
+    catalog = ServeCatalog(files, any_model, options, settings, max_queue, park_bytes)
+    limit = shared.size_option("--memory-limit", memory_limit) if memory_limit else None
+    pool = ModelPool(
+        catalog.catalog(),
+        keep_alive_s,
+        max_models,
+        limit if limit is not None else max(room for _, room in available_memory()),
+        on_event=render.info_line,
+    )
     try:
         sock = listen(host, port)
     except OSError as error:
         raise UsageError(
             f"cannot listen on {host}:{port}: {error.strerror}; choose another --port"
         ) from None
-    label, engine = shared.open_model(shared.model_name(name, model), options, settings, offline)
-    scheduler = BatchScheduler(engine, max_queued=max_queue, park_bytes=park_bytes)
+    n_ctx = ctx or DEFAULT_CTX
+    if named:
+        label = next(iter(files))
+        scheduler = catalog.open(label, files[label])
+        pool.add_loaded(label, scheduler, catalog.memory_bytes(files[label])[0])
+        n_ctx = scheduler.engine.n_ctx
     limits = ServerLimits(
         max_body_bytes=max_body,
-        max_tokens=max_tokens_limit or engine.n_ctx,
-        default_max_tokens=min(512, max_tokens_limit or engine.n_ctx),
+        max_tokens=max_tokens_limit or n_ctx,
+        default_max_tokens=min(512, max_tokens_limit or n_ctx),
     )
+    shown = ", ".join(files) if not any_model else "the models on disk"
     state = ServerState(
-        scheduler, label, limits, api_key, int(time.time()), on_request=render.info_line
+        None, shown, limits, api_key, int(time.time()), on_request=render.info_line, pool=pool
     )
     http_limits = HttpLimits(
         max_connections=max_connections,
@@ -146,8 +213,8 @@ def serve(
     kv = f"KV {options.kv_type_k}/{options.kv_type_v}"
     parked = f" · parked caches up to {human_bytes(park_bytes)}" if park_bytes else ""
     render.info_line(
-        f"quill serve: {label} on http://{host}:{bound_port}/v1 · {parallel} slots of "
-        f"{engine.n_ctx} tokens · {kv}{parked} · Ctrl-C to stop"
+        f"quill serve: {shown} on http://{host}:{bound_port}/v1 · {parallel} slots of "
+        f"{n_ctx} tokens · {kv}{parked} · Ctrl-C to stop"
     )
     if os.environ.get("QUILL_SERVE_READY_FILE"):  # tests and scripts learn the port from here
         with open(os.environ["QUILL_SERVE_READY_FILE"], "w") as ready:
@@ -157,8 +224,98 @@ def serve(
         if stopped_by is not None:
             render.info_line(f"stopped by {stopped_by}: drained")
     finally:
-        scheduler.close()
-        engine.close()
+        pool.close()
+
+
+class ServeCatalog:
+    """The models serve may load (those named, and with --any-model those on disk), how it opens
+    one (each with its own batch scheduler), and what the memory plan says one takes."""
+
+    def __init__(
+        self,
+        files: dict[str, Path],
+        any_model: bool,
+        options: LoadOptions,
+        settings: ModelSettings,
+        max_queue: int,
+        park_bytes: int,
+    ) -> None:
+        self.files, self.any_model, self.options, self.settings = (
+            files,
+            any_model,
+            options,
+            settings,
+        )
+        self.max_queue, self.park_bytes = max_queue, park_bytes
+
+    def catalog(self) -> Catalog:
+        from cli.api.pool import Catalog
+
+        return Catalog(self.models, self.open, self.memory_bytes)
+
+    def models(self) -> dict[str, Path]:
+        found = dict(self.files)
+        if self.any_model:
+            from cli.store.models import list_local
+            from cli.store.registry import load_registry
+
+            registry = load_registry()
+
+            def default_tag_first(name: str) -> tuple[str, bool]:
+                alias, _, tag = name.partition(":")
+                entry = registry.models.get(alias)
+                return alias, entry is None or tag != entry.default_tag
+
+            for local in sorted(list_local(registry), key=lambda m: default_tag_first(m.name)):
+                found.setdefault(local.name, local.path)
+        return found
+
+    def open(self, label: str, path: Path) -> BatchScheduler:
+        from cli.commands.templating import registry_family
+        from cli.commands.wording import note_words
+        from cli.engine.batching import BatchScheduler
+        from cli.engine.opening import open_engine
+        from cli.ui import render
+
+        def note(line: str) -> None:
+            render.warning_line(note_words(line))
+
+        engine = open_engine(
+            path, self.options, self.settings, family=registry_family(label), on_note=note
+        )
+        try:
+            return BatchScheduler(engine, max_queued=self.max_queue, park_bytes=self.park_bytes)
+        except BaseException:
+            engine.close()
+            raise
+
+    def memory_bytes(self, path: Path) -> tuple[int, str]:
+        """The plan's total for path at this server's context, slots and KV types, and its parts."""
+        from cli.engine.options import context_size
+        from cli.units import human_bytes
+        from quant.memory import ModelShape, plan
+
+        shape = ModelShape.from_gguf(path)
+        n_ctx, slots = context_size(self.options.n_ctx, shape.trained_ctx), self.options.parallel
+        kv = (self.options.kv_type_k, self.options.kv_type_v)
+        memory = plan(shape, n_ctx * slots, *kv, parked_bytes=self.park_bytes)
+        buffers = human_bytes(memory.compute_bytes + memory.output_bytes)
+        parts = (
+            f"weights {human_bytes(memory.weights_bytes)}, KV cache "
+            f"{human_bytes(memory.kv_bytes)} for {slots} slots of {n_ctx} tokens, buffers {buffers}"
+        )
+        if memory.parked_bytes:
+            parts += f", parked caches {human_bytes(memory.parked_bytes)}"
+        return memory.total_bytes, parts
+
+
+def duration_option(option: str, text: str) -> float:
+    from cli.api.pool import parse_duration
+
+    try:
+        return parse_duration(text)
+    except ValueError as error:
+        raise UsageError(f"{option}: {error}") from None
 
 
 def check_parallel(parallel: int, ctx: int | None) -> None:
@@ -203,3 +360,50 @@ def open_file_room(max_connections: int) -> int:
     if soft != resource.RLIM_INFINITY and soft < wanted:
         resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
     return max_connections
+
+
+ServerEndpoint = Annotated[
+    str, typer.Option("--endpoint", help="The quill serve to ask (its URL, with or without /v1).")
+]
+
+
+def ps(
+    endpoint: ServerEndpoint = "http://127.0.0.1:8080",
+    api_key: shared.ApiKey = None,
+    as_json: shared.JsonOutput = False,
+) -> None:
+    """List the models a running quill serve holds: memory, slots busy, time to unload."""
+    import json
+
+    from cli.api.client import server_json
+    from cli.units import human_bytes
+
+    models = server_json(endpoint, "/api/ps", api_key).get("models", [])
+    if as_json:
+        print(json.dumps({"models": models}))
+        return
+    rows = [("NAME", "SIZE", "SLOTS BUSY", "REQUESTS", "UNTIL")]
+    for model in models:
+        left = model.get("expires_in_s")
+        until = "in use" if model["requests"] else "kept" if left is None else f"{left:.0f} s"
+        slots = f"{model['slots_busy']}/{model['slots']}"
+        size = human_bytes(model["size"]) if model["size"] else "-"
+        rows.append((model["name"], size, slots, str(model["requests"]), until))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print(
+            "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+        )
+
+
+def stop(
+    name: Annotated[str, typer.Argument(metavar="MODEL", help="The loaded model to unload.")],
+    endpoint: ServerEndpoint = "http://127.0.0.1:8080",
+    api_key: shared.ApiKey = None,
+) -> None:
+    """Unload a model from a running quill serve (once its requests in flight finish)."""
+    from cli.api.client import server_json
+    from cli.ui import render
+
+    answer = server_json(endpoint, "/models/unload", api_key, {"model": name})
+    render.info_line(answer.get("message", f"{name} unloaded"))

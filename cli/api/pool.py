@@ -1,0 +1,325 @@
+"""The models a server holds, by name: loaded on demand (once, however many requests ask at
+once; other models keep serving meanwhile), kept for a keep-alive after their last request
+(Ollama's), evicted least recently used first when --max-models or the memory limit calls for
+room (never one with requests in flight), and refused before loading when one cannot fit alone.
+Each loaded model has its own engine and batch scheduler (so its own prefix cache)."""
+
+from __future__ import annotations
+
+import math
+import re
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from http import HTTPStatus
+from pathlib import Path
+from typing import Any
+
+from cli.api.server import ApiError
+from cli.engine.batching import BatchScheduler
+from cli.units import human_bytes
+
+FOREVER = math.inf
+WAIT_FOR_ROOM_S = 600  # a load waits this long for busy models to finish before a 503
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
+_UNIT_S = {"ms": 0.001, "s": 1, "m": 60, "h": 3600}
+
+
+def parse_duration(value: Any) -> float:
+    """Seconds from Ollama's keep_alive forms: a number of seconds, or '5m', '1h30m', '90s';
+    negative: forever. ValueError for anything else."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        return FOREVER if value < 0 else float(value)
+    text = value.strip().lower() if isinstance(value, str) else None
+    if text:
+        sign, digits = (-1, text[1:]) if text.startswith("-") else (1, text)
+        if re.fullmatch(r"\d+(\.\d+)?", digits):
+            return FOREVER if sign < 0 else float(digits)
+        if re.fullmatch(f"(?:{_DURATION.pattern})+", digits):
+            seconds = sum(float(n) * _UNIT_S[unit] for n, unit in _DURATION.findall(digits))
+            return FOREVER if sign < 0 else seconds
+    raise ValueError(f"not a duration: {value!r}; write seconds or one like 5m, 30s, 1h (-1: ever)")
+
+
+@dataclass
+class PooledModel:
+    label: str
+    memory_bytes: int  # the memory plan's total, weights to buffers
+    scheduler: BatchScheduler | None = None  # None while loading
+    loaded: threading.Event = field(default_factory=threading.Event)
+    failure: ApiError | None = None  # why the load failed
+    in_flight: int = 0
+    last_used: float = field(default_factory=time.monotonic)
+    expires_at: float = FOREVER  # monotonic; FOREVER: until evicted or stopped
+    unload_when_idle: bool = False  # stopped while requests were in flight
+
+    def status(self, now: float) -> dict[str, Any]:
+        scheduler = self.scheduler
+        left = None if self.expires_at == FOREVER or self.in_flight else self.expires_at - now
+        return {
+            "name": self.label,
+            "status": "loaded" if scheduler is not None else "loading",
+            "size": self.memory_bytes,
+            "requests": self.in_flight,
+            "slots": scheduler.engine.parallel if scheduler else 0,
+            "slots_busy": scheduler.busy_slots if scheduler else 0,
+            "requests_waiting": scheduler.queued if scheduler else 0,
+            "expires_in_s": None if left is None else round(max(0.0, left), 1),
+            "expires_at": None if left is None else round(time.time() + max(0.0, left), 1),
+        }
+
+
+@dataclass
+class Catalog:
+    """What a pool may load: label -> file, and how to open and measure one (serve.py's)."""
+
+    models: Callable[[], dict[str, Path]]  # called again when a name is not found
+    open: Callable[[str, Path], BatchScheduler]
+    memory_bytes: Callable[[Path], tuple[int, str]]  # the plan's total, and its parts in words
+
+
+class ModelPool:
+    def __init__(
+        self,
+        catalog: Catalog | None = None,
+        keep_alive_s: float = 300.0,
+        max_models: int = 0,  # 0: no cap but memory
+        memory_limit: int = 0,  # 0: none
+        on_event: Callable[[str], None] | None = None,
+    ) -> None:
+        self.catalog = catalog
+        self.keep_alive_s = keep_alive_s
+        self.max_models = max_models
+        self.memory_limit = memory_limit
+        self.on_event = on_event or (lambda line: None)
+        self.default: str | None = None  # the model a request naming none gets
+        self._files: dict[str, Path] = {}
+        self._models: dict[str, PooledModel] = {}
+        self._lock = threading.Condition()
+        self._closed = False
+        self._reaper = threading.Thread(target=self._reap, name="quill-keep-alive", daemon=True)
+        self._reaper.start()
+
+    def add_loaded(self, label: str, scheduler: BatchScheduler, memory_bytes: int = 0) -> None:
+        """A model loaded before serving: kept until stopped or evicted (no keep-alive)."""
+        with self._lock:
+            model = PooledModel(label, memory_bytes, scheduler)
+            model.loaded.set()
+            self._models[label] = model
+            self.default = self.default or label
+
+    # --- names ----------------------------------------------------------------------------------
+
+    def names(self) -> list[str]:
+        """Every servable model: the catalog's (those named first), then any other loaded."""
+        if self.catalog is not None:
+            self._files = self.catalog.models()
+        with self._lock:
+            return list(dict.fromkeys([*self._files, *self._models]))
+
+    def _label(self, name: str | None) -> str:
+        if name is None or name == "quill":
+            if self.default is None:
+                raise ApiError(
+                    HTTPStatus.BAD_REQUEST,
+                    "this server serves several models: name one in 'model' (GET /v1/models "
+                    "lists them)",
+                    "model_not_found",
+                    "model",
+                )
+            return self.default
+        for refresh in (False, True):
+            if refresh:
+                self.names()
+            # The catalog's order first: a name without its tag is the first file with that name
+            # (models.yaml's default tag leads), whichever of them is loaded.
+            labels = list(dict.fromkeys([*self._files, *self._models]))
+            if name in labels:
+                return name
+            for label in labels:
+                if name == label.partition(":")[0] or (
+                    label.endswith(".gguf") and name == Path(label).stem
+                ):
+                    return label
+        listed = ", ".join(f"'{label}'" for label in labels[:8]) or "none"
+        raise ApiError(
+            HTTPStatus.NOT_FOUND,
+            f"The model '{name}' does not exist; this server has {listed}",
+            "model_not_found",
+            "model",
+        )
+
+    # --- a request's use of a model -------------------------------------------------------------
+
+    def acquire(self, name: str | None) -> PooledModel:
+        """The model a request names, loaded (by this call or the one already loading it), with
+        the request counted in flight until release()."""
+        label = self._label(name)
+        deadline = time.monotonic() + WAIT_FOR_ROOM_S
+        evicted = None
+        with self._lock:
+            while True:
+                model = self._models.get(label)
+                if model is not None:
+                    model.in_flight += 1
+                    break
+                evicted = self._make_room(label)
+                if evicted is not None:
+                    model = PooledModel(label, evicted[0], in_flight=1)
+                    self._models[label] = model
+                    break
+                if not self._lock.wait(timeout=max(0.0, deadline - time.monotonic())):
+                    raise ApiError(
+                        HTTPStatus.SERVICE_UNAVAILABLE,
+                        f"no room to load {label}: every loaded model has requests in flight; "
+                        "retry later, or start the server with a higher --max-models",
+                        "models_busy",
+                    )
+        if model.scheduler is None and evicted is not None:  # this call loads it
+            self._unload(evicted[1], "to make room")
+            self._load(model)
+        model.loaded.wait()
+        if model.failure is not None:
+            self.release(model, 0)
+            raise model.failure
+        return model
+
+    def release(self, model: PooledModel, keep_alive_s: float | None = None) -> None:
+        """A request is done with model: it stays keep_alive_s (None: the server's) from now; the
+        keep-alive thread unloads it, so that no request waits for an unload."""
+        with self._lock:
+            model.in_flight -= 1
+            model.last_used = time.monotonic()
+            if keep_alive_s is not None or model.expires_at != FOREVER:  # else: pinned
+                keep = self.keep_alive_s if keep_alive_s is None else keep_alive_s
+                model.expires_at = model.last_used + keep
+            if model.unload_when_idle:
+                model.expires_at = model.last_used
+            self._lock.notify_all()
+
+    def stop(self, name: str) -> str:
+        """Unload a model now, or once its requests in flight finish: what happened, in words."""
+        label = self._label(name)
+        with self._lock:
+            model = self._models.get(label)
+            if model is None or model.scheduler is None:
+                return f"{label} is not loaded"
+            if model.in_flight:
+                model.unload_when_idle = True
+                return f"{label} unloads when its {model.in_flight} requests in flight finish"
+            self._models.pop(label)
+            self._lock.notify_all()
+        self._unload([model], "stopped")
+        return f"{label} unloaded"
+
+    def loaded(self) -> list[PooledModel]:
+        with self._lock:
+            return list(self._models.values())
+
+    def status(self) -> list[dict[str, Any]]:
+        now = time.monotonic()
+        return [model.status(now) for model in self.loaded()]
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            models, self._models = list(self._models.values()), {}
+            self._lock.notify_all()
+        for model in models:
+            model.loaded.wait()
+        self._unload(models, None)
+
+    # --- loading and unloading ------------------------------------------------------------------
+
+    def _make_room(self, label: str) -> tuple[int, list[PooledModel]] | None:
+        """(the new model's memory, the idle models to unload for it), taken out of the pool;
+        None while models with requests in flight hold the room. Called under the lock."""
+        assert self.catalog is not None  # a label without a file is always loaded
+        needs, parts = self.catalog.memory_bytes(self._files[label])
+        if self.memory_limit and needs > self.memory_limit:
+            message = (
+                f"{label} needs {human_bytes(needs)} ({parts}), more than this server's memory "
+                f"limit of {human_bytes(self.memory_limit)}: start it with a larger "
+                "--memory-limit, a smaller --ctx or --parallel, or use a smaller quant"
+            )
+            self.on_event(f"refused {message}")
+            raise ApiError(HTTPStatus.BAD_REQUEST, message, "model_too_large", "model")
+        idle = sorted(
+            (m for m in self._models.values() if m.in_flight == 0 and m.scheduler is not None),
+            key=lambda m: m.last_used,
+        )
+        kept, evicted = list(self._models.values()), []
+
+        def crowded() -> bool:
+            over_count = self.max_models and len(kept) >= self.max_models
+            used = sum(m.memory_bytes for m in kept)
+            return bool(over_count or (self.memory_limit and used + needs > self.memory_limit))
+
+        while crowded() and idle:
+            victim = idle.pop(0)
+            kept.remove(victim)
+            evicted.append(victim)
+        if crowded():
+            return None
+        for victim in evicted:
+            del self._models[victim.label]
+        return needs, evicted
+
+    def _load(self, model: PooledModel) -> None:
+        assert self.catalog is not None
+        started = time.monotonic()
+        try:
+            model.scheduler = self.catalog.open(model.label, self._files[model.label])
+        except Exception as error:  # a file that is not a model, a template that fails
+            model.failure = ApiError(
+                HTTPStatus.BAD_REQUEST,
+                f"{model.label} failed to load: {error}",
+                "model_load_failed",
+            )
+            with self._lock:
+                self._models.pop(model.label, None)
+                self._lock.notify_all()
+        else:
+            self.on_event(
+                f"loaded {model.label} in {time.monotonic() - started:.1f} s "
+                f"({human_bytes(model.memory_bytes)} planned)"
+            )
+            with self._lock:
+                model.expires_at = time.monotonic() + self.keep_alive_s
+                if self._closed:
+                    self._models.pop(model.label, None)
+        finally:
+            model.loaded.set()
+        if self._closed and model.scheduler is not None:
+            self._unload([model], None)
+
+    def _unload(self, models: list[PooledModel], why: str | None) -> None:
+        for model in models:
+            if model.scheduler is None:
+                continue
+            scheduler, model.scheduler = model.scheduler, None
+            scheduler.close()
+            scheduler.engine.close()
+            if why is not None:
+                self.on_event(f"unloaded {model.label} ({why})")
+
+    def _reap(self) -> None:
+        """Unload the idle models whose keep-alive has passed."""
+        with self._lock:
+            while not self._closed:
+                now = time.monotonic()
+                idle = [m for m in self._models.values() if m.in_flight == 0 and m.scheduler]
+                expired = [m for m in idle if m.expires_at <= now]
+                for model in expired:
+                    del self._models[model.label]
+                if expired:
+                    self._lock.notify_all()
+                    self._lock.release()
+                    try:
+                        self._unload(expired, "keep-alive passed")
+                    finally:
+                        self._lock.acquire()
+                    continue
+                soonest = min((m.expires_at for m in idle), default=FOREVER)
+                self._lock.wait(timeout=min(1.0, max(0.01, soonest - now)))
