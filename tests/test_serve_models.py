@@ -6,6 +6,7 @@ before loading past --memory-limit, and shown and unloaded by quill ps and quill
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import threading
 import time
@@ -240,3 +241,27 @@ def test_quill_stop_unloads_a_model(serve, q8_path):
         "REQUESTS",
         "UNTIL",
     ]
+
+
+def test_sigterm_drains_every_model_and_refuses_a_load_still_waiting(serve, q8_path):
+    process, url = serve(SMOL, str(q8_path), "--ctx", "512", "--max-models", "1",
+                         "--drain-timeout", "4")  # fmt: skip
+    events: list[str] = []
+    started = threading.Event()
+    streamer = threading.Thread(target=stream, args=(url, SMOL, events, started))
+    streamer.start()
+    assert started.wait(60)
+    waiting: list[httpx.Response] = []
+    loader = threading.Thread(target=lambda: waiting.append(chat(url, "smollm2-q8")))
+    loader.start()
+    time.sleep(0.5)  # the q8 request waits for SmolLM2's stream to end before it may load
+    process.send_signal(signal.SIGTERM)
+    loader.join(timeout=30)
+    streamer.join(timeout=30)
+    assert waiting[0].status_code == 503
+    assert waiting[0].json()["error"]["code"] == "server_shutting_down"
+    last = events[-2]
+    assert last == "[DONE]" or json.loads(last)["error"]["code"] == "server_shutting_down"
+    assert process.wait(timeout=30) == 0
+    log = process.stderr.read()
+    assert "Traceback" not in log and f"loaded {q8_path}" not in log

@@ -542,6 +542,7 @@ class QuillApp:
         if self.draining:
             return
         self.draining = True
+        self.pool.drain()
         asyncio.get_running_loop().call_later(
             streams_end_after(self.limits.drain_timeout_s), self._end_in_flight
         )

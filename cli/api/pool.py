@@ -98,6 +98,7 @@ class ModelPool:
         self._models: dict[str, PooledModel] = {}
         self._lock = threading.Condition()
         self._closed = False
+        self._draining = False
         self._reaper = threading.Thread(target=self._reap, name="quill-keep-alive", daemon=True)
         self._reaper.start()
 
@@ -169,6 +170,9 @@ class ModelPool:
                     model = PooledModel(label, evicted[0], in_flight=1)
                     self._models[label] = model
                     break
+                if self._draining:
+                    message = "the server is shutting down; retry against another instance"
+                    raise ApiError(HTTPStatus.SERVICE_UNAVAILABLE, message, "server_shutting_down")
                 if not self._lock.wait(timeout=max(0.0, deadline - time.monotonic())):
                     raise ApiError(
                         HTTPStatus.SERVICE_UNAVAILABLE,
@@ -220,6 +224,12 @@ class ModelPool:
     def status(self) -> list[dict[str, Any]]:
         now = time.monotonic()
         return [model.status(now) for model in self.loaded()]
+
+    def drain(self) -> None:
+        """No more loads: a request waiting for room is refused (a load under way finishes)."""
+        with self._lock:
+            self._draining = True
+            self._lock.notify_all()
 
     def close(self) -> None:
         with self._lock:
