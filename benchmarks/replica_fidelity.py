@@ -6,9 +6,10 @@ the order swapped every round (A,B then B,A), each round one pp512 (prefill toke
 bench reports it) and one tg128 (decode tokens/s as quill bench reports it, and the median
 interval between tokens). Alternating every few seconds cancels the drift of a shared machine
 that separate processes do not; the figures are medians over rounds and the median of the
-per-round ratios replica / real. Rounds in which other processes took QUIET_CORES or more are set
-aside (all are kept if fewer than half were quiet). The median token interval is the figure a
-burst of other work moves least. Peak RSS: fresh processes, alternating, each loading one file
+per-round ratios replica / real. Each round waits (at most a minute) for a quiet machine;
+rounds in which other processes took QUIET_CORES or more are set aside (all are kept if fewer
+than half were quiet). The median token interval is the figure a burst of other work moves
+least. Peak RSS: fresh processes, alternating, each loading one file
 and running one pp512 and one tg128. Before the speed process both files are written again in
 large writes so that they sit alike in the page cache (set_page_cache says why). OpenMP as users
 have it (OMP_WAIT_POLICY unset), threads fixed.
@@ -81,6 +82,7 @@ def speed(paths: dict[str, Path], threads: int, rounds: int) -> list[dict[str, d
         one_round(engine, rng)  # warm-up
     results = []
     for round_ in range(rounds):
+        wait_quiet()
         figures = {}
         for kind in KINDS if round_ % 2 == 0 else KINDS[::-1]:
             busy, own, started = _busy_s(), sum(ours.cpu_times()[:2]), time.perf_counter()
@@ -107,6 +109,18 @@ def peak_rss(path: Path, threads: int) -> float:
 def _busy_s() -> float:
     times = psutil.cpu_times()
     return sum(times) - times.idle - getattr(times, "iowait", 0.0)
+
+
+def wait_quiet(window: float = 2.0, limit: float = 60.0) -> None:
+    """Until other processes take under QUIET_CORES / 3 over a window (at most limit s): a
+    round is a few seconds, and one taken beside another's burst is noise, not a ratio."""
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        busy, own = _busy_s(), sum(psutil.Process().cpu_times()[:2])
+        time.sleep(window)
+        others = (_busy_s() - busy) - (sum(psutil.Process().cpu_times()[:2]) - own)
+        if others < QUIET_CORES / 3 * window:
+            return
 
 
 def set_page_cache(path: Path) -> None:
