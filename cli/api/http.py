@@ -399,13 +399,18 @@ class QuillApp:
         chat = request.url.path == "/v1/chat/completions"
         body = parse_body(await self._read_body(request))
         keep_alive = _keep_alive(body)
-        model = await anyio.to_thread.run_sync(self.pool.acquire, body.get("model"))
+        acquired: list[PooledModel] = []  # a request cancelled as it acquires still releases
         try:
+            await anyio.to_thread.run_sync(
+                lambda: acquired.append(self.pool.acquire(body.get("model")))
+            )
+            model = acquired[0]
             served = self._submit(
                 model, await anyio.to_thread.run_sync(self._parse, body, model, chat)
             )
         except BaseException:
-            self.pool.release(model, keep_alive)
+            for model in acquired:
+                self.pool.release(model, keep_alive)
             raise
         events = served.events
         assert isinstance(events, LoopEvents)
