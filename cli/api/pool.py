@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from cli.api.server import ApiError
 from cli.engine.batching import BatchScheduler
@@ -70,13 +70,13 @@ class PooledModel:
         }
 
 
-@dataclass
-class Catalog:
-    """What a pool may load: label -> file, and how to open and measure one (serve.py's)."""
+class Catalog(Protocol):
+    """What a pool may load (label -> file; asked again when a name is not found), how one opens,
+    and its memory plan's total with the parts in words (serve.py's ServeCatalog)."""
 
-    models: Callable[[], dict[str, Path]]  # called again when a name is not found
-    open: Callable[[str, Path], BatchScheduler]
-    memory_bytes: Callable[[Path], tuple[int, str]]  # the plan's total, and its parts in words
+    def models(self) -> dict[str, Path]: ...
+    def open(self, label: str, path: Path) -> BatchScheduler: ...
+    def memory_bytes(self, path: Path) -> tuple[int, str]: ...
 
 
 class ModelPool:

@@ -14,7 +14,6 @@ from cli.commands.templating import ChatTemplateFile, Think, read_template_optio
 from cli.errors import UsageError
 
 if TYPE_CHECKING:
-    from cli.api.pool import Catalog
     from cli.engine.batching import BatchScheduler
     from cli.engine.options import LoadOptions
     from cli.engine.settings import ModelSettings
@@ -166,11 +165,11 @@ def serve(
     named = list(dict.fromkeys([*(names or []), *([model] if model else [])]))
     if not named and not any_model:
         named = [shared.model_label(None)]  # the default model, as before several were served
-    files = {label: path for label, path in (shared.obtain_model(n, offline) for n in named)}
+    files = dict(shared.obtain_model(n, offline) for n in named)
     catalog = ServeCatalog(files, any_model, options, settings, max_queue, park_bytes)
     limit = shared.size_option("--memory-limit", memory_limit) if memory_limit else None
     pool = ModelPool(
-        catalog.catalog(),
+        catalog,
         keep_alive_s,
         max_models,
         limit if limit is not None else max(room for _, room in available_memory()),
@@ -247,11 +246,6 @@ class ServeCatalog:
             settings,
         )
         self.max_queue, self.park_bytes = max_queue, park_bytes
-
-    def catalog(self) -> Catalog:
-        from cli.api.pool import Catalog
-
-        return Catalog(self.models, self.open, self.memory_bytes)
 
     def models(self) -> dict[str, Path]:
         found = dict(self.files)
