@@ -6,6 +6,10 @@ with real models' shapes (benchmarks/shapes.py makes them in /work/shapes).
           quill's engine in this process as `quill bench` drives it (pp512, tg128), and
           `llama-bench -p 512 -n 128 -r 1`. Same threads, batch and ubatch (512), flash
           attention (auto), weight repacking (llama-bench's --repack as quill's CPU path), f16 KV.
+  overhead: on the 8B-class file, in one process, llama-bench's own loops (llama_decode on
+          llama_batch_get_one, no sampling) on quill's context against quill's engine, in turn
+          every few seconds: what quill adds to llama.cpp, with the host's slower drift cancelled
+          (end to end, separate processes minutes apart, rounds range 0.75-1.3x here).
   serve:  on a 1B-class Q4_K_M, per round: `quill serve -np 4` and `llama-server -np 4` (the
           same context per slot, threads, batch, flash attention, repacking), each sent 16
           streaming chat requests (serve_load.py's prompts, 64 tokens, greedy, ignore_eos) by 4
@@ -123,6 +127,64 @@ def decode_rounds(args: argparse.Namespace) -> tuple[list[dict], dict]:
         "llama-bench": shlex.join(bench),
     }
     return rounds, {"commands": commands, "weight_repacking": repack}
+
+
+def overhead_rounds(args: argparse.Namespace) -> tuple[list[dict], dict]:
+    """llama-bench's own loops (test_prompt, test_gen: llama_decode on llama_batch_get_one, no
+    sampling) run on quill's context, alternated with quill's engine every few seconds: what
+    quill adds, with the host's drift (minutes long) cancelled."""
+    import llama_cpp as llama
+
+    from cli.engine.engine import Engine, LoadOptions
+    from cli.engine.sampling import SamplingParams
+
+    greedy = SamplingParams(temperature=0.0, ignore_eos=True)
+    p, n = 512, 128
+    engine = Engine(args.model, LoadOptions(n_ctx=p + n + 2, threads=args.threads))
+    ctx, rng = engine._ctx, random.Random(args.seed)  # the very context quill decodes on
+
+    def decode(tokens: list[int]) -> None:
+        array = (llama.llama_token * len(tokens))(*tokens)
+        if llama.llama_decode(ctx, llama.llama_batch_get_one(array, len(tokens))) != 0:
+            raise SystemExit("llama_decode failed")
+
+    def llama_bench_loops(_round: int) -> dict:
+        engine.clear_cache()
+        started = time.perf_counter()
+        decode([rng.randrange(engine.n_vocab) for _ in range(p)])
+        llama.llama_synchronize(ctx)
+        pp = p / (time.perf_counter() - started)
+        engine.clear_cache()
+        started, token = time.perf_counter(), rng.randrange(engine.n_vocab)
+        for _ in range(n):
+            decode([token])
+            llama.llama_synchronize(ctx)
+            token = rng.randrange(engine.n_vocab)
+        tg = n / (time.perf_counter() - started)
+        engine.clear_cache()
+        return {"pp512": pp, "tg128": tg}
+
+    def quill_engine(_round: int) -> dict:
+        engine.clear_cache()
+        prompt = [rng.randrange(engine.n_vocab) for _ in range(p)]
+        pp = next(iter(engine.stream_generate(prompt, 1, greedy))).prefill_tokens_per_s
+        last = list(engine.stream_generate([rng.randrange(engine.n_vocab)], n + 1, greedy))[-1]
+        return {"pp512": pp, "tg128": last.decode_tokens_per_s}
+
+    contenders = {"quill engine": quill_engine, "llama-bench loops": llama_bench_loops}
+    quill_engine(-1)  # warm-up, as llama-bench warms up
+    llama_bench_loops(-1)
+    rounds = interleave(contenders, args)
+    engine.close()
+    commands = {
+        "quill engine": f"Engine({args.model}, LoadOptions(n_ctx={p + n + 2}, "
+        f"threads={args.threads})) stream_generate: {p} random tokens, 1 token; 1 random "
+        f"token, {n + 1} tokens (decode rate over the last {n})",
+        "llama-bench loops": f"on the same context: llama_decode of {p} random tokens in one "
+        f"llama_batch_get_one; {n} llama_decode calls of one random token (llama-bench's "
+        "test_prompt and test_gen)",
+    }
+    return rounds, {"commands": commands, "weight_repacking": engine.cpu_path.label == "extra"}
 
 
 def one_request(url: str, prompt: str, max_tokens: int) -> tuple[int, int]:
@@ -253,6 +315,8 @@ PAIRS = {  # (part, test, quill's contender, the reference)
     "decode": [("pp512", "quill run pp", "llama-bench"), ("tg128", "quill run tg", "llama-bench"),
                ("pp512", "quill engine", "llama-bench"), ("tg128", "quill engine", "llama-bench")],
     "serve": [("serve", "quill serve", "llama-server")],
+    "overhead": [("pp512", "quill engine", "llama-bench loops"),
+                 ("tg128", "quill engine", "llama-bench loops")],
 }  # fmt: skip
 
 
@@ -300,7 +364,7 @@ def report(record: dict) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("part", choices=["decode", "serve"])
+    parser.add_argument("part", choices=["decode", "serve", "overhead"])
     parser.add_argument("--model", type=Path, help="default: the part's file in /work/shapes")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
@@ -317,9 +381,12 @@ def main() -> None:
         raise SystemExit("unset OMP_WAIT_POLICY: benchmarks run with OpenMP as users have it")
     shapes = Path("/work/shapes")
     args.model = args.model or shapes / {
-        "decode": "llama-3-8b-shape.Q4_K_M.gguf", "serve": "llama-3.2-1b-shape.Q4_K_M.gguf"
+        "decode": "llama-3-8b-shape.Q4_K_M.gguf", "serve": "llama-3.2-1b-shape.Q4_K_M.gguf",
+        "overhead": "llama-3-8b-shape.Q4_K_M.gguf",
     }[args.part]  # fmt: skip
-    measure = decode_rounds if args.part == "decode" else serve_rounds
+    measure = {"decode": decode_rounds, "serve": serve_rounds, "overhead": overhead_rounds}[
+        args.part
+    ]
     started, clock = time.strftime("%Y-%m-%dT%H:%M:%S"), time.perf_counter()
     rounds, facts = measure(args)
     from cli.engine.hardware import cpu_model
