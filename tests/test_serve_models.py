@@ -211,6 +211,20 @@ def test_concurrent_first_requests_load_a_model_once(serve, smollm2_path):
     assert stderr_of(process).count(f"loaded {SMOL} in") == 1
 
 
+def test_a_bare_quill_serve_loads_the_default_and_serves_every_model_on_disk(serve):
+    _, bare_url = serve("--ctx", "256")
+    _, everything_url = serve("--any-model", "--ctx", "256")
+    listed = httpx.get(f"{bare_url}/v1/models", headers=AUTH, timeout=10).json()["data"]
+    assert listed[0]["id"] == SMOL and listed[0]["status"] == {"value": "loaded"}
+    assert list(loaded(bare_url)) == [SMOL] and loaded(everything_url) == {}
+    on_disk = httpx.get(f"{everything_url}/v1/models", headers=AUTH, timeout=10).json()["data"]
+    assert sorted(m["id"] for m in listed) == sorted(m["id"] for m in on_disk)
+    body = {"messages": [{"role": "user", "content": CAPITAL}], "max_tokens": 16,
+            "temperature": 0}  # fmt: skip
+    reply = httpx.post(f"{bare_url}/v1/chat/completions", json=body, headers=AUTH, timeout=120)
+    assert reply.status_code == 200 and reply.json()["model"].startswith("smollm2-135m")
+
+
 def test_a_model_past_the_memory_limit_is_refused_before_loading(serve, smollm2_path):
     process, url = serve("--any-model", "--ctx", "256", "--memory-limit", "40MiB")
     server = psutil.Process(process.pid)

@@ -20,9 +20,10 @@ if TYPE_CHECKING:
 
 SERVE_EPILOG = (
     "Endpoints: POST /v1/chat/completions, POST /v1/completions (stream or not), GET /v1/models, "
-    "GET /health, GET /api/ps (quill ps), POST /models/unload (quill stop). The first MODEL is "
-    "loaded at start and kept; the others, and with --any-model every model on disk, load when "
-    "a request's model field names them and unload --keep-alive after their last request. "
+    "GET /health, GET /api/ps (quill ps), POST /models/unload (quill stop). The first MODEL "
+    "(default: smollm2-135m) is loaded at start and kept; the others, and every model on disk "
+    "when no MODEL is named or with --any-model, load when a request's model field names them "
+    "and unload --keep-alive after their last request. "
     "SIGTERM or Ctrl-C drains the server: no new requests, those in flight get all but the "
     "last second of --drain-timeout to finish, then exit 0."
 )
@@ -33,7 +34,8 @@ def serve(
         list[str] | None,
         typer.Argument(
             metavar="[MODEL]...",
-            help="The models, as -m takes them (default: smollm2-135m, unless --any-model).",
+            help="The models, as -m takes them (default: smollm2-135m, loaded at start, and "
+            "every model on disk when a request names it).",
         ),
     ] = None,
     model: shared.ModelOption = None,
@@ -41,8 +43,8 @@ def serve(
         bool,
         typer.Option(
             "--any-model",
-            help="Also serve every model on disk (quill list), loaded when a request names it; "
-            "with no MODEL, none is loaded at start.",
+            help="With MODELs named, also serve every model on disk (quill list), loaded when a "
+            "request names it; with none, load none at start.",
         ),
     ] = False,
     keep_alive: Annotated[
@@ -163,10 +165,13 @@ def serve(
     settings = ModelSettings(chat_template=read_template_option(chat_template), think=think)
     keep_alive_s = duration_option("--keep-alive", keep_alive)
     named = list(dict.fromkeys([*(names or []), *([model] if model else [])]))
+    everything = any_model or not named
     if not named and not any_model:
-        named = [shared.model_label(None)]  # the default model, as before several were served
+        # Bare `quill serve`, as Ollama's: the default model loaded at start, any other on disk
+        # when a request names it.
+        named = [shared.model_label(None)]
     files = dict(shared.obtain_model(n, offline) for n in named)
-    catalog = ServeCatalog(files, any_model, options, settings, max_queue, park_bytes)
+    catalog = ServeCatalog(files, everything, options, settings, max_queue, park_bytes)
     limit = shared.size_option("--memory-limit", memory_limit) if memory_limit else None
     pool = ModelPool(
         catalog,
@@ -192,7 +197,7 @@ def serve(
         max_tokens=max_tokens_limit or n_ctx,
         default_max_tokens=min(512, max_tokens_limit or n_ctx),
     )
-    shown = ", ".join(files) if not any_model else "the models on disk"
+    shown = ", ".join(files) if named and not any_model else "the models on disk"
     state = ServerState(
         None, shown, limits, api_key, int(time.time()), on_request=render.info_line, pool=pool
     )
