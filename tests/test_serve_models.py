@@ -211,7 +211,7 @@ def test_concurrent_first_requests_load_a_model_once(serve, smollm2_path):
     assert stderr_of(process).count(f"loaded {SMOL} in") == 1
 
 
-def test_a_bare_quill_serve_loads_the_default_and_serves_every_model_on_disk(serve):
+def test_a_bare_quill_serve_loads_the_default_and_serves_every_model_on_disk(serve, smollm2_path):
     _, bare_url = serve("--ctx", "256")
     _, everything_url = serve("--any-model", "--ctx", "256")
     listed = httpx.get(f"{bare_url}/v1/models", headers=AUTH, timeout=10).json()["data"]
