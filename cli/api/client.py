@@ -91,14 +91,8 @@ def _root(base: str) -> str:
 
 def first_model(base_url: str, api_key: str | None, timeout_s: float = 10) -> str | None:
     """The first model GET /v1/models lists: what to ask for when the user names none."""
-    url = _root(base_url) + "/models"
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
-        request = urllib.request.Request(url, headers=headers)
-        with urllib.request.urlopen(request, timeout=timeout_s) as response:
-            listed = json.loads(response.read()).get("data") or []
-    except OSError as error:
-        raise _failure(url, error) from None
+        listed = _json(_root(base_url) + "/models", api_key, timeout_s=timeout_s).get("data") or []
     except ValueError:
         return None
     return listed[0].get("id") if listed and isinstance(listed[0], dict) else None
@@ -318,6 +312,15 @@ def server_json(
     """A JSON answer from a path at the server's root (GET, or POST of body): /api/ps,
     /models/unload."""
     url = _root(base_url).removesuffix("/v1") + path
+    try:
+        return _json(url, api_key, body, timeout_s)
+    except ValueError:
+        raise EndpointError(f"{url} answered something that is not JSON") from None
+
+
+def _json(url: str, api_key: str | None, body: dict | None = None, timeout_s: float = 30) -> Any:
+    """What url answers, parsed (GET, or POST of body): a failed request is mapped once to an
+    error (_failure); an answer that is not JSON is left to the caller (ValueError)."""
     headers = {"Content-Type": "application/json"}
     if api_key:
         headers["Authorization"] = f"Bearer {api_key}"
@@ -328,5 +331,3 @@ def server_json(
             return json.loads(response.read())
     except OSError as error:
         raise _failure(url, error) from None
-    except ValueError:
-        raise EndpointError(f"{url} answered something that is not JSON") from None
