@@ -37,6 +37,7 @@ COMMANDS: tuple[tuple[str, str, str, str | None], ...] = (
     ("perplexity", "quality", "perplexity", "PPL_EPILOG"),
     ("quant-report", "quality", "quant_report", None),
     ("cache", "cache", "cache", None),
+    ("rpc-server", "rpcserver", "rpc_server", "RPC_EPILOG"),
 )
 
 
@@ -74,6 +75,10 @@ SUMMARIES: dict[str, str] = {
     "quant-report": "Which quant should I use on this machine?",
     "cache": (
         "The prompt caches and replicas quill keeps under QUILL_HOME/cache: list or clear them."
+    ),
+    "rpc-server": (
+        "Serve this machine's CPU (or GPUs) to quill and llama.cpp clients over llama.cpp's "
+        "RPC protocol, one client at a time, until Ctrl-C or SIGTERM."
     ),
 }
 
@@ -142,8 +147,25 @@ app = typer.Typer(cls=QuillGroup, **SETTINGS)
 
 def _version(value: bool) -> None:
     if value:
-        print(f"quill {__version__}")
+        print(f"quill {__version__} ({_llama_build()})")
         raise typer.Exit()
+
+
+def _llama_build() -> str:
+    """llama-cpp-python's version and whether it has the RPC backend (docs/scale.md), read from
+    its files: importing it costs half a second."""
+    import importlib.metadata
+    import importlib.util
+    from pathlib import Path
+
+    try:
+        version = importlib.metadata.version("llama-cpp-python")
+    except importlib.metadata.PackageNotFoundError:
+        return "llama-cpp-python missing"
+    spec = importlib.util.find_spec("llama_cpp")
+    libs = Path(spec.origin).parent / "lib" if spec and spec.origin else None
+    rpc = bool(libs and any(libs.glob("*ggml-rpc.*")))
+    return f"llama-cpp-python {version}, RPC {'on' if rpc else 'off: reinstall as the README says'}"
 
 
 @app.callback()

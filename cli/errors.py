@@ -15,6 +15,7 @@ EXIT_MODEL_LOAD = 5
 EXIT_ENDPOINT = 6
 EXIT_INVALID_OUTPUT = 7
 EXIT_DOES_NOT_FIT = 8
+EXIT_RPC = 9
 EXIT_INTERRUPTED = 130
 
 # What each exit code means, in the words --help uses.
@@ -28,6 +29,7 @@ EXIT_CODES: dict[int, str] = {
     EXIT_ENDPOINT: "server refused or unreachable",
     EXIT_INVALID_OUTPUT: "output does not match the schema",
     EXIT_DOES_NOT_FIT: "does not fit this machine's memory or disk",
+    EXIT_RPC: "RPC server unreachable, refused or lost",
     EXIT_INTERRUPTED: "interrupted",
 }
 
@@ -36,16 +38,17 @@ EXIT_CODES: dict[int, str] = {
 _EVERY_COMMAND = (EXIT_OK, EXIT_INTERNAL, EXIT_USAGE)
 _MODEL = (EXIT_MODEL_NOT_FOUND, EXIT_MODEL_LOAD)
 COMMAND_EXIT_CODES: dict[str, tuple[int, ...]] = {
-    "run": (*_MODEL, EXIT_CONTEXT_OVERFLOW, EXIT_ENDPOINT, EXIT_INVALID_OUTPUT),
+    "run": (*_MODEL, EXIT_CONTEXT_OVERFLOW, EXIT_ENDPOINT, EXIT_INVALID_OUTPUT, EXIT_RPC),
     "pull": (EXIT_MODEL_NOT_FOUND,),
     "list": (),
     "rm": (EXIT_MODEL_NOT_FOUND,),
-    "inspect": _MODEL,
+    "inspect": (*_MODEL, EXIT_RPC),
     "quantize": _MODEL,
-    "bench": (*_MODEL, EXIT_ENDPOINT, EXIT_DOES_NOT_FIT),
-    "chat": (*_MODEL, EXIT_CONTEXT_OVERFLOW, EXIT_ENDPOINT),
+    "bench": (*_MODEL, EXIT_ENDPOINT, EXIT_DOES_NOT_FIT, EXIT_RPC),
+    "chat": (*_MODEL, EXIT_CONTEXT_OVERFLOW, EXIT_ENDPOINT, EXIT_RPC),
     "tokenize": _MODEL,
-    "serve": _MODEL,
+    "serve": (*_MODEL, EXIT_RPC),
+    "rpc-server": (EXIT_RPC,),
     "ps": (EXIT_ENDPOINT,),
     "stop": (EXIT_MODEL_NOT_FOUND, EXIT_ENDPOINT),
     "perplexity": _MODEL,
@@ -190,6 +193,17 @@ class EndpointError(QuillError):
     """An OpenAI-compatible server refused the request or could not be reached."""
 
     exit_code = EXIT_ENDPOINT
+
+
+class RpcError(QuillError):
+    """An RPC server (llama.cpp's ggml-rpc) cannot be used: unreachable, another protocol, busy,
+    lost, or this build has no RPC (endpoint empty)."""
+
+    exit_code = EXIT_RPC
+
+    def __init__(self, endpoint: str, reason: str):
+        self.endpoint, self.reason = endpoint, reason
+        super().__init__(f"RPC server {endpoint} {reason}" if endpoint else reason)
 
 
 class AuthRequiredError(UsageError):

@@ -12,6 +12,7 @@ estimate, the KV figure exact.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -144,6 +145,84 @@ def plan(
         parked_bytes=parked_bytes,
         draft_bytes=draft_bytes,
     )
+
+
+def layer_split(free_bytes: Sequence[int], n_layers: int, offloaded: int) -> list[int | None]:
+    """The device each of n_layers layers, then the output layer, lands on (None: the host's
+    CPU), as llama.cpp splits them (llama_model::load_tensors): in proportion to each device's
+    free memory, the last `offloaded` of the n_layers + 1 slots leaving the host."""
+    total = sum(free_bytes) or 1
+    bounds, running = [], 0
+    for free in free_bytes:
+        running += free
+        bounds.append(running / total)
+    active = min(offloaded, n_layers + 1) if free_bytes else 0
+    start = max(n_layers + 1 - offloaded, 0)
+    placement: list[int | None] = []
+    for layer in range(n_layers + 1):
+        if layer < start or layer - start >= active:
+            placement.append(None)
+        else:  # llama.cpp's upper_bound over the cumulative shares
+            share = (layer - start) / active
+            placement.append(next((i for i, b in enumerate(bounds) if b > share), len(bounds) - 1))
+    return placement
+
+
+@dataclass(frozen=True)
+class DeviceShare:
+    """What one device holds of a split model: its layers, their weights and KV cache."""
+
+    device: str  # "CPU" for the host
+    layers: tuple[int, ...]  # the output layer counts as n_layers
+    weights_bytes: int
+    kv_bytes: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "layers": list(self.layers)}
+
+
+def split_plan(
+    header: GGUFHeader,
+    devices: Sequence[tuple[str, int]],
+    offloaded: int,
+    n_ctx: int,
+    type_k: str = "f16",
+    type_v: str | None = None,
+) -> list[DeviceShare]:
+    """Who holds what when a model is split across devices ((name, free bytes) each) with
+    `offloaded` layers leaving the host: the host first (input embeddings, layers kept), then
+    each device, weights summed from the header's tensors, KV per layer."""
+    shape = ModelShape.from_header(header)
+    placement = layer_split([free for _, free in devices], shape.n_layers, offloaded)
+    weights: dict[int | None, int] = {}
+    layers: dict[int | None, list[int]] = {}
+    embeddings = 0
+    for layer, device in enumerate(placement):
+        layers.setdefault(device, []).append(layer)
+    for tensor in header.tensors:
+        match = re.match(r"blk\.(\d+)\.", tensor.name)
+        if match:
+            owner = placement[int(match.group(1))]
+        elif tensor.name.startswith(("output.", "output_norm")):
+            owner = placement[shape.n_layers]
+        else:  # token embeddings and the like: llama.cpp keeps the input layer on the host
+            owner = None
+        weights[owner] = weights.get(owner, 0) + tensor.n_bytes
+        if tensor.name == "token_embd.weight":
+            embeddings = tensor.n_bytes
+    # Tied embeddings (no output.weight) on an output layer off the host: llama.cpp loads
+    # token_embd a second time there.
+    output = placement[shape.n_layers]
+    if output is not None and not any(t.name == "output.weight" for t in header.tensors):
+        weights[output] = weights.get(output, 0) + embeddings
+    cells = padded(n_ctx)
+    shares = []
+    for index, name in [(None, "CPU"), *enumerate(name for name, _ in devices)]:
+        held = [layer for layer in layers.get(index, []) if layer < shape.n_layers]
+        kv = shape.kv_bytes(cells, type_k, type_v or type_k, held) if held else 0
+        owned = tuple(layers.get(index, []))
+        shares.append(DeviceShare(name, owned, weights.get(index, 0), kv))
+    return shares
 
 
 def largest_context(

@@ -18,10 +18,11 @@ python3 -m venv .venv-gpu
 . .venv-gpu/bin/activate
 pip_args=(--no-cache-dir)
 [ -n "${WHEELHOUSE:-}" ] && pip_args+=(--no-index --find-links "$WHEELHOUSE")
-CMAKE_ARGS="-DGGML_CUDA=on" pip install "${pip_args[@]}" --force-reinstall llama-cpp-python >&2
+CMAKE_ARGS="-DGGML_CUDA=on -DGGML_RPC=on" pip install "${pip_args[@]}" --force-reinstall llama-cpp-python >&2
 pip install "${pip_args[@]}" . >&2
 
-python -c 'import llama_cpp, sys; sys.exit(0 if llama_cpp.llama_supports_gpu_offload() else "no GPU offload in this build")'
+# Not llama_supports_gpu_offload(): an RPC build says yes to it without a GPU.
+python -c 'import sys; from cli.engine.hardware import gpu_memory; sys.exit(0 if gpu_memory() else "no GPU device in this build")'
 echo "ok: this llama-cpp-python build can offload to the GPU"
 
 prompt="Name three primary colors."

@@ -40,6 +40,7 @@ class RemoteModel:
     load_s = restore_s = 0.0
     n_ctx = kv_cache_bytes = threads = gpu_layers = cached_tokens = restored_tokens = 0
     kv_type_k = kv_type_v = core_load = prompt_cache = speculation_stats = None
+    rpc: tuple[str, ...] = ()
 
     @property
     def location(self) -> str:

@@ -133,6 +133,7 @@ def bench(
             "replicas. Its speed and memory are the model's; its text is noise.",
         ),
     ] = False,
+    rpc: shared.Rpc = None,
 ) -> None:
     """Measure prefill and decode speed over a grid of lengths, depths, KV types and threads."""
     from cli.engine.opening import speculate as attach
@@ -153,6 +154,7 @@ def bench(
         repacks=_switches(repack, "--repack"),
         repetitions=repetitions,
         spec=tuple(spec.split(",")),
+        rpc=shared.parse_rpc(rpc),
     )
     _check_grid(grid)
     # The flags together, as the mode that asks the most of them takes them; then each row's.
@@ -166,6 +168,8 @@ def bench(
     }
     if endpoint and replica:
         raise UsageError("--replica measures here, and --endpoint a server: choose one")
+    if endpoint and rpc:
+        raise UsageError("--rpc splits a model loaded here, and --endpoint is a server: choose one")
     if endpoint:
         rows = _bench_endpoint(endpoint, chosen, grid, api_key)
         _show_bench(rows, chosen or "endpoint", json_output, csv_output, markdown_output, plot)

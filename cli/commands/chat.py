@@ -110,6 +110,7 @@ def chat(
     ] = None,
     threads: shared.Threads = None,
     gpu_layers: shared.GpuLayers = None,
+    rpc: shared.Rpc = None,
     kv_type: shared.KvType = "f16",
     kv_k: shared.KvK = None,
     kv_v: shared.KvV = None,
@@ -156,7 +157,7 @@ def chat(
         transcript = find_transcript(resume)
         if chosen is None and not endpoint:  # as `llm -c` does: the chat's own model
             chosen = saved_model(transcript)
-    options = shared.load_options(ctx, threads, gpu_layers, kv_type, kv_k, kv_v)
+    options = shared.load_options(ctx, threads, gpu_layers, kv_type, kv_k, kv_v, rpc)
     template = read_template_option(chat_template)
     settings = ModelSettings(chat_template=template, think=think, spec=speculation)
     if transcript is not None and (not transcript.name or transcript.is_dir()):

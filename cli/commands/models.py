@@ -6,7 +6,16 @@ from typing import Annotated
 
 import typer
 
-from cli.commands.options import JsonOutput, KvK, KvType, KvV, Offline, stdin_is_terminal
+from cli.commands.options import (
+    JsonOutput,
+    KvK,
+    KvType,
+    KvV,
+    Offline,
+    Rpc,
+    parse_rpc,
+    stdin_is_terminal,
+)
 from cli.errors import Interrupted, ModelNotFoundError, UsageError
 
 # What pull and inspect say of a base model (models.yaml `base: true`).
@@ -146,6 +155,7 @@ def inspect(
     ] = None,
     offline: Offline = False,
     json_output: JsonOutput = False,
+    rpc: Rpc = None,
 ) -> None:
     """Show what a GGUF file holds and the memory it needs at a context, without loading weights.
     A model not on disk is read from the Hub, its header only; the plan says whether it fits this
@@ -181,6 +191,7 @@ def inspect(
     of = replica_of(header)
     kind = "replica" if of else model_kind(name, registry)
     available = available_memory()
+    split = _rpc_split(header, parse_rpc(rpc), n_ctx, type_k, type_v)
     if json_output:
         data = {**info.as_dict(), **template, "kind": kind, "memory": memory.as_dict()}
         data["replica_of"] = of
@@ -188,6 +199,8 @@ def inspect(
         data["available"] = [{"memory": where, "bytes": free} for where, free in available]
         if budget is not None:
             data["memory_budget"] = {"bytes": budget, "largest_context": largest}
+        if split:
+            data["rpc_split"] = [share.as_dict() for share in split]
         render.write_stdout(json.dumps(data, indent=1) + "\n")
     else:
         note = BASE_NOTE if kind == "base" else None
@@ -195,6 +208,21 @@ def inspect(
             note = f"replica of {of}: its weights are noise, so is its text (quill bench --replica)"
         render.gguf_report(info, template["template_summary"], note, model.read)
         render.memory_report(memory, budget, largest, available)
+        if split:
+            render.split_report(split)
+
+
+def _rpc_split(header, endpoints: tuple[str, ...], n_ctx: int, type_k: str, type_v: str) -> list:
+    """Each RPC server's devices asked for their free memory, then llama.cpp's split of every
+    layer over them (empty without servers)."""
+    from cli.engine.rpc import probe
+    from quant.memory import split_plan
+
+    if not endpoints:
+        return []
+    devices = [device for endpoint in endpoints for device in probe(endpoint)]
+    free = [(device.name, device.free_bytes) for device in devices]
+    return split_plan(header, free, offloaded=1 << 30, n_ctx=n_ctx, type_k=type_k, type_v=type_v)
 
 
 def available_memory() -> list[tuple[str, int]]:

@@ -22,8 +22,8 @@ if TYPE_CHECKING:
 
 DEFAULT_SAMPLING = SamplingParams()  # the CLI shows the engine's own defaults
 GPU_BUILD_HINT = (
-    'CMAKE_ARGS="-DGGML_CUDA=on" pip install --no-cache-dir --force-reinstall llama-cpp-python '
-    "(or -DGGML_METAL=on, -DGGML_VULKAN=on)"
+    'CMAKE_ARGS="-DGGML_CUDA=on -DGGML_RPC=on" pip install --no-cache-dir --force-reinstall '
+    "llama-cpp-python (or -DGGML_METAL=on, -DGGML_VULKAN=on)"
 )
 
 # Options that several commands take, declared once so that they read the same everywhere.
@@ -49,6 +49,15 @@ GpuLayers = Annotated[
     str | None,
     typer.Option(
         "--gpu-layers", "-ngl", help="Layers to offload: N or all (default: all on a GPU)."
+    ),
+]
+Rpc = Annotated[
+    str | None,
+    typer.Option(
+        "--rpc",
+        metavar="HOST:PORT[,...]",
+        help="llama.cpp RPC servers (quill rpc-server) to hold the offloaded layers (default "
+        "then: all), split by their memory. Unauthenticated: see docs/scale.md.",
     ),
 ]
 # run, chat and serve open a model with the same default context (the engine's context_size).
@@ -226,14 +235,33 @@ def parse_gpu_layers(value: str | None) -> int | None:
     raise UsageError(f"--gpu-layers takes a number of layers or 'all', not {value!r}")
 
 
-def resolve_gpu_layers(requested: int | None) -> int:
-    """Layers to offload: all on a GPU build unless asked otherwise; 0, with a warning that says
-    how to get a GPU build, when this build cannot offload."""
-    import llama_cpp
+def parse_rpc(value: str | None) -> tuple[str, ...]:
+    """--rpc's HOST:PORT[,HOST:PORT...], checked for shape (cli/engine/rpc.py checks each server
+    before llama.cpp is given it)."""
+    if value is None:
+        return ()
+    endpoints = []
+    for item in value.split(","):
+        host, sep, port = item.strip().rpartition(":")
+        if not (sep and host and port.isdecimal() and port.isascii() and 0 < int(port) < 65536):
+            raise UsageError(
+                f"--rpc takes HOST:PORT[,HOST:PORT...] (e.g. 192.168.1.20:50052), "
+                f"not {shown_text(item.strip() or value)}"
+            )
+        endpoints.append(f"{host}:{int(port)}")
+    if len(set(endpoints)) != len(endpoints):
+        raise UsageError(f"--rpc names a server twice: {shown_text(value)}")
+    return tuple(endpoints)
 
+
+def resolve_gpu_layers(requested: int | None, rpc: tuple[str, ...] = ()) -> int:
+    """Layers to offload: all where a GPU or RPC servers can take them, unless asked otherwise;
+    0, with a warning that says how to get a GPU build, where nothing can."""
+    from cli.engine.hardware import GGML_DEVICE_GPU, GGML_DEVICE_IGPU, gpu_memory
     from cli.ui import render
 
-    supported = bool(llama_cpp.llama_supports_gpu_offload())
+    # Not llama_supports_gpu_offload(): an RPC build says yes to it on a machine without a GPU.
+    supported = bool(rpc) or bool(gpu_memory((GGML_DEVICE_GPU, GGML_DEVICE_IGPU)))
     if requested is None:
         return ALL_LAYERS if supported else 0
     if requested != 0 and not supported:
@@ -263,6 +291,7 @@ def load_options(
     kv_type: str,
     kv_k: str | None,
     kv_v: str | None,
+    rpc: str | None = None,
     **more: int,
 ) -> LoadOptions:
     """The engine's LoadOptions from the options run, chat, serve and perplexity share."""
@@ -277,10 +306,12 @@ def load_options(
             "give a smaller --ctx"
         )
     type_k, type_v = kv_types(kv_type, kv_k, kv_v)
+    endpoints = parse_rpc(rpc)
     return LoadOptions(
         n_ctx=ctx,
         threads=threads,
-        gpu_layers=resolve_gpu_layers(parse_gpu_layers(gpu_layers)),
+        gpu_layers=resolve_gpu_layers(parse_gpu_layers(gpu_layers), endpoints),
+        rpc=endpoints,
         kv_type_k=type_k,
         kv_type_v=type_v,
         **more,

@@ -93,6 +93,7 @@ def run(
     ctx: shared.Ctx = None,
     threads: shared.Threads = None,
     gpu_layers: shared.GpuLayers = None,
+    rpc: shared.Rpc = None,
     kv_type: shared.KvType = "f16",
     kv_k: shared.KvK = None,
     kv_v: shared.KvV = None,
@@ -184,7 +185,7 @@ def run(
     )
     options = None
     if not endpoint:
-        options = shared.load_options(ctx, threads, gpu_layers, kv_type, kv_k, kv_v)
+        options = shared.load_options(ctx, threads, gpu_layers, kv_type, kv_k, kv_v, rpc)
     name, backend = shared.open_backend(
         model, endpoint, api_key, options, settings, offline, verbose
     )

@@ -140,6 +140,7 @@ def serve(
     ] = "0",
     threads: shared.Threads = None,
     gpu_layers: shared.GpuLayers = None,
+    rpc: shared.Rpc = None,
     kv_type: shared.KvType = "f16",
     kv_k: shared.KvK = None,
     kv_v: shared.KvV = None,
@@ -159,7 +160,9 @@ def serve(
     from cli.units import human_bytes
 
     park_bytes = shared.size_option("--cache-ram", cache_ram)
-    options = shared.load_options(ctx, threads, gpu_layers, kv_type, kv_k, kv_v, parallel=parallel)
+    options = shared.load_options(
+        ctx, threads, gpu_layers, kv_type, kv_k, kv_v, rpc, parallel=parallel
+    )
     check_parallel(parallel, ctx)
     max_connections = open_file_room(max_connections)
     settings = ModelSettings(chat_template=read_template_option(chat_template), think=think)

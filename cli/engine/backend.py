@@ -25,6 +25,7 @@ class Backend(Protocol):
     kv_cache_bytes: int
     threads: int
     gpu_layers: int
+    rpc: tuple[str, ...]  # RPC servers holding the offloaded layers (a server's model: none)
     core_load: CoreLoad | None  # cores others kept busy when the threads were last counted
     prompt_cache: PromptCache | None  # saved states across runs; None: none kept here
     restored_tokens: int  # prompt tokens of the last request loaded from prompt_cache

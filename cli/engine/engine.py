@@ -86,8 +86,13 @@ class Engine:
 
         gpu_layers = _LLAMA_ALL_LAYERS if options.gpu_layers == ALL_LAYERS else options.gpu_layers
         loaded = load_model(
-            path, gpu_layers=gpu_layers, repack=options.repack, avoid_amx=options.avoid_amx
+            path,
+            gpu_layers=gpu_layers,
+            repack=options.repack,
+            avoid_amx=options.avoid_amx,
+            rpc=options.rpc,
         )
+        self.rpc = options.rpc
         self.cpu_path = loaded.cpu_path
         self._model = loaded.model
         if not self._model:

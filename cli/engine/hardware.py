@@ -10,6 +10,7 @@ import psutil
 
 AMX_FLAGS = ("amx_tile", "amx_int8", "amx_bf16")
 GGML_DEVICE_GPU = 1  # ggml_backend_dev_type: a GPU with memory of its own
+GGML_DEVICE_IGPU = 2  # one sharing the host's memory
 
 
 def physical_cores() -> int:
@@ -43,9 +44,11 @@ def cpu_has_amx(flags: set[str] | None = None) -> bool:
     return any(flag in flags for flag in AMX_FLAGS)
 
 
-def gpu_memory() -> list[tuple[str, int]]:
-    """(description, free bytes) of each GPU with memory of its own in llama.cpp's device list,
-    read from ggml's library alone: in 0.1 s, where importing llama-cpp-python takes 0.5."""
+def gpu_memory(types: tuple[int, ...] | None = None) -> list[tuple[str, int]]:
+    """(description, free bytes) of each device of these types (default: GPUs with memory of
+    their own) in llama.cpp's device list, read from ggml's library alone: in 0.1 s, where
+    importing llama-cpp-python takes 0.5. An RPC build's servers are not listed before a
+    command attaches them (cli/engine/rpc.py)."""
     import ctypes
     import importlib.util
 
@@ -60,7 +63,7 @@ def gpu_memory() -> list[tuple[str, int]]:
     gpus = []
     for index in range(ggml.ggml_backend_dev_count()):
         device = ctypes.c_void_p(ggml.ggml_backend_dev_get(ctypes.c_size_t(index)))
-        if ggml.ggml_backend_dev_type(device) == GGML_DEVICE_GPU:
+        if ggml.ggml_backend_dev_type(device) in (types or (GGML_DEVICE_GPU,)):
             free, total = ctypes.c_size_t(), ctypes.c_size_t()
             ggml.ggml_backend_dev_memory(device, ctypes.byref(free), ctypes.byref(total))
             gpus.append((ggml.ggml_backend_dev_description(device).decode(), free.value))

@@ -19,12 +19,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import llama_cpp as llama
-from llama_cpp._ctypes_extensions import load_shared_library
 
+from cli.engine.ggmllib import ggml_library
 from cli.engine.hardware import cpu_has_amx
+from cli.engine.rpc import attach as rpc_devices
 from quant.gguf import GGUFError, read_header
 
-_LIBS = Path(llama.__file__).parent / "lib"
 _GGML_DEVICE_TYPE_CPU = 0
 
 # ggml_type values (ggml.h) of the types the repack code knows.
@@ -99,7 +99,7 @@ def repack_layout(ggml_type: int, rows: int, features: dict[str, str]) -> str | 
 
 @functools.cache
 def _ggml_base() -> ctypes.CDLL:
-    lib = load_shared_library("ggml-base", _LIBS)
+    lib = ggml_library("ggml-base")
     signatures = {
         "ggml_type_name": ([ctypes.c_int], ctypes.c_char_p),
         "ggml_backend_dev_backend_reg": ([ctypes.c_void_p], ctypes.c_void_p),
@@ -160,7 +160,7 @@ def override_patterns(names: list[str]) -> list[str]:
 def _repack_buffer_type() -> int | None:
     """llama.cpp's CPU_REPACK buffer type, found among the CPU device's extra buffer types."""
     lib = _ggml_base()
-    ggml = load_shared_library("ggml", _LIBS)
+    ggml = ggml_library("ggml")
     ggml.ggml_backend_dev_by_type.argtypes = [ctypes.c_int]
     ggml.ggml_backend_dev_by_type.restype = ctypes.c_void_p
     device = ggml.ggml_backend_dev_by_type(_GGML_DEVICE_TYPE_CPU)
@@ -216,14 +216,22 @@ class LoadedModel:
     params: llama.llama_model_params
     cpu_path: CpuPath
     overrides: ctypes.Array | None = None  # kept alive with the parameters that point at it
+    devices: ctypes.Array | None = None  # likewise
 
 
 def load_model(
-    path: Path, *, gpu_layers: int = 0, repack: bool = True, avoid_amx: bool | None = None
+    path: Path,
+    *,
+    gpu_layers: int = 0,
+    repack: bool = True,
+    avoid_amx: bool | None = None,
+    rpc: tuple[str, ...] = (),
 ) -> LoadedModel:
     """Load the weights with the AMX guard. gpu_layers follows llama.cpp (0x7FFFFFFF = all);
-    avoid_amx None reads the CPU, True forces the AMX path (safe on any CPU)."""
+    avoid_amx None reads the CPU, True forces the AMX path (safe on any CPU); rpc: the servers
+    the offloaded layers go to (checked first, cli/engine/rpc.py)."""
     llama.llama_backend_init()
+    devices = rpc_devices(rpc)
     if avoid_amx is None:
         avoid_amx = cpu_has_amx() or "AMX_INT8" in cpu_backend_features()
     params = llama.llama_model_default_params()
@@ -243,5 +251,7 @@ def load_model(
             for slot, pattern in zip(overrides, patterns, strict=False):
                 slot.pattern, slot.buft = pattern.encode(), repack_buffer
             params.tensor_buft_overrides = ctypes.cast(overrides, ctypes.c_void_p)
+    if devices is not None:
+        params.devices = ctypes.cast(devices, ctypes.c_void_p)
     model = llama.llama_model_load_from_file(str(path).encode(), params)
-    return LoadedModel(model, params, CpuPath(avoid_amx, repack, plan), overrides)
+    return LoadedModel(model, params, CpuPath(avoid_amx, repack, plan), overrides, devices)

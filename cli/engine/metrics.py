@@ -45,6 +45,7 @@ class RunMetrics:
     grammar_s: float = 0.0  # in the grammar sampler (structured output); 0 without one
     grammar_resampled: int = 0
     speculation: dict[str, Any] | None = None  # speculative decoding's counts (SpecStats)
+    rpc: tuple[str, ...] = ()  # the RPC servers that held the offloaded layers
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -119,6 +120,7 @@ class MetricsRecorder:
             grammar_s=last.grammar_s if last else 0.0,
             grammar_resampled=last.grammar_resampled if last else 0,
             speculation=spec.as_dict() if spec is not None else None,
+            rpc=engine.rpc,
         )
 
 

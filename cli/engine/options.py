@@ -25,3 +25,4 @@ class LoadOptions:
     parallel: int = 1  # sequences sharing the context (quill serve); each gets n_ctx tokens
     repack: bool = True  # repacked weight layouts for faster CPU kernels (engine/loading.py)
     avoid_amx: bool | None = None  # None: when the CPU has AMX; True forces that path anywhere
+    rpc: tuple[str, ...] = ()  # HOST:PORT of llama.cpp RPC servers that take the offloaded layers

@@ -25,6 +25,7 @@ from cli.engine.engine import Engine, LoadOptions
 from cli.engine.events import StreamEvent
 from cli.engine.freecores import measure_free_cores
 from cli.engine.opening import open_engine
+from cli.engine.options import ALL_LAYERS
 from cli.engine.sampling import SamplingParams
 from cli.engine.settings import ModelSettings
 from cli.measure.bandwidth import (
@@ -50,6 +51,7 @@ class BenchGrid:
     repacks: tuple[bool, ...] = (True,)  # weight repacking on and/or off (cli/engine/loading.py)
     repetitions: int = 5
     spec: tuple[str, ...] = ("off",)  # speculative decoding modes for tg rows (tgN+ngram, ...)
+    rpc: tuple[str, ...] = ()  # RPC servers that hold every layer (cli/engine/rpc.py)
 
     @property
     def needed_ctx(self) -> int:
@@ -77,6 +79,7 @@ class BenchRow:
     acceptance_rate: float | None = None  # tgN+MODE rows: drafted tokens the model agreed with
     cached_tokens: int | None = None  # remote ppP rows: the most prompt tokens the server reused
     replica_of: str | None = None  # the model a replica's rows measure (its weights are noise)
+    rpc: tuple[str, ...] = ()  # the RPC servers that held the layers
 
 
 def mean_sd(values: Sequence[float]) -> tuple[float, float]:
@@ -100,7 +103,7 @@ def run_bench(
     ):
         # Measured once and then fixed, as llama-bench's -t is: a row keeps its thread count.
         threads = threads or measure_free_cores().threads
-        if threads not in limits:  # before the load, on a quiet machine; cached after once
+        if threads not in limits and not grid.rpc:  # before the load, quiet; cached after once
             limits[threads] = read_bandwidth(threads)
         options = LoadOptions(
             n_ctx=grid.needed_ctx,
@@ -109,20 +112,25 @@ def run_bench(
             kv_type_k=kv_type,
             kv_type_v=kv_type,
             repack=repack,
+            gpu_layers=ALL_LAYERS if grid.rpc else 0,
+            rpc=grid.rpc,
         )
         with open_engine(model, options, ModelSettings()) as engine:
             on_load(engine)
             for depth in grid.depths:
                 context = [rng.randrange(engine.n_vocab) for _ in range(depth)]
                 for p in grid.prompt_tokens:
-                    yield measure_prompt(engine, context, p, grid.repetitions, rng)
+                    row = measure_prompt(engine, context, p, grid.repetitions, rng)
+                    yield replace(row, rpc=grid.rpc)
                 for n in grid.gen_tokens:
                     for mode in grid.spec:
                         speculate(engine, mode)
                         row = measure_generation(engine, context, n, grid.repetitions, rng)
                         # A step reads the weights and the KV cache of every position before it.
                         kv = kv_read_per_token(shape, depth + 1 + n / 2, kv_type)
-                        row = with_traffic(row, weights + kv, limits[threads])
+                        if not grid.rpc:  # the weights are read on the servers' machines
+                            row = with_traffic(row, weights + kv, limits[threads])
+                        row = replace(row, rpc=grid.rpc)
                         if mode != "off":
                             stats = engine.speculator.last_stats if engine.speculator else None
                             rate = stats.acceptance_rate if stats else None

@@ -22,7 +22,7 @@ COLUMNS += ("ttft_ms", "ttft_ms_sd", "bytes_per_token", "weights_kv_gb_per_s", "
 COLUMNS += ("cpu_path",)
 HEADERS = ["test", "depth", "KV", "threads", "batch", "tokens/s", "TTFT ms", "bytes/token"]
 HEADERS += ["read GB/s", "of limit"]
-COLUMNS += ("replica_of",)
+COLUMNS += ("replica_of", "rpc")
 
 
 def _known(value: int | None) -> str:
@@ -42,6 +42,7 @@ def _grid(rows: Sequence[BenchRow]) -> tuple[list[str], list[list[str]]]:
     """The table's headers and cells, with a CPU path column when the rows compare several."""
     several = _compares_cpu_paths(rows)
     replica = any(row.replica_of for row in rows)
+    rpc = any(row.rpc for row in rows)
     cells = []
     for row in rows:
         ttft = "" if row.ttft_ms is None else f"{row.ttft_ms:.1f} ± {row.ttft_ms_sd or 0:.1f}"
@@ -52,12 +53,14 @@ def _grid(rows: Sequence[BenchRow]) -> tuple[list[str], list[list[str]]]:
         where = [row.test, str(row.depth), row.kv_type, _known(row.threads), _known(row.batch)]
         path = [row.cpu_path] if several else []
         model = [f"replica of {row.replica_of}"] if replica else []
-        cells.append([*where, rate, ttft, per_token, read, share, *path, *model])
-    return [*HEADERS, *["CPU path"] * several, *["model"] * replica], cells
+        servers = [",".join(row.rpc) or "local"] if rpc else []
+        cells.append([*where, rate, ttft, per_token, read, share, *path, *model, *servers])
+    headers = [*HEADERS, *["CPU path"] * several, *["model"] * replica, *["RPC servers"] * rpc]
+    return headers, cells
 
 
 def table(rows: Sequence[BenchRow]) -> None:
-    print_table(*_grid(rows), left=("test", "KV", "CPU path", "model"))
+    print_table(*_grid(rows), left=("test", "KV", "CPU path", "model", "RPC servers"))
 
 
 def markdown(rows: Sequence[BenchRow]) -> str:
@@ -69,7 +72,7 @@ def csv_text(rows: Sequence[BenchRow]) -> str:
     writer = csv.writer(buffer)
     writer.writerow(COLUMNS)
     for row in rows:
-        data = asdict(row)
+        data = asdict(row) | {"rpc": ",".join(row.rpc)}
         writer.writerow(["" if data[c] is None else data[c] for c in COLUMNS])
     return buffer.getvalue()
 

@@ -79,6 +79,7 @@ def stats_parts(metrics: RunMetrics, local: bool = True) -> list[tuple[str, str]
         ("KV", f"{m.kv_cache_type} {human_bytes(m.kv_cache_bytes)} @ ctx {m.n_ctx}"),
         ("threads", _threads_text(m)),
         ("GPU layers", str(m.gpu_layers)),
+        *([("RPC", ", ".join(m.rpc))] if m.rpc else []),
     ]
     return [part for part in parts if local or part[0] in REMOTE_PARTS]
 
@@ -103,6 +104,8 @@ def turn_stats_line(m: RunMetrics, context_used: int | None) -> str:
         line += f" · context {context_used}/{m.n_ctx} · threads {_threads_text(m)}"
     if m.speculation is not None:
         line += f" · spec {speculation_text(m.speculation)}"
+    if m.rpc:
+        line += f" · RPC {', '.join(m.rpc)}"
     return line
 
 
@@ -329,6 +332,18 @@ def memory_report(
         fits = "fits" if memory.total_bytes <= free else "does not fit"
         text += f"{fits} in {where}: {human_bytes(free)} available\n"
     write_stdout(text)
+
+
+def split_report(shares: list[Any]) -> None:
+    """What each device holds when the layers are split (inspect --rpc)."""
+    rows = []
+    for share in shares:
+        layers = list(share.layers)
+        held = f"{layers[0]}-{layers[-1]}" if len(layers) > 1 else "".join(map(str, layers))
+        rows.append([share.device, held or "-", human_bytes(share.weights_bytes)])
+        rows[-1].append(human_bytes(share.kv_bytes))
+    text = "\nsplit over the RPC servers (layers; the last is the output layer)\n"
+    write_stdout(text + columns(["device", "layers", "weights", "KV cache"], rows, right=(2, 3)))
 
 
 def markdown_table(headers: list[str], rows: list[list[str]]) -> str:

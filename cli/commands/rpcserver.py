@@ -1,0 +1,121 @@
+"""quill rpc-server: this machine's CPU (or GPUs) lent to other machines' quill or llama.cpp
+through llama.cpp's RPC backend, for models too big for one box (docs/scale.md)."""
+
+from __future__ import annotations
+
+import ipaddress
+import signal
+import socket
+import threading
+from typing import Annotated
+
+import typer
+
+from cli.commands import options as shared
+from cli.errors import RpcError, UsageError
+
+RPC_EPILOG = (
+    "The protocol has no authentication: whoever reaches the port can use this machine. It "
+    "listens on 127.0.0.1 unless --host says otherwise; across machines use a private network "
+    "or an SSH tunnel (docs/scale.md)."
+)
+
+
+def rpc_server(
+    host: Annotated[
+        str, typer.Option("--host", help="Address to listen on (another than loopback: warned).")
+    ] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", "-p", min=1, max=65535)] = 50052,
+    threads: shared.Threads = None,
+    mem: Annotated[
+        str | None,
+        typer.Option(
+            "--mem",
+            help="Memory to offer (e.g. 8GiB): clients split layers by it. Default: all of "
+            "this machine's (CPU) or each GPU's free memory.",
+        ),
+    ] = None,
+    verbose: shared.Verbose = False,
+) -> None:
+    """Serve this machine's CPU (or GPUs) to quill and llama.cpp clients over llama.cpp's RPC
+    protocol, one client at a time, until Ctrl-C or SIGTERM."""
+    from cli.engine import rpc
+    from cli.engine.freecores import measure_free_cores
+    from cli.engine.llamalog import llama_log
+    from cli.ui import render
+    from cli.units import human_bytes
+
+    memory = shared.size_option("--mem", mem) if mem is not None else None
+    if memory == 0:
+        raise UsageError("--mem 0 would offer nothing: give a size such as 8GiB, or leave it out")
+    shared.check_at_most("--threads", threads, shared.MAX_THREADS, "llama.cpp runs at most 512")
+    if not rpc.supports_rpc():
+        raise RpcError("", rpc.NO_RPC_BUILD)
+    if ":" in host:  # llama.cpp's endpoint parser splits at the first colon
+        raise UsageError(f"--host {host}: llama.cpp's RPC server takes an IPv4 address or name")
+    endpoint = f"{host}:{port}"
+    _check_port_free(host, port)
+    if not _is_loopback(host):
+        render.warning_line(
+            f"listening on {host}: llama.cpp's RPC protocol has no authentication, so anyone who "
+            "reaches this port can use this machine; keep it on a private network or reach it "
+            "through an SSH tunnel (docs/scale.md)"
+        )
+    threads = threads or measure_free_cores().threads
+    llama_log().verbose = verbose
+    devices = rpc.local_devices()
+    offered = ", ".join(d.description or d.name for d in devices)
+    if memory is not None:
+        offered += f", offering {human_bytes(memory)}"
+    render.info_line(
+        f"quill rpc-server: {offered}, {threads} thread{'s' * (threads != 1)}, at {endpoint} "
+        f"(RPC protocol {rpc.PROTOCOL[0]}.{rpc.PROTOCOL[1]}); Ctrl-C stops it"
+    )
+    stops = {signal.SIGINT, signal.SIGTERM}
+    # The server thread (and llama.cpp's) must leave the stop signals to this one.
+    signal.pthread_sigmask(signal.SIG_BLOCK, stops)
+    failed: list[BaseException] = []
+
+    def serve() -> None:
+        try:
+            rpc.serve(endpoint, threads, memory, quiet=not verbose)
+        except BaseException as error:  # shown by the main thread, which owns the exit code
+            failed.append(error)
+
+    server = threading.Thread(target=serve, name="rpc-server", daemon=True)
+    server.start()
+    while server.is_alive():
+        caught = signal.sigtimedwait(stops, 0.5)
+        if caught is not None:
+            render.info_line(f"quill rpc-server: stopped ({signal.Signals(caught.si_signo).name})")
+            return
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, stops)
+    if failed:
+        raise failed[0]
+    raise RpcError(endpoint, "could not start (llama.cpp's server returned; --verbose says why)")
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _check_port_free(host: str, port: int) -> None:
+    """Before llama.cpp's server tries, which only prints that it failed."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as error:
+        raise UsageError(f"--host {host!r} is not an address here ({error.strerror})") from None
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+        except OSError as error:
+            raise RpcError(
+                f"{host}:{port}", f"cannot listen there ({error.strerror}): choose another --port"
+            ) from None

@@ -1,0 +1,308 @@
+"""llama.cpp's RPC backend (ggml-rpc), reached through libggml's backend registry as llama.cpp's
+own `--rpc` and rpc-server do (llama-cpp-python binds none of it).
+
+The C client aborts the process on any failure (a refused connection, a handshake from another
+protocol version, a peer lost mid-run), so quill speaks the handshake itself first
+(`probe`, plain sockets with a timeout): nothing reaches llama.cpp that did not answer as an RPC
+server of this build's protocol. A peer lost later still ends in GGML_ABORT; `on_abort` turns
+that into one line naming the peer and a documented exit code instead of a C backtrace.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+import socket
+import struct
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import llama_cpp as llama
+
+from cli.engine.ggmllib import ggml_library
+from cli.errors import EXIT_RPC, RpcError
+
+DEFAULT_PORT = 50052
+# RPC_PROTO_MAJOR/MINOR_VERSION of ggml-rpc.h in the llama-cpp-python quill pins (0.3.36): the
+# C client refuses a server whose major differs or whose minor is newer.
+PROTOCOL = (7, 0)
+_HELLO, _DEVICE_COUNT, _GET_DEVICE_MEMORY = 14, 15, 11  # enum rpc_cmd
+_CAPS_SIZE = 24  # RPC_CONN_CAPS_SIZE: transport capabilities; all zero asks for plain TCP
+PROBE_TIMEOUT_S = 5.0
+NO_RPC_BUILD = (
+    "this llama-cpp-python was built without RPC: reinstall quill as the README says (it builds "
+    "llama-cpp-python with CMAKE_ARGS=-DGGML_RPC=on)"
+)
+
+_DEVICE_TYPE_CPU, _DEVICE_TYPE_GPU = 0, 1
+
+
+@dataclass(frozen=True)
+class RpcDevice:
+    """One device an RPC server offers, as its handshake reported it."""
+
+    endpoint: str
+    index: int
+    free_bytes: int
+    total_bytes: int
+
+    @property
+    def name(self) -> str:  # as quill names it (llama.cpp's RPC0, RPC1... depend on order)
+        return f"{self.endpoint}#{self.index}"
+
+
+def supports_rpc() -> bool:
+    """Whether this llama-cpp-python was built with GGML_RPC (the README's install does it)."""
+    llama.llama_backend_init()
+    return bool(llama.llama_supports_rpc())
+
+
+def _exchange(conn: socket.socket, command: int, payload: bytes, reply_size: int) -> bytes:
+    # Request: command (1 byte), payload size (u64), payload. Reply: size (u64), data.
+    conn.sendall(struct.pack("<BQ", command, len(payload)) + payload)
+    size = struct.unpack("<Q", _receive(conn, 8))[0]
+    if size != reply_size:
+        raise ValueError(f"a {size}-byte reply where {reply_size} were due")
+    return _receive(conn, reply_size)
+
+
+def _receive(conn: socket.socket, size: int) -> bytes:
+    data = b""
+    while len(data) < size:
+        chunk = conn.recv(size - len(data))
+        if not chunk:
+            raise ConnectionError("closed the connection")
+        data += chunk
+    return data
+
+
+def probe(endpoint: str, timeout_s: float = PROBE_TIMEOUT_S) -> list[RpcDevice]:
+    """Connect, handshake and ask each device's memory, as llama.cpp's client would, but with
+    a timeout and an error instead of an abort."""
+    host, _, port = endpoint.rpartition(":")
+    try:
+        conn = socket.create_connection((host, int(port)), timeout=timeout_s)
+    except OSError as error:
+        why = error.strerror or type(error).__name__
+        raise RpcError(endpoint, f"cannot be reached ({why})") from None
+    with conn:
+        try:
+            hello = _exchange(conn, _HELLO, bytes(_CAPS_SIZE), 4 + _CAPS_SIZE)
+            major, minor, patch = hello[0], hello[1], hello[2]
+            if major != PROTOCOL[0] or minor > PROTOCOL[1]:
+                raise RpcError(
+                    endpoint,
+                    f"speaks RPC protocol {major}.{minor}.{patch}, this build "
+                    f"{PROTOCOL[0]}.{PROTOCOL[1]}: run the same quill (or llama.cpp) version there",
+                )
+            count = struct.unpack("<I", _exchange(conn, _DEVICE_COUNT, b"", 4))[0]
+            devices = []
+            for index in range(count):
+                reply = _exchange(conn, _GET_DEVICE_MEMORY, struct.pack("<I", index), 16)
+                free, total = struct.unpack("<QQ", reply)
+                devices.append(RpcDevice(endpoint, index, free, total))
+        except TimeoutError:
+            raise RpcError(
+                endpoint,
+                f"accepted but did not answer the handshake within {timeout_s:g} s "
+                "(an RPC server serves one client at a time: is another using it?)",
+            ) from None
+        except (OSError, ValueError) as error:
+            raise RpcError(
+                endpoint, f"is not a llama.cpp RPC server of protocol {PROTOCOL[0]}.x ({error})"
+            ) from None
+    if not devices:
+        raise RpcError(endpoint, "offers no devices")
+    return devices
+
+
+@functools.cache
+def _ggml() -> ctypes.CDLL:
+    lib = ggml_library("ggml")
+    signatures = {
+        "ggml_backend_reg_by_name": ([ctypes.c_char_p], ctypes.c_void_p),
+        "ggml_backend_reg_get_proc_address": ([ctypes.c_void_p, ctypes.c_char_p], ctypes.c_void_p),
+        "ggml_backend_register": ([ctypes.c_void_p], None),
+        "ggml_backend_reg_dev_count": ([ctypes.c_void_p], ctypes.c_size_t),
+        "ggml_backend_reg_dev_get": ([ctypes.c_void_p, ctypes.c_size_t], ctypes.c_void_p),
+        "ggml_backend_dev_count": ([], ctypes.c_size_t),
+        "ggml_backend_dev_get": ([ctypes.c_size_t], ctypes.c_void_p),
+        "ggml_backend_dev_type": ([ctypes.c_void_p], ctypes.c_int),
+        "ggml_backend_dev_name": ([ctypes.c_void_p], ctypes.c_char_p),
+        "ggml_backend_dev_description": ([ctypes.c_void_p], ctypes.c_char_p),
+        "ggml_backend_dev_by_type": ([ctypes.c_int], ctypes.c_void_p),
+    }
+    for name, (argtypes, restype) in signatures.items():
+        function = getattr(lib, name)
+        function.argtypes, function.restype = argtypes, restype
+    return lib
+
+
+def _rpc_function(name: str, prototype: type) -> Callable:
+    lib = _ggml()
+    registry = lib.ggml_backend_reg_by_name(b"RPC") if supports_rpc() else None
+    address = registry and lib.ggml_backend_reg_get_proc_address(registry, name.encode())
+    if not address:
+        raise RpcError("", NO_RPC_BUILD)
+    return prototype(address)
+
+
+_registered: dict[str, list[int]] = {}  # endpoint -> its llama.cpp devices, once per process
+
+
+def attach(endpoints: Sequence[str]) -> ctypes.Array | None:
+    """Probe every endpoint, then hand them to llama.cpp: the NULL-terminated device list a
+    model's parameters take (None for no endpoints). A process that once attached servers
+    passes an explicit list on every later load, so a model opened without --rpc stays local."""
+    for endpoint in endpoints:
+        probe(endpoint)
+    add_server = _rpc_function(
+        "ggml_backend_rpc_add_server", ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_char_p)
+    )
+    lib = _ggml()
+    for endpoint in endpoints:
+        if endpoint not in _registered:
+            registry = add_server(endpoint.encode())
+            if not registry:
+                raise RpcError(endpoint, "offers no devices")
+            lib.ggml_backend_register(registry)
+            count = lib.ggml_backend_reg_dev_count(registry)
+            devices = [lib.ggml_backend_reg_dev_get(registry, i) for i in range(count)]
+            _registered[endpoint] = devices
+    if endpoints:
+        on_abort(endpoints)
+        devices = [device for endpoint in endpoints for device in _registered[endpoint]]
+    elif _registered:
+        rpc = {device for devices in _registered.values() for device in devices}
+        devices = [
+            device
+            for i in range(lib.ggml_backend_dev_count())
+            if (device := lib.ggml_backend_dev_get(i)) not in rpc
+            and lib.ggml_backend_dev_type(device) == _DEVICE_TYPE_GPU
+        ]
+    else:
+        return None
+    return (ctypes.c_void_p * (len(devices) + 1))(*devices, None)
+
+
+_abort_hook = None  # kept alive: llama.cpp holds the pointer
+
+
+def on_abort(endpoints: Sequence[str], before_exit: Callable[[], None] | None = None) -> None:
+    """From now on, a GGML_ABORT (the RPC client's only way to fail) prints one line naming the
+    server that is gone and exits with EXIT_RPC; before_exit runs first (chat saves there)."""
+    global _abort_hook
+    watched = tuple(endpoints)
+
+    def report(message: bytes | None) -> None:
+        # A killed server's listening socket may outlive its connection by a moment.
+        for _ in range(10):
+            lost = [e for e in watched if not _reachable(e)]
+            if lost:
+                break
+            time.sleep(0.1)
+        text = (message or b"").decode(errors="replace").strip().splitlines()
+        detail = text[0].split(": ", 1)[-1] if text else "llama.cpp aborted"
+        if lost:
+            line = f"quill: error: RPC server {', '.join(lost)} was lost mid-run ({detail})"
+        else:
+            line = (
+                f"quill: error: llama.cpp aborted using RPC servers {', '.join(watched)}: {detail}"
+            )
+        if before_exit is not None:
+            before_exit()
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+        os._exit(EXIT_RPC)
+
+    prototype = ctypes.CFUNCTYPE(None, ctypes.c_char_p)
+    _abort_hook = prototype(report)
+    base = ggml_library("ggml-base")
+    base.ggml_set_abort_callback.argtypes = [prototype]
+    base.ggml_set_abort_callback.restype = ctypes.c_void_p
+    base.ggml_set_abort_callback(_abort_hook)
+
+
+def _reachable(endpoint: str) -> bool:
+    host, _, port = endpoint.rpartition(":")
+    try:
+        socket.create_connection((host, int(port)), timeout=1.0).close()
+        return True
+    except OSError:
+        return False
+
+
+@dataclass(frozen=True)
+class ServedDevice:
+    name: str
+    description: str
+
+
+def local_devices() -> list[ServedDevice]:
+    """What `quill rpc-server` offers: this machine's GPUs where it has any, else its CPU (as
+    llama.cpp's rpc-server chooses)."""
+    lib = _ggml()
+    llama.llama_backend_init()
+    handles = [lib.ggml_backend_dev_get(i) for i in range(lib.ggml_backend_dev_count())]
+    gpus = [d for d in handles if lib.ggml_backend_dev_type(d) == _DEVICE_TYPE_GPU]
+    chosen = gpus or [lib.ggml_backend_dev_by_type(_DEVICE_TYPE_CPU)]
+    return [
+        ServedDevice(
+            lib.ggml_backend_dev_name(d).decode(), lib.ggml_backend_dev_description(d).decode()
+        )
+        for d in chosen
+    ]
+
+
+_memory_hook = None  # kept alive while the server runs
+
+
+def _report_cpu_memory(limit_bytes: int) -> None:
+    """Make the CPU device say it has limit_bytes (what clients split layers by): its get_memory
+    slot (the third pointer of ggml_backend_device_i, a static struct in libggml-cpu) replaced
+    in this process, which serves and does nothing else."""
+    global _memory_hook
+    lib = _ggml()
+    device = lib.ggml_backend_dev_by_type(_DEVICE_TYPE_CPU)
+    prototype = ctypes.CFUNCTYPE(
+        None, ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(ctypes.c_size_t)
+    )
+
+    def get_memory(_device: int, free: ctypes.Array, total: ctypes.Array) -> None:
+        free[0] = total[0] = limit_bytes
+
+    _memory_hook = prototype(get_memory)
+    slot = ctypes.c_void_p.from_address(device + 2 * ctypes.sizeof(ctypes.c_void_p))
+    slot.value = ctypes.cast(_memory_hook, ctypes.c_void_p).value
+
+
+def serve(endpoint: str, threads: int, memory_bytes: int | None = None, quiet: bool = True) -> None:
+    """Serve this machine's devices at endpoint until the process ends (blocks; llama.cpp's
+    loop accepts one client at a time). Returns only if the server could not start. The C
+    server prints to stdout: sent to stderr, or nowhere when quiet (the process serves, so its
+    stdout carries nothing else)."""
+    sys.stdout.flush()
+    target = os.open(os.devnull, os.O_WRONLY) if quiet else 2
+    os.dup2(target, 1)
+    start = _rpc_function(
+        "ggml_backend_rpc_start_server",
+        ctypes.CFUNCTYPE(
+            None,
+            ctypes.c_char_p,
+            ctypes.c_char_p,
+            ctypes.c_size_t,
+            ctypes.c_size_t,
+            ctypes.POINTER(ctypes.c_void_p),
+        ),
+    )
+    lib = _ggml()
+    handles = [lib.ggml_backend_dev_get(i) for i in range(lib.ggml_backend_dev_count())]
+    gpus = [d for d in handles if lib.ggml_backend_dev_type(d) == _DEVICE_TYPE_GPU]
+    if memory_bytes is not None and not gpus:
+        _report_cpu_memory(memory_bytes)
+    chosen = gpus or [lib.ggml_backend_dev_by_type(_DEVICE_TYPE_CPU)]
+    devices = (ctypes.c_void_p * len(chosen))(*chosen)
+    start(endpoint.encode(), None, threads, len(chosen), devices)

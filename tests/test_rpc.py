@@ -1,0 +1,306 @@
+"""Past one machine (issue 28): two `quill rpc-server` processes on 127.0.0.1 hold SmolLM2's
+layers for run, chat, serve, bench and inspect through llama.cpp's RPC backend; unreachable,
+wrong-protocol, busy and killed servers end in one line and exit code 9, never llama.cpp's
+abort. Every client that reaches llama.cpp runs in a child process: an RPC server serves one
+client at a time, and a client process keeps its connections while it lives."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import socket
+import struct
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+from test_serve import QUILL, start_server
+
+from cli.app import app
+from cli.engine import rpc
+from cli.errors import EXIT_RPC, EXIT_USAGE
+
+from conftest import quill_env
+from neartie import assert_near
+from reference import Reference
+
+PROMPT = "Name three primary colors."
+
+pytestmark = pytest.mark.skipif(
+    not rpc.supports_rpc(), reason="llama-cpp-python built without -DGGML_RPC=on (README)"
+)
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def start_rpc_server(quill_home: Path, *args: str) -> tuple[subprocess.Popen, str]:
+    """`quill rpc-server --port P --threads 1 ARGS`, once it answers the handshake."""
+    port = free_port()
+    process = subprocess.Popen(
+        [QUILL, "rpc-server", "--port", str(port), "--threads", "1", *args],
+        env=quill_env(quill_home),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    endpoint = f"127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            rpc.probe(endpoint, timeout_s=2)
+            return process, endpoint
+        except Exception:
+            if process.poll() is not None or time.monotonic() > deadline:
+                process.kill()
+                pytest.fail(f"quill rpc-server did not start: {process.communicate()[1]}")
+            time.sleep(0.2)
+
+
+def stop(process: subprocess.Popen) -> tuple[int, str, str]:
+    process.send_signal(signal.SIGTERM)
+    out, err = process.communicate(timeout=30)
+    return process.returncode, out, err
+
+
+@pytest.fixture(scope="module")
+def servers(quill_home: Path) -> Iterator[tuple[str, str]]:
+    started = [start_rpc_server(quill_home) for _ in range(2)]
+    yield tuple(endpoint for _, endpoint in started)
+    for process, _ in started:
+        stop(process)
+
+
+@pytest.fixture(scope="module")
+def reference(smollm2_path: Path) -> Iterator[Reference]:
+    ref = Reference(smollm2_path)
+    yield ref
+    ref.close()
+
+
+def quill(quill_home: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [QUILL, *args], env=quill_env(quill_home), capture_output=True, text=True, timeout=timeout
+    )
+
+
+def model_buffers(log: str) -> dict[str, float]:
+    """llama.cpp's 'RPC0[127.0.0.1:P] model buffer size = X MiB' lines: {device: MiB}."""
+    found = re.findall(r"load_tensors:\s+(\S+) model buffer size =\s+([\d.]+) MiB", log)
+    return {device: float(mib) for device, mib in found}
+
+
+def test_run_splits_the_layers_over_both_servers_as_inspect_plans(
+    quill_home, smollm2_path, servers, reference
+):
+    both = ",".join(servers)
+    ran = quill(quill_home, "run", "--rpc", both, "--temperature", "0", "-n", "32",
+                "--json", "--verbose", PROMPT)  # fmt: skip
+    assert ran.returncode == 0, ran.stderr
+    out = json.loads(ran.stdout)
+    assert out["rpc"] == list(servers)
+    assert out["gpu_layers"] == 30  # every layer left the host
+    buffers = model_buffers(ran.stderr)
+    on_servers = {device: mib for device, mib in buffers.items() if device.startswith("RPC")}
+    assert {d.split("[")[1].rstrip("]") for d in on_servers} == set(servers), buffers
+    tokens = reference.tokenize(reference.chat([("user", PROMPT)]), True)
+    assert_near(reference, tokens, out["text"])
+
+    planned = quill(quill_home, "inspect", str(smollm2_path), "--rpc", both, "--json")
+    assert planned.returncode == 0, planned.stderr
+    split = json.loads(planned.stdout)["rpc_split"]
+    assert [share["device"] for share in split] == ["CPU", *(f"{s}#0" for s in servers)]
+    assert split[0]["layers"] == []  # the input embeddings alone stay on the host
+    held = [layer for share in split[1:] for layer in share["layers"]]
+    assert held == list(range(31)) and all(share["layers"] for share in split[1:])
+    for share in split[1:]:  # the plan's weights are what llama.cpp put there
+        device = next(d for d in on_servers if share["device"].split("#")[0] in d)
+        assert abs(share["weights_bytes"] / 2**20 - on_servers[device]) < 1.0, (share, buffers)
+
+    shown = quill(quill_home, "inspect", str(smollm2_path), "--rpc", both)
+    assert "split over the RPC servers" in shown.stdout and servers[1] in shown.stdout
+
+
+def test_bench_and_serve_answer_through_the_servers(quill_home, smollm2_path, servers, tmp_path):
+    both = ",".join(servers)
+    bench = quill(quill_home, "bench", str(smollm2_path), "--rpc", both, "-p", "32", "-n", "8",
+                  "-r", "1", "--json")  # fmt: skip
+    assert bench.returncode == 0, bench.stderr
+    rows = json.loads(bench.stdout)["rows"]
+    assert [row["test"] for row in rows] == ["pp32", "tg8"]
+    assert all(row["rpc"] == list(servers) and row["tokens_per_s"] > 0 for row in rows)
+
+    import httpx2 as httpx
+
+    process, url = start_server(quill_home, tmp_path, str(smollm2_path), "--rpc", both)
+    try:
+        body = {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": 8}
+        reply = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=120)
+        assert reply.status_code == 200, reply.text
+        assert reply.json()["usage"]["completion_tokens"] > 0
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+
+def test_rpc_server_listens_on_loopback_and_stops_on_sigterm(quill_home):
+    process, endpoint = start_rpc_server(quill_home)
+    port = int(endpoint.rsplit(":", 1)[1])
+    listening = [
+        c.laddr
+        for c in psutil.Process(process.pid).net_connections(kind="tcp")
+        if c.status == psutil.CONN_LISTEN
+    ]
+    assert [(a.ip, a.port) for a in listening] == [("127.0.0.1", port)]
+    code, out, err = stop(process)
+    assert code == 0 and out == "", err
+    assert "Traceback" not in err and "stopped (SIGTERM)" in err
+
+
+def test_another_address_only_when_typed_and_with_a_warning(quill_home):
+    port = free_port()
+    process = subprocess.Popen(
+        [QUILL, "rpc-server", "--host", "0.0.0.0", "--port", str(port), "--threads", "1"],
+        env=quill_env(quill_home),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            connections = psutil.Process(process.pid).net_connections(kind="tcp")
+            if any(c.status == psutil.CONN_LISTEN for c in connections):
+                break
+            time.sleep(0.2)
+        assert [c.laddr.ip for c in connections if c.status == psutil.CONN_LISTEN] == ["0.0.0.0"]
+    finally:
+        code, _, err = stop(process)
+    warning = [line for line in err.splitlines() if "no authentication" in line]
+    assert len(warning) == 1 and "SSH tunnel" in warning[0], err
+    assert code == 0
+
+
+def test_unreachable_server_is_one_line_before_llama_cpp_touches_it(runner, smollm2_path):
+    closed = f"127.0.0.1:{free_port()}"
+    result = runner.invoke(app, ["run", "--rpc", closed, "-n", "4", PROMPT])
+    assert result.exit_code == EXIT_RPC
+    assert result.stderr.strip().splitlines() == [
+        f"quill: error: RPC server {closed} cannot be reached (Connection refused)"
+    ]
+
+
+def fake_server(answer: bytes) -> tuple[socket.socket, str]:
+    """A listener that answers the first 33 bytes it gets (a HELLO) with answer, then closes."""
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        with listener:
+            conn, _ = listener.accept()
+            with conn:
+                conn.recv(33)
+                conn.sendall(answer)
+                time.sleep(0.5)
+
+    threading.Thread(target=serve, daemon=True).start()
+    return listener, f"127.0.0.1:{listener.getsockname()[1]}"
+
+
+@pytest.mark.parametrize(
+    ("answer", "expected"),
+    [
+        (struct.pack("<Q", 28) + bytes([6, 1, 0, 0]) + bytes(24), "speaks RPC protocol 6.1.0"),
+        (b"HTTP/1.1 400 Bad Request\r\n\r\n", "is not a llama.cpp RPC server of protocol 7.x"),
+    ],
+)
+def test_another_protocol_is_refused_at_the_handshake(runner, smollm2_path, answer, expected):
+    _, endpoint = fake_server(answer)
+    result = runner.invoke(app, ["inspect", str(smollm2_path), "--rpc", endpoint])
+    assert result.exit_code == EXIT_RPC
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(
+        f"quill: error: RPC server {endpoint} {expected}"
+    )
+
+
+def test_a_server_that_never_answers_is_a_timeout_not_a_hang(runner, smollm2_path):
+    listener = socket.create_server(("127.0.0.1", 0))  # accepts into its backlog, says nothing
+    endpoint = f"127.0.0.1:{listener.getsockname()[1]}"
+    with listener:
+        started = time.monotonic()
+        result = runner.invoke(app, ["inspect", str(smollm2_path), "--rpc", endpoint])
+    assert result.exit_code == EXIT_RPC and time.monotonic() - started < 30
+    assert "did not answer the handshake" in result.stderr
+
+
+@pytest.mark.parametrize("value", ["localhost", "host:port", "a:1,a:1", ":50052", "h:70000", "h:٣"])
+def test_rpc_takes_host_port_pairs(runner, value):
+    result = runner.invoke(app, ["run", "--rpc", value, "-n", "1", PROMPT])
+    assert result.exit_code == EXIT_USAGE
+    assert result.stderr.startswith("quill: error: --rpc ") and len(result.stderr.splitlines()) == 1
+
+
+def test_a_server_lost_mid_reply_is_named_and_the_chat_keeps_its_turns(
+    quill_home, smollm2_path, tmp_path
+):
+    (first, a), (second, b) = start_rpc_server(quill_home), start_rpc_server(quill_home)
+    transcript = tmp_path / "chat.json"
+    command = [QUILL, "chat", str(smollm2_path), "--rpc", f"{a},{b}", "--transcript",
+               str(transcript), "--temperature", "0", "-n", "2000"]  # fmt: skip
+    chat = subprocess.Popen(
+        command,
+        env=quill_env(quill_home),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    printed = bytearray()
+
+    def read() -> None:
+        while chunk := chat.stdout.read1(64):
+            printed.extend(chunk)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+
+    def wait_for(done, what: str) -> None:
+        deadline = time.monotonic() + 120
+        while not done():
+            assert chat.poll() is None, f"chat ended before {what}: {chat.stderr.read()}"
+            assert time.monotonic() < deadline, f"no {what} in 120 s"
+            time.sleep(0.05)
+
+    try:
+        chat.stdin.write(b"Say hello.\n")
+        chat.stdin.flush()
+        wait_for(lambda: transcript.exists() and "assistant" in transcript.read_text(), "reply")
+        first_reply = len(printed)
+        chat.stdin.write(b"Write a long story about a lighthouse keeper, in ten chapters.\n")
+        chat.stdin.flush()
+        wait_for(lambda: len(printed) > first_reply + 40, "second reply")
+        second.kill()  # mid-reply
+        _, err = chat.communicate(timeout=60)
+    finally:
+        chat.kill()
+        stop(first)
+        second.kill()
+    err = err.decode()
+    assert chat.returncode == EXIT_RPC, err
+    assert "Traceback" not in err and "ggml_print_backtrace" not in err
+    assert err.strip().splitlines()[-1].startswith(f"quill: error: RPC server {b} was lost mid-run")
+    turns = json.loads(transcript.read_text())["messages"]
+    hello = next(i for i, m in enumerate(turns) if m["content"] == "Say hello.")
+    assert turns[hello + 1]["role"] == "assistant" and turns[hello + 1]["content"]
+
+
+def test_version_says_whether_the_build_has_rpc(runner):
+    result = runner.invoke(app, ["--version"])
+    assert result.exit_code == 0 and "RPC on" in result.stdout
