@@ -131,11 +131,17 @@ def test_run_splits_the_layers_over_both_servers_as_inspect_plans(
 
 def test_bench_and_serve_answer_through_the_servers(quill_home, smollm2_path, servers, tmp_path):
     both = ",".join(servers)
+    # Two KV types: two loads in one process, the second on servers it already holds.
     bench = quill(quill_home, "bench", str(smollm2_path), "--rpc", both, "-p", "32", "-n", "8",
-                  "-r", "1", "--json")  # fmt: skip
+                  "-r", "1", "--kv-type", "f16,q8_0", "--json")  # fmt: skip
     assert bench.returncode == 0, bench.stderr
     rows = json.loads(bench.stdout)["rows"]
-    assert [row["test"] for row in rows] == ["pp32", "tg8"]
+    assert [(row["test"], row["kv_type"]) for row in rows] == [
+        ("pp32", "f16"),
+        ("tg8", "f16"),
+        ("pp32", "q8_0"),
+        ("tg8", "q8_0"),
+    ]
     assert all(row["rpc"] == list(servers) and row["tokens_per_s"] > 0 for row in rows)
 
     import httpx2 as httpx
@@ -163,6 +169,24 @@ def test_rpc_server_listens_on_loopback_and_stops_on_sigterm(quill_home):
     code, out, err = stop(process)
     assert code == 0 and out == "", err
     assert "Traceback" not in err and "stopped (SIGTERM)" in err
+
+
+def test_mem_is_the_memory_a_server_offers_and_moves_the_split(quill_home, smollm2_path):
+    process, small = start_rpc_server(quill_home, "--mem", "64MiB", "--verbose")
+    other, large = start_rpc_server(quill_home, "--mem", "192MiB")
+    try:
+        [device] = rpc.probe(small)
+        assert device.free_bytes == device.total_bytes == 64 * 2**20
+        planned = quill(quill_home, "inspect", str(smollm2_path), "--rpc", f"{small},{large}",
+                        "--json")  # fmt: skip
+        assert planned.returncode == 0, planned.stderr
+        shares = {s["device"]: len(s["layers"]) for s in json.loads(planned.stdout)["rpc_split"]}
+        assert shares == {"CPU": 0, f"{small}#0": 8, f"{large}#0": 23}  # 1:3 of 31 slots
+    finally:
+        stop(other)
+        code, out, err = stop(process)
+    # --verbose: llama.cpp's own server lines, on stderr like every log
+    assert code == 0 and out == "" and "Accepted client connection" in err, err
 
 
 def test_another_address_only_when_typed_and_with_a_warning(quill_home):

@@ -158,7 +158,10 @@ def attach(endpoints: Sequence[str]) -> ctypes.Array | None:
     model's parameters take (None for no endpoints). A process that once attached servers
     passes an explicit list on every later load, so a model opened without --rpc stays local."""
     for endpoint in endpoints:
-        probe(endpoint)
+        # One this process attached before is llama.cpp's already: its server, which serves one
+        # client at a time, would not answer a second connection from here.
+        if endpoint not in _registered:
+            probe(endpoint)
     add_server = _rpc_function(
         "ggml_backend_rpc_add_server", ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_char_p)
     )
