@@ -64,6 +64,8 @@ def rpc_server(
     threads = threads or measure_free_cores().threads
     llama_log().verbose = verbose
     devices = rpc.local_devices()
+    if memory is not None and any(device.name != "CPU" for device in devices):
+        raise UsageError("--mem sets what this machine's CPU offers; its GPUs report their own")
     offered = ", ".join(d.description or d.name for d in devices)
     if memory is not None:
         offered += f", offering {human_bytes(memory)}"

@@ -244,19 +244,24 @@ class ServedDevice:
     description: str
 
 
-def local_devices() -> list[ServedDevice]:
-    """What `quill rpc-server` offers: this machine's GPUs where it has any, else its CPU (as
-    llama.cpp's rpc-server chooses)."""
+def _served() -> list[int]:
+    """The devices `quill rpc-server` offers: this machine's GPUs where it has any, else its CPU
+    (as llama.cpp's rpc-server chooses)."""
     lib = _ggml()
     llama.llama_backend_init()
     handles = [lib.ggml_backend_dev_get(i) for i in range(lib.ggml_backend_dev_count())]
     gpus = [d for d in handles if lib.ggml_backend_dev_type(d) == _DEVICE_TYPE_GPU]
-    chosen = gpus or [lib.ggml_backend_dev_by_type(_DEVICE_TYPE_CPU)]
+    return gpus or [lib.ggml_backend_dev_by_type(_DEVICE_TYPE_CPU)]
+
+
+def local_devices() -> list[ServedDevice]:
+    """What `quill rpc-server` offers, by name ("CPU", "CUDA0", ...) and description."""
+    lib = _ggml()
     return [
         ServedDevice(
             lib.ggml_backend_dev_name(d).decode(), lib.ggml_backend_dev_description(d).decode()
         )
-        for d in chosen
+        for d in _served()
     ]
 
 
@@ -301,11 +306,8 @@ def serve(endpoint: str, threads: int, memory_bytes: int | None = None, quiet: b
             ctypes.POINTER(ctypes.c_void_p),
         ),
     )
-    lib = _ggml()
-    handles = [lib.ggml_backend_dev_get(i) for i in range(lib.ggml_backend_dev_count())]
-    gpus = [d for d in handles if lib.ggml_backend_dev_type(d) == _DEVICE_TYPE_GPU]
-    if memory_bytes is not None and not gpus:
+    chosen = _served()
+    if memory_bytes is not None:  # the command refuses --mem for GPUs
         _report_cpu_memory(memory_bytes)
-    chosen = gpus or [lib.ggml_backend_dev_by_type(_DEVICE_TYPE_CPU)]
     devices = (ctypes.c_void_p * len(chosen))(*chosen)
     start(endpoint.encode(), None, threads, len(chosen), devices)
