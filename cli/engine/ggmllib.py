@@ -26,3 +26,11 @@ def ggml_library(name: str) -> ctypes.CDLL:
             if path.startswith(str(LIBS)) and Path(path).name.startswith(f"lib{name}.so."):
                 return ctypes.CDLL(path)
     return load_shared_library(name, LIBS)
+
+
+def declare(lib: ctypes.CDLL, signatures: dict[str, tuple[list, object]]) -> ctypes.CDLL:
+    """lib, its functions given their (argument types, result type)."""
+    for name, (argtypes, restype) in signatures.items():
+        function = getattr(lib, name)
+        function.argtypes, function.restype = argtypes, restype
+    return lib

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import llama_cpp as llama
 
-from cli.engine.ggmllib import ggml_library
+from cli.engine.ggmllib import declare, ggml_library
 from cli.errors import EXIT_RPC, RpcError
 
 DEFAULT_PORT = 50052
@@ -121,7 +121,6 @@ def probe(endpoint: str, timeout_s: float = PROBE_TIMEOUT_S) -> list[RpcDevice]:
 
 @functools.cache
 def _ggml() -> ctypes.CDLL:
-    lib = ggml_library("ggml")
     signatures = {
         "ggml_backend_reg_by_name": ([ctypes.c_char_p], ctypes.c_void_p),
         "ggml_backend_reg_get_proc_address": ([ctypes.c_void_p, ctypes.c_char_p], ctypes.c_void_p),
@@ -135,10 +134,7 @@ def _ggml() -> ctypes.CDLL:
         "ggml_backend_dev_description": ([ctypes.c_void_p], ctypes.c_char_p),
         "ggml_backend_dev_by_type": ([ctypes.c_int], ctypes.c_void_p),
     }
-    for name, (argtypes, restype) in signatures.items():
-        function = getattr(lib, name)
-        function.argtypes, function.restype = argtypes, restype
-    return lib
+    return declare(ggml_library("ggml"), signatures)
 
 
 def _rpc_function(name: str, prototype: type) -> Callable:
