@@ -50,6 +50,9 @@ SKIP = {  # a part of the command line: why it is not run here
     "gemma3-270m": "needs Gemma 3 270M, a 240 MB download from the package index",
     "Hi there": "a first run on a machine without the model: downloads from the package index",
     "Tell me about the sea": "shows a run beside a busy process started for the purpose",
+    "--rpc": "needs quill rpc-server on the ports it names, and scale.md stops one mid-run",
+    "quill rpc-server": "serves until stopped",
+    "10.0.0.": "a load balancer on another machine",
 }
 # The first of two equal commands on a page, when only the first is not run here.
 SKIP_FIRST = {"quill pull smollm2-135m": "the first pull downloads from the package index"}

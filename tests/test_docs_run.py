@@ -34,6 +34,8 @@ SKIP = {
     "gemma3-270m": "downloads Gemma 3 270M (240 MB) from the package index",
     "llama3.2-1b:q2_k": "needs the Hugging Face Hub",
     "--endpoint": "needs quill serve running on port 8080 (tests/test_serve.py covers it)",
+    "--rpc": "needs quill rpc-server on the ports it names (tests/test_rpc.py covers it)",
+    "rpc-server": "serves until stopped (tests/test_rpc.py starts and stops it)",
 }
 REPLICA_PATH = "/cache/replicas/"  # the replica a bench --replica example builds in the long pass
 PAGES = sorted({doc for doc, *_ in COMMANDS})
