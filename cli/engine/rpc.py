@@ -213,6 +213,10 @@ def on_abort(endpoints: Sequence[str], before_exit: Callable[[], None] | None = 
             )
         if before_exit is not None:
             before_exit()
+        sys.stdout.flush()
+        if sys.stdout.isatty():  # the reply stopped mid-line: the error starts a line of its own
+            sys.stdout.write("\n")
+            sys.stdout.flush()
         sys.stderr.write(line + "\n")
         sys.stderr.flush()
         os._exit(EXIT_RPC)

@@ -78,8 +78,10 @@ def stats_parts(metrics: RunMetrics, local: bool = True) -> list[tuple[str, str]
         ("finish", finish),
         ("KV", f"{m.kv_cache_type} {human_bytes(m.kv_cache_bytes)} @ ctx {m.n_ctx}"),
         ("threads", _threads_text(m)),
-        ("GPU layers", str(m.gpu_layers)),
-        *([("RPC", ", ".join(m.rpc))] if m.rpc else []),
+        # Offloaded layers: to a GPU, or over RPC to the servers named.
+        ("RPC", f"{m.gpu_layers} layers on {', '.join(m.rpc)}")
+        if m.rpc
+        else ("GPU layers", str(m.gpu_layers)),
     ]
     return [part for part in parts if local or part[0] in REMOTE_PARTS]
 
