@@ -1,0 +1,315 @@
+"""A 1B-class replica split across two local RPC servers (issue 28): quill against llama.cpp's
+own client, and each against its local run.
+
+Per round, in turn (the order turns each round; at_scale.py's interleave, which waits for a
+quiet machine before each measurement and records the CPU other processes took beside it):
+  llama.cpp rpc:   two `ggml-rpc-server -t T` on 127.0.0.1 (free ports), then
+                   `llama-bench --rpc A,B -ngl 99 -p 512 -n 128 -r 1 -o json -v`;
+  quill rpc:       two `quill rpc-server --threads T` on 127.0.0.1, then
+                   `quill bench MODEL --rpc A,B -p 512 -n 128 -r 1 --json`;
+  llama.cpp local, quill local: the same two benches without --rpc; "local plain": with weight
+                   repacking off, as the servers hold the weights (RPC has no repacked type).
+Both sides: the same threads (T, default 1: a layer split runs the servers one after another,
+so the local run with T threads does the same compute and the difference is what RPC costs),
+batch and ubatch 512, flash attention auto, weight repacking as quill's CPU path has it, f16 KV;
+the servers are fresh each measurement. Which device got which buffers is recorded per side:
+llama-bench's verbose buffer lines, quill's split as inspect --rpc plans it, and what each
+server's memory grew by while the client ran.
+Each run adds its rounds to --json and rewrites the .md beside it from all rounds so far
+(medians, and medians of the per-round ratios), so several runs under ~10 minutes make a result:
+  flock /work/notes/bench.lock python benchmarks/rpc_split.py --rounds 2
+OpenMP as users have it: refuses to run with OMP_WAIT_POLICY set.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shlex
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from importlib.metadata import version
+from pathlib import Path
+
+from at_scale import QUIET, QUILL, TOOLS, interleave, quiet
+from serve_multiturn import free_port
+
+HERE = Path(__file__).resolve().parent
+MODEL = Path("/work/shapes/llama-3.2-1b-shape.Q4_K_M.gguf")
+TARGET = 0.95  # issue 28: quill >= 0.95x of llama.cpp's figures over the same split
+BUFFER = re.compile(r"(\S+) +(model|KV|compute) buffer size = +([\d.]+) MiB")
+
+
+def rss_mib(pid: int, field: str) -> float:
+    """VmRSS (now) or VmHWM (peak) of a process."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(re.search(rf"{field}:\s+(\d+) kB", status).group(1)) / 1024
+
+
+@contextmanager
+def servers(command: list[str], port_flag: str, env: dict[str, str]) -> Iterator[list]:
+    """Two RPC servers on 127.0.0.1, each ready for a client: yields [(endpoint, process, its
+    RSS when ready in MiB)]."""
+    started = []
+    with tempfile.TemporaryDirectory() as logs:
+        try:
+            for letter in "AB":
+                port, log = free_port(), Path(logs, letter)
+                with log.open("wb") as out:
+                    process = subprocess.Popen([*command, port_flag, str(port)], env=env,
+                                               stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
+                started.append((f"127.0.0.1:{port}", process, log))
+            for endpoint, process, log in started:
+                wait_listening(int(endpoint.split(":")[1]), process, log)
+            yield [
+                (endpoint, process, rss_mib(process.pid, "VmRSS"))
+                for endpoint, process, _ in started
+            ]
+        finally:
+            for _, process, _ in started:
+                process.terminate()
+                try:
+                    process.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait()
+
+
+def wait_listening(port: int, process: subprocess.Popen, log: Path) -> None:
+    deadline = time.monotonic() + 60
+    while True:  # the server serves one client at a time; a bare connect is let go at once
+        try:
+            socket.create_connection(("127.0.0.1", port), 1).close()
+            return
+        except OSError:
+            if process.poll() is not None or time.monotonic() > deadline:
+                text = log.read_text(errors="replace")[-2000:]
+                raise SystemExit(f"{shlex.join(process.args)} did not start:\n{text}") from None
+            time.sleep(0.2)
+
+
+def named(text: str, endpoints: list[str]) -> str:
+    """Ports change every round: name the servers A and B instead."""
+    for index, endpoint in enumerate(endpoints):
+        text = text.replace(endpoint, f"server {'AB'[index]}")
+    return text
+
+
+def run(command: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=900)
+    if done.returncode:
+        raise SystemExit(f"{shlex.join(command)[:400]} failed:\n{done.stderr[-3000:]}")
+    return done
+
+
+def contenders(args: argparse.Namespace, env: dict[str, str]) -> tuple[dict, dict]:
+    from cli.engine.hardware import cpu_has_amx
+    from cli.engine.loading import cpu_backend_features
+
+    # quill's CPU path off AMX is llama.cpp's extra buffers (llama-bench --repack 1).
+    repack = not (cpu_has_amx() or "AMX_INT8" in cpu_backend_features())
+    t, model = str(args.threads), str(args.model)
+    bench = [str(TOOLS / "llama-bench"), "-m", model, "-t", t, "-p", "512", "-n", "128",
+             "-r", "1", "-b", "512", "-ub", "512", "-fa", "auto", "-ngl", "99", "-o", "json",
+             "-v", "--repack"]  # fmt: skip
+    quill = [QUILL, "bench", model, "-t", t, "-p", "512", "-n", "128", "-r", "1", "-b", "512",
+             "--json", "--repack"]  # fmt: skip
+    flags = {"llama.cpp": {True: "1", False: "0"}, "quill": {True: "on", False: "off"}}
+    server_commands = {
+        "llama.cpp": ([str(TOOLS / "ggml-rpc-server"), "-t", t], "-p"),
+        "quill": ([QUILL, "rpc-server", "--threads", t], "--port"),
+    }
+
+    def llama_bench(extra: list[str], endpoints: list[str], repack: bool = repack) -> dict:
+        done = run([*bench, flags["llama.cpp"][repack], *extra], env)
+        rows = json.loads(done.stdout)
+        buffers = {f"{kind} {named(device, endpoints)}": float(mib)
+                   for device, kind, mib in BUFFER.findall(done.stderr)}  # fmt: skip
+        rates = {("pp512" if r["n_prompt"] else "tg128"): r["avg_ts"] for r in rows}
+        # llama-bench's test_prompt ends in llama_synchronize: its rate is already to the end.
+        return rates | {"pp512_ttft": rates["pp512"]} | {
+            "build": rows[0]["build_commit"], "backends": rows[0]["backends"], "buffers": buffers
+        }  # fmt: skip
+
+    def quill_bench(extra: list[str], endpoints: list[str], repack: bool = repack) -> dict:
+        done = run([*quill, flags["quill"][repack], *extra], env)
+        rows = json.loads(done.stdout)["rows"]
+        result = {r["test"]: r["tokens_per_s"] for r in rows}
+        # quill's reported prefill rate stops its clock when llama_decode returns, and over RPC
+        # (an async backend) the servers are still computing then; the first token waits for them.
+        pp = next(r for r in rows if r["test"] == "pp512")
+        result["pp512_ttft"] = 512 / (pp["ttft_ms"] / 1000)
+        result["rpc"] = [named(server, endpoints) for server in rows[0]["rpc"]]
+        result["notes"] = named(done.stderr.strip(), endpoints).splitlines()
+        if endpoints:  # quill's plan of the split, as inspect --rpc shows it
+            plan = json.loads(run([QUILL, "inspect", model, "--json", *extra], env).stdout)
+            result["plan"] = {named(d["device"], endpoints): {"layers": d["layers"],
+                              "weights_mib": round(d["weights_bytes"] / 2**20, 1),
+                              "kv_mib": round(d["kv_bytes"] / 2**20, 1)}
+                              for d in plan["rpc_split"]}  # fmt: skip
+        return result
+
+    def split(side: str, measure: Callable[[list[str], list[str]], dict]) -> Callable:
+        def measure_split(_round: int) -> dict:
+            command, port_flag = server_commands[side]
+            with servers(command, port_flag, env) as pair:
+                endpoints = [endpoint for endpoint, _, _ in pair]
+                result = measure(["--rpc", ",".join(endpoints)], endpoints)
+                # What the client's buffers cost each server, whichever program serves them.
+                rss = {f"server {letter}": {"ready": round(ready, 1),
+                                            "peak": round(rss_mib(process.pid, "VmHWM"), 1)}
+                       for letter, (_, process, ready) in zip("AB", pair, strict=True)}  # fmt: skip
+            return result | {"servers_rss_mib": rss}
+
+        return measure_split
+
+    measures = {
+        "llama.cpp rpc": split("llama.cpp", llama_bench),
+        "quill rpc": split("quill", quill_bench),
+        "llama.cpp local": lambda _round: llama_bench([], []),
+        "quill local": lambda _round: quill_bench([], []),
+        # The servers' CPU buffers are plain (RPC offers no repacked type): the same compute.
+        "llama.cpp local plain": lambda _round: llama_bench([], [], repack=False),
+        "quill local plain": lambda _round: quill_bench([], [], repack=False),
+    }
+    commands = {
+        "servers (llama.cpp)": shlex.join([*server_commands["llama.cpp"][0], "-p", "PORT"]),
+        "servers (quill)": shlex.join([*server_commands["quill"][0], "--port", "PORT"]),
+        "llama.cpp rpc": shlex.join([*bench, flags["llama.cpp"][repack], "--rpc", "A,B"]),
+        "quill rpc": shlex.join([*quill, flags["quill"][repack], "--rpc", "A,B"]),
+        "llama.cpp local": shlex.join([*bench, flags["llama.cpp"][repack]]),
+        "quill local": shlex.join([*quill, flags["quill"][repack]]),
+        "llama.cpp local plain": shlex.join([*bench, "0"]),
+        "quill local plain": shlex.join([*quill, "off"]),
+    }
+    return measures, {"commands": commands, "weight_repacking": repack}
+
+
+TESTS = {
+    "pp512": "pp512 (as reported)",
+    "pp512_ttft": "pp512 (quill: 512 / TTFT)",
+    "tg128": "tg128",
+}
+PAIRS = [  # (what the ratio says, quill's or the split's side, the reference, target)
+    ("quill / llama.cpp, split", "quill rpc", "llama.cpp rpc", TARGET),
+    ("quill / llama.cpp, local", "quill local", "llama.cpp local", None),
+    ("quill / llama.cpp, local plain", "quill local plain", "llama.cpp local plain", None),
+    ("split / local, llama.cpp", "llama.cpp rpc", "llama.cpp local", None),
+    ("split / local, quill", "quill rpc", "quill local", None),
+    ("split / local plain, llama.cpp", "llama.cpp rpc", "llama.cpp local plain", None),
+    ("split / local plain, quill", "quill rpc", "quill local plain", None),
+]
+
+
+def report(record: dict) -> str:
+    runs = record["runs"]
+    rounds = [r for run in runs for r in run["rounds"]]
+    last = runs[-1]
+    lines = [f"# A 1B-class replica split across two local RPC servers ({record['date']})", "",
+             f"{record['cpu']}; llama-cpp-python {record['llama_cpp_python']}; "
+             f"{Path(last['model']).name}; {last['threads']} thread(s) per server, client and "
+             f"local run; weight repacking {'on' if last['weight_repacking'] else 'off'} as "
+             "quill's CPU path has it (the servers hold plain CPU buffers: RPC offers no "
+             "repacked type; 'local plain' is the local run with repacking off); OpenMP's "
+             f"default wait policy; {len(rounds)} interleaved rounds in {len(runs)} runs "
+             "(benchmarks/rpc_split.py). A pair is quiet when other processes took under "
+             f"{QUIET:.0%} of one core beside each of its two measurements.", "",
+             "quill's reported pp512 stops its clock when llama_decode returns; over RPC, an "
+             "async backend, the servers are still computing then, so the figure judged is "
+             "512 / quill's time to the first token (llama-bench's pp512 ends in "
+             "llama_synchronize: both rows are its same figure).", "",
+             "Commands (A, B: the two servers' 127.0.0.1:PORT):", ""]  # fmt: skip
+    lines += [f"- {name}: `{command}`" for name, command in last["commands"].items()]
+    lines += ["", "| test | ratio | tok/s (median) | reference tok/s (median) | per-round ratio: "
+              "median (min-max) | quiet pairs: n, median | target |",
+              "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for test in TESTS:
+        for label, ours, theirs, target in PAIRS:
+            mine = [r[ours][test] for r in rounds]
+            ref = [r[theirs][test] for r in rounds]
+            ratios = [a / b for a, b in zip(mine, ref, strict=True)]
+            calm = [a / b for r, a, b in zip(rounds, mine, ref, strict=True)
+                    if quiet(r[ours]) and quiet(r[theirs])]  # fmt: skip
+            ratio = statistics.median(ratios)
+            judged = statistics.median(calm) if len(calm) >= 3 else ratio
+            verdict = (
+                ""
+                if target is None
+                else f">= {target}: " + ("met" if judged >= target else "NOT met")
+            )
+            calm_cell = f"{len(calm)}, {statistics.median(calm):.3f}" if calm else "0"
+            lines.append(
+                f"| {TESTS[test]} | {label} | {statistics.median(mine):.2f} | "
+                f"{statistics.median(ref):.2f} | {ratio:.3f} ({min(ratios):.3f}-{max(ratios):.3f})"
+                f" | {calm_cell} | {verdict} |"
+            )
+    last_split = rounds[-1]
+    lines += ["", "Where the layers went (last round). llama-bench's buffer lines (MiB): "
+              + "; ".join(f"{name} {size:.1f}" for name, size in
+                          last_split["llama.cpp rpc"]["buffers"].items()) + ".",
+              "", "quill's split (inspect --rpc, the plan its load follows): "
+              + "; ".join(f"{device}: layers {_span(d['layers'])}, weights {d['weights_mib']}, "
+                          f"KV {d['kv_mib']}" for device, d in last_split["quill rpc"]["plan"]
+                          .items()) + " (the last layer is the output layer).",
+              "", "What each server's memory grew by while the client ran (peak RSS less RSS "
+              "when ready, MiB, median over rounds): the same split costs each server alike, "
+              "whichever client and server program.", ""]  # fmt: skip
+    for side in ("llama.cpp rpc", "quill rpc"):
+        grew = {s: statistics.median(r[side]["servers_rss_mib"][s]["peak"]
+                                     - r[side]["servers_rss_mib"][s]["ready"] for r in rounds)
+                for s in ("server A", "server B")}  # fmt: skip
+        lines.append(f"- {side}: " + ", ".join(f"{s} +{v:.0f}" for s, v in grew.items()))
+    lines += ["", *record.get("notes", [])]
+    return "\n".join(lines) + "\n"
+
+
+def _span(layers: list[int]) -> str:
+    return f"{layers[0]}-{layers[-1]}" if layers else "none"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", type=Path, default=MODEL)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=1, help="per server, client, local run")
+    parser.add_argument("--only", nargs="+", help="measure only these contenders (a trial)")
+    parser.add_argument("--json", type=Path, default=HERE / "results/rpc-split-2026-12-02.json")
+    args = parser.parse_args()
+    if "OMP_WAIT_POLICY" in os.environ:
+        raise SystemExit("unset OMP_WAIT_POLICY: benchmarks run with OpenMP as users have it")
+    env = dict(os.environ) | {"QUILL_HOME": tempfile.mkdtemp(prefix="quill-rpc-split-")}
+    measures, facts = contenders(args, env)
+    if args.only:
+        measures = {name: measures[name] for name in args.only}
+    started, clock = time.strftime("%Y-%m-%dT%H:%M:%S"), time.perf_counter()
+    rounds = interleave(measures, args)
+    if args.only:  # a trial: shown, not recorded
+        print(json.dumps(rounds, indent=1))
+        return
+    from cli.engine.hardware import cpu_model
+
+    record = (
+        json.loads(args.json.read_text())
+        if args.json.exists()
+        else {"date": time.strftime("%Y-%m-%d"), "cpu": f"{cpu_model()}, {os.cpu_count()} CPUs",
+              "llama_cpp_python": version("llama-cpp-python"), "runs": []}
+    )  # fmt: skip
+    entry = {"started": started, "seconds": round(time.perf_counter() - clock), **facts,
+           "model": str(args.model), "threads": args.threads,
+           "command": shlex.join(["python", *sys.argv]), "rounds": rounds}  # fmt: skip
+    record["runs"].append(entry)
+    args.json.write_text(json.dumps(record, indent=1) + "\n")
+    args.json.with_suffix(".md").write_text(report(record))
+    print(report(record))
+
+
+if __name__ == "__main__":
+    main()
