@@ -406,6 +406,9 @@ class Engine:
         step = SequenceStep(
             self, prompt_tokens, max_tokens, sampling, stop, cached, started, logprobs=self.logprobs
         )
+        # llama_decode may return while an asynchronous backend (a GPU, RPC servers) still
+        # computes: the prefill ends when its results are in.
+        llama.llama_synchronize(self._ctx)
         step.prefill_s = time.perf_counter() - started
         try:
             # A grammar's state follows each sampled token: speculation's acceptance test reads

@@ -25,7 +25,6 @@ import llama_cpp as llama
 from cli.engine.ggmllib import declare, ggml_library
 from cli.errors import EXIT_RPC, RpcError
 
-DEFAULT_PORT = 50052
 # RPC_PROTO_MAJOR/MINOR_VERSION of ggml-rpc.h in the llama-cpp-python quill pins (0.3.36): the
 # C client refuses a server whose major differs or whose minor is newer.
 PROTOCOL = (7, 0)
@@ -190,9 +189,10 @@ def attach(endpoints: Sequence[str]) -> ctypes.Array | None:
 _abort_hook = None  # kept alive: llama.cpp holds the pointer
 
 
-def on_abort(endpoints: Sequence[str], before_exit: Callable[[], None] | None = None) -> None:
+def on_abort(endpoints: Sequence[str]) -> None:
     """From now on, a GGML_ABORT (the RPC client's only way to fail) prints one line naming the
-    server that is gone and exits with EXIT_RPC; before_exit runs first (chat saves there)."""
+    server that is gone and exits with EXIT_RPC. Nothing else is saved here: a chat writes its
+    transcript after every turn, and the reply cut short was never finished."""
     global _abort_hook
     watched = tuple(endpoints)
 
@@ -211,8 +211,6 @@ def on_abort(endpoints: Sequence[str], before_exit: Callable[[], None] | None = 
             line = (
                 f"quill: error: llama.cpp aborted using RPC servers {', '.join(watched)}: {detail}"
             )
-        if before_exit is not None:
-            before_exit()
         sys.stdout.flush()
         if sys.stdout.isatty():  # the reply stopped mid-line: the error starts a line of its own
             sys.stdout.write("\n")
