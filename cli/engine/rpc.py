@@ -36,7 +36,7 @@ NO_RPC_BUILD = (
     "llama-cpp-python with CMAKE_ARGS=-DGGML_RPC=on)"
 )
 
-_DEVICE_TYPE_CPU, _DEVICE_TYPE_GPU = 0, 1
+_DEVICE_TYPE_CPU, _DEVICE_TYPES_GPU = 0, (1, 2)  # ggml_backend_dev_type: CPU; GPU, IGPU
 
 
 @dataclass(frozen=True)
@@ -179,7 +179,7 @@ def attach(endpoints: Sequence[str]) -> ctypes.Array | None:
             device
             for i in range(lib.ggml_backend_dev_count())
             if (device := lib.ggml_backend_dev_get(i)) not in rpc
-            and lib.ggml_backend_dev_type(device) == _DEVICE_TYPE_GPU
+            and lib.ggml_backend_dev_type(device) in _DEVICE_TYPES_GPU
         ]
     else:
         return None
@@ -243,12 +243,12 @@ class ServedDevice:
 
 
 def _served() -> list[int]:
-    """The devices `quill rpc-server` offers: this machine's GPUs where it has any, else its CPU
-    (as llama.cpp's rpc-server chooses)."""
+    """The devices `quill rpc-server` offers: this machine's GPUs (integrated ones included)
+    where it has any, else its CPU (as llama.cpp's rpc-server chooses)."""
     lib = _ggml()
     llama.llama_backend_init()
     handles = [lib.ggml_backend_dev_get(i) for i in range(lib.ggml_backend_dev_count())]
-    gpus = [d for d in handles if lib.ggml_backend_dev_type(d) == _DEVICE_TYPE_GPU]
+    gpus = [d for d in handles if lib.ggml_backend_dev_type(d) in _DEVICE_TYPES_GPU]
     return gpus or [lib.ggml_backend_dev_by_type(_DEVICE_TYPE_CPU)]
 
 
