@@ -15,9 +15,14 @@ batch and ubatch 512, flash attention auto, weight repacking as quill's CPU path
 the servers are fresh each measurement. Which device got which buffers is recorded per side:
 llama-bench's verbose buffer lines, quill's split as inspect --rpc plans it, and what each
 server's memory grew by while the client ran.
+--only picks contenders, among them crossed ones (each client on the other's servers, and
+ggml-rpc-server on quill's libraries): which side a difference comes from.
 Each run adds its rounds to --json and rewrites the .md beside it from all rounds so far
-(medians, and medians of the per-round ratios), so several runs under ~10 minutes make a result:
+(medians, and medians of the per-round ratios; a pair over the rounds that had both), so
+several runs under ~10 minutes make a result:
   flock /work/notes/bench.lock python benchmarks/rpc_split.py --rounds 2
+  flock /work/notes/bench.lock python benchmarks/rpc_split.py --rounds 8 --only "llama.cpp rpc" \
+      "quill rpc"
 OpenMP as users have it: refuses to run with OMP_WAIT_POLICY set.
 """
 
@@ -110,6 +115,12 @@ def run(command: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
     return done
 
 
+def wheel_libraries() -> Path:
+    import llama_cpp
+
+    return Path(llama_cpp.__file__).parent / "lib"
+
+
 def contenders(args: argparse.Namespace, env: dict[str, str]) -> tuple[dict, dict]:
     from cli.engine.hardware import cpu_has_amx
     from cli.engine.loading import cpu_backend_features
@@ -157,10 +168,10 @@ def contenders(args: argparse.Namespace, env: dict[str, str]) -> tuple[dict, dic
                               for d in plan["rpc_split"]}  # fmt: skip
         return result
 
-    def split(side: str, measure: Callable[[list[str], list[str]], dict]) -> Callable:
+    def split(side: str, measure: Callable, server_env: dict[str, str] = env) -> Callable:
         def measure_split(_round: int) -> dict:
             command, port_flag = server_commands[side]
-            with servers(command, port_flag, env) as pair:
+            with servers(command, port_flag, server_env) as pair:
                 endpoints = [endpoint for endpoint, _, _ in pair]
                 result = measure(["--rpc", ",".join(endpoints)], endpoints)
                 # What the client's buffers cost each server, whichever program serves them.
@@ -174,6 +185,13 @@ def contenders(args: argparse.Namespace, env: dict[str, str]) -> tuple[dict, dic
     measures = {
         "llama.cpp rpc": split("llama.cpp", llama_bench),
         "quill rpc": split("quill", quill_bench),
+        # Crossed (--only): which of client and server a difference comes from.
+        "quill on llama.cpp servers": split("llama.cpp", quill_bench),
+        "llama-bench on quill servers": split("quill", llama_bench),
+        # ggml-rpc-server on the libraries quill loads (the pip-built wheel's): build or process?
+        "llama-bench on ggml-rpc-server with quill's libraries": split(
+            "llama.cpp", llama_bench, env | {"LD_LIBRARY_PATH": str(wheel_libraries())}
+        ),
         "llama.cpp local": lambda _round: llama_bench([], []),
         "quill local": lambda _round: quill_bench([], []),
         # The servers' CPU buffers are plain (RPC offers no repacked type): the same compute.
@@ -185,6 +203,8 @@ def contenders(args: argparse.Namespace, env: dict[str, str]) -> tuple[dict, dic
         "servers (quill)": shlex.join([*server_commands["quill"][0], "--port", "PORT"]),
         "llama.cpp rpc": shlex.join([*bench, flags["llama.cpp"][repack], "--rpc", "A,B"]),
         "quill rpc": shlex.join([*quill, flags["quill"][repack], "--rpc", "A,B"]),
+        "crossed": "the same clients, each on the other's servers; ggml-rpc-server with "
+        "LD_LIBRARY_PATH set to quill's llama_cpp/lib",
         "llama.cpp local": shlex.join([*bench, flags["llama.cpp"][repack]]),
         "quill local": shlex.join([*quill, flags["quill"][repack]]),
         "llama.cpp local plain": shlex.join([*bench, "0"]),
@@ -193,11 +213,7 @@ def contenders(args: argparse.Namespace, env: dict[str, str]) -> tuple[dict, dic
     return measures, {"commands": commands, "weight_repacking": repack}
 
 
-TESTS = {
-    "pp512": "pp512 (as reported)",
-    "pp512_ttft": "pp512 (quill: 512 / TTFT)",
-    "tg128": "tg128",
-}
+TESTS = {"pp512_ttft": "pp512", "tg128": "tg128"}  # pp512 as quill reports it: in the json
 PAIRS = [  # (what the ratio says, quill's or the split's side, the reference, target)
     ("quill / llama.cpp, split", "quill rpc", "llama.cpp rpc", TARGET),
     ("quill / llama.cpp, local", "quill local", "llama.cpp local", None),
@@ -206,7 +222,18 @@ PAIRS = [  # (what the ratio says, quill's or the split's side, the reference, t
     ("split / local, quill", "quill rpc", "quill local", None),
     ("split / local plain, llama.cpp", "llama.cpp rpc", "llama.cpp local plain", None),
     ("split / local plain, quill", "quill rpc", "quill local plain", None),
-]
+    ("quill / llama.cpp, split on llama.cpp's servers", "quill on llama.cpp servers",
+     "llama.cpp rpc", None),
+    ("quill's / llama.cpp's servers, llama-bench as client", "llama-bench on quill servers",
+     "llama.cpp rpc", None),
+    ("ggml-rpc-server on quill's libraries / on its own, llama-bench as client",
+     "llama-bench on ggml-rpc-server with quill's libraries", "llama.cpp rpc", None),
+    ("quill's servers / ggml-rpc-server on quill's libraries, llama-bench as client",
+     "llama-bench on quill servers", "llama-bench on ggml-rpc-server with quill's libraries",
+     None),
+]  # fmt: skip
+DEFAULT = ("llama.cpp rpc", "quill rpc", "llama.cpp local", "quill local",
+           "llama.cpp local plain", "quill local plain")  # fmt: skip
 
 
 def report(record: dict) -> str:
@@ -222,10 +249,10 @@ def report(record: dict) -> str:
              f"default wait policy; {len(rounds)} interleaved rounds in {len(runs)} runs "
              "(benchmarks/rpc_split.py). A pair is quiet when other processes took under "
              f"{QUIET:.0%} of one core beside each of its two measurements.", "",
-             "quill's reported pp512 stops its clock when llama_decode returns; over RPC, an "
-             "async backend, the servers are still computing then, so the figure judged is "
-             "512 / quill's time to the first token (llama-bench's pp512 ends in "
-             "llama_synchronize: both rows are its same figure).", "",
+             "quill's pp512 is 512 / its time to the first token: its reported prefill rate "
+             "stopped the clock when llama_decode returned, before an async backend (RPC) had "
+             "finished, until 8b4d5b7 (both are in the json). llama-bench's pp512 ends in "
+             "llama_synchronize.", "",
              "Commands (A, B: the two servers' 127.0.0.1:PORT):", ""]  # fmt: skip
     lines += [f"- {name}: `{command}`" for name, command in last["commands"].items()]
     lines += ["", "| test | ratio | tok/s (median) | reference tok/s (median) | per-round ratio: "
@@ -233,10 +260,12 @@ def report(record: dict) -> str:
               "|---|---|---|---|---|---|---|"]  # fmt: skip
     for test in TESTS:
         for label, ours, theirs, target in PAIRS:
-            mine = [r[ours][test] for r in rounds]
-            ref = [r[theirs][test] for r in rounds]
+            both = [r for r in rounds if ours in r and theirs in r]
+            if not both:
+                continue
+            mine, ref = [r[ours][test] for r in both], [r[theirs][test] for r in both]
             ratios = [a / b for a, b in zip(mine, ref, strict=True)]
-            calm = [a / b for r, a, b in zip(rounds, mine, ref, strict=True)
+            calm = [a / b for r, a, b in zip(both, mine, ref, strict=True)
                     if quiet(r[ours]) and quiet(r[theirs])]  # fmt: skip
             ratio = statistics.median(ratios)
             judged = statistics.median(calm) if len(calm) >= 3 else ratio
@@ -247,15 +276,16 @@ def report(record: dict) -> str:
             )
             calm_cell = f"{len(calm)}, {statistics.median(calm):.3f}" if calm else "0"
             lines.append(
-                f"| {TESTS[test]} | {label} | {statistics.median(mine):.2f} | "
+                f"| {TESTS[test]} | {label} ({len(both)}) | {statistics.median(mine):.2f} | "
                 f"{statistics.median(ref):.2f} | {ratio:.3f} ({min(ratios):.3f}-{max(ratios):.3f})"
                 f" | {calm_cell} | {verdict} |"
             )
-    last_split = rounds[-1]
+    last_split = next(r for r in reversed(rounds) if "quill rpc" in r and "llama.cpp rpc" in r)
     lines += ["", "Where the layers went (last round). llama-bench's buffer lines (MiB): "
               + "; ".join(f"{name} {size:.1f}" for name, size in
                           last_split["llama.cpp rpc"]["buffers"].items()) + ".",
-              "", "quill's split (inspect --rpc, the plan its load follows): "
+              "", "quill's split (inspect --rpc, the plan its load follows; KV at inspect's "
+              "context of 4096): "
               + "; ".join(f"{device}: layers {_span(d['layers'])}, weights {d['weights_mib']}, "
                           f"KV {d['kv_mib']}" for device, d in last_split["quill rpc"]["plan"]
                           .items()) + " (the last layer is the output layer).",
@@ -264,7 +294,8 @@ def report(record: dict) -> str:
               "whichever client and server program.", ""]  # fmt: skip
     for side in ("llama.cpp rpc", "quill rpc"):
         grew = {s: statistics.median(r[side]["servers_rss_mib"][s]["peak"]
-                                     - r[side]["servers_rss_mib"][s]["ready"] for r in rounds)
+                                     - r[side]["servers_rss_mib"][s]["ready"]
+                                     for r in rounds if side in r)
                 for s in ("server A", "server B")}  # fmt: skip
         lines.append(f"- {side}: " + ", ".join(f"{s} +{v:.0f}" for s, v in grew.items()))
     lines += ["", *record.get("notes", [])]
@@ -280,20 +311,16 @@ def main() -> None:
     parser.add_argument("--model", type=Path, default=MODEL)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--threads", type=int, default=1, help="per server, client, local run")
-    parser.add_argument("--only", nargs="+", help="measure only these contenders (a trial)")
+    parser.add_argument("--only", nargs="+", help="these contenders instead of the six")
     parser.add_argument("--json", type=Path, default=HERE / "results/rpc-split-2026-12-02.json")
     args = parser.parse_args()
     if "OMP_WAIT_POLICY" in os.environ:
         raise SystemExit("unset OMP_WAIT_POLICY: benchmarks run with OpenMP as users have it")
     env = dict(os.environ) | {"QUILL_HOME": tempfile.mkdtemp(prefix="quill-rpc-split-")}
     measures, facts = contenders(args, env)
-    if args.only:
-        measures = {name: measures[name] for name in args.only}
+    measures = {name: measures[name] for name in args.only or DEFAULT}
     started, clock = time.strftime("%Y-%m-%dT%H:%M:%S"), time.perf_counter()
     rounds = interleave(measures, args)
-    if args.only:  # a trial: shown, not recorded
-        print(json.dumps(rounds, indent=1))
-        return
     from cli.engine.hardware import cpu_model
 
     record = (
