@@ -4,15 +4,17 @@ through llama.cpp's RPC backend, for models too big for one box (docs/scale.md).
 from __future__ import annotations
 
 import ipaddress
+import os
 import signal
 import socket
+import sys
 import threading
 from typing import Annotated
 
 import typer
 
 from cli.commands import options as shared
-from cli.errors import RpcError, UsageError
+from cli.errors import EXIT_OK, RpcError, UsageError
 
 RPC_EPILOG = (
     "The protocol has no authentication: whoever reaches the port can use this machine. It "
@@ -73,27 +75,25 @@ def rpc_server(
         f"quill rpc-server: {offered}, {threads} thread{'s' * (threads != 1)}, at {endpoint} "
         f"(RPC protocol {rpc.PROTOCOL[0]}.{rpc.PROTOCOL[1]}); Ctrl-C stops it"
     )
-    stops = {signal.SIGINT, signal.SIGTERM}
-    # The server thread (and llama.cpp's) must leave the stop signals to this one.
-    signal.pthread_sigmask(signal.SIG_BLOCK, stops)
-    failed: list[BaseException] = []
+    # llama.cpp's loop runs on the main thread (in another thread it computed ~5% slower:
+    # benchmarks/rpc_split.py) and never returns to Python, whose handlers run only there. But
+    # Python's C-level handler, whichever thread a signal lands on, writes its number to the
+    # wakeup fd: a thread reads it and ends the process (a server has nothing to save).
+    wake_read, wake_write = os.pipe()
+    os.set_blocking(wake_write, False)
+    signal.set_wakeup_fd(wake_write)
+    for stop in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(stop, lambda _number, _frame: None)
+        signal.siginterrupt(stop, False)  # llama.cpp's accept() would fail on EINTR and return
 
-    def serve() -> None:
-        try:
-            rpc.serve(endpoint, threads, memory, quiet=not verbose)
-        except BaseException as error:  # shown by the main thread, which owns the exit code
-            failed.append(error)
+    def stop_on_signal() -> None:
+        number = os.read(wake_read, 1)[0]
+        render.info_line(f"quill rpc-server: stopped ({signal.Signals(number).name})")
+        sys.stderr.flush()
+        os._exit(EXIT_OK)
 
-    server = threading.Thread(target=serve, name="rpc-server", daemon=True)
-    server.start()
-    while server.is_alive():
-        caught = signal.sigtimedwait(stops, 0.5)
-        if caught is not None:
-            render.info_line(f"quill rpc-server: stopped ({signal.Signals(caught.si_signo).name})")
-            return
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, stops)
-    if failed:
-        raise failed[0]
+    threading.Thread(target=stop_on_signal, name="stop-signals", daemon=True).start()
+    rpc.serve(endpoint, threads, memory, quiet=not verbose)
     raise RpcError(endpoint, "could not start (llama.cpp's server returned; --verbose says why)")
 
 
