@@ -269,6 +269,14 @@ def test_a_server_that_never_answers_is_a_timeout_not_a_hang(runner, smollm2_pat
     assert "did not answer the handshake" in result.stderr
 
 
+@pytest.mark.parametrize("command", ["run", "chat", "bench"])
+def test_rpc_and_endpoint_do_not_go_together(runner, command):
+    result = runner.invoke(app, [command, "--rpc", "127.0.0.1:50052", "--endpoint",
+                                 "http://127.0.0.1:8080/v1"], input="")  # fmt: skip
+    assert result.exit_code == EXIT_USAGE
+    assert result.stderr.startswith("quill: error: --rpc splits a model loaded here"), result.stderr
+
+
 @pytest.mark.parametrize("value", ["localhost", "host:port", "a:1,a:1", ":50052", "h:70000", "h:٣"])
 def test_rpc_takes_host_port_pairs(runner, value):
     result = runner.invoke(app, ["run", "--rpc", value, "-n", "1", PROMPT])

@@ -168,8 +168,7 @@ def bench(
     }
     if endpoint and replica:
         raise UsageError("--replica measures here, and --endpoint a server: choose one")
-    if endpoint and rpc:
-        raise UsageError("--rpc splits a model loaded here, and --endpoint is a server: choose one")
+    shared.check_rpc_or_endpoint(rpc, endpoint)
     if endpoint:
         rows = _bench_endpoint(endpoint, chosen, grid, api_key)
         _show_bench(rows, chosen or "endpoint", json_output, csv_output, markdown_output, plot)

@@ -157,6 +157,7 @@ def chat(
         transcript = find_transcript(resume)
         if chosen is None and not endpoint:  # as `llm -c` does: the chat's own model
             chosen = saved_model(transcript)
+    shared.check_rpc_or_endpoint(rpc, endpoint)
     options = shared.load_options(ctx, threads, gpu_layers, kv_type, kv_k, kv_v, rpc)
     template = read_template_option(chat_template)
     settings = ModelSettings(chat_template=template, think=think, spec=speculation)

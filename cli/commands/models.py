@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -17,6 +17,10 @@ from cli.commands.options import (
     stdin_is_terminal,
 )
 from cli.errors import Interrupted, ModelNotFoundError, UsageError
+
+if TYPE_CHECKING:
+    from quant.gguf import GGUFHeader
+    from quant.memory import DeviceShare
 
 # What pull and inspect say of a base model (models.yaml `base: true`).
 BASE_NOTE = "base model, not instruction-tuned: it continues text (quill run --raw)"
@@ -212,7 +216,9 @@ def inspect(
             render.split_report(split)
 
 
-def _rpc_split(header, endpoints: tuple[str, ...], n_ctx: int, type_k: str, type_v: str) -> list:
+def _rpc_split(
+    header: GGUFHeader, endpoints: tuple[str, ...], n_ctx: int, type_k: str, type_v: str
+) -> list[DeviceShare]:
     """Each RPC server's devices asked for their free memory, then llama.cpp's split of every
     layer over them (empty without servers)."""
     from cli.engine.rpc import probe

@@ -254,6 +254,14 @@ def parse_rpc(value: str | None) -> tuple[str, ...]:
     return tuple(endpoints)
 
 
+def check_rpc_or_endpoint(rpc: str | None, endpoint: str | None) -> None:
+    if rpc and endpoint:
+        raise UsageError(
+            "--rpc splits a model loaded here over RPC servers, and --endpoint sends the "
+            "request to a server that loads its own: choose one"
+        )
+
+
 def resolve_gpu_layers(requested: int | None, rpc: tuple[str, ...] = ()) -> int:
     """Layers to offload: all where a GPU or RPC servers can take them, unless asked otherwise;
     0, with a warning that says how to get a GPU build, where nothing can."""

@@ -150,6 +150,7 @@ def run(
             f"--logprobs cannot go with --spec {spec}: logprobs are read from each token's own "
             "logits, which speculative decoding skips; drop one of them"
         )
+    shared.check_rpc_or_endpoint(rpc, endpoint)
     if endpoint and (chat_template or think is not None or think_budget is not None):
         raise UsageError(
             "--chat-template, --think and --think-budget apply to a local model; a server "
