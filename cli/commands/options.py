@@ -265,11 +265,11 @@ def check_rpc_or_endpoint(rpc: str | None, endpoint: str | None) -> None:
 def resolve_gpu_layers(requested: int | None, rpc: tuple[str, ...] = ()) -> int:
     """Layers to offload: all where a GPU or RPC servers can take them, unless asked otherwise;
     0, with a warning that says how to get a GPU build, where nothing can."""
-    from cli.engine.hardware import GGML_DEVICE_GPU, GGML_DEVICE_IGPU, gpu_memory
+    from cli.engine.hardware import ANY_GPU, gpu_memory
     from cli.ui import render
 
     # Not llama_supports_gpu_offload(): an RPC build says yes to it on a machine without a GPU.
-    supported = bool(rpc) or bool(gpu_memory((GGML_DEVICE_GPU, GGML_DEVICE_IGPU)))
+    supported = bool(rpc) or bool(gpu_memory(ANY_GPU))
     if requested is None:
         return ALL_LAYERS if supported else 0
     if requested != 0 and not supported:

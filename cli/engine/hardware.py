@@ -9,8 +9,10 @@ from pathlib import Path
 import psutil
 
 AMX_FLAGS = ("amx_tile", "amx_int8", "amx_bf16")
-GGML_DEVICE_GPU = 1  # ggml_backend_dev_type: a GPU with memory of its own
+GGML_DEVICE_CPU = 0  # ggml_backend_dev_type values
+GGML_DEVICE_GPU = 1  # a GPU with memory of its own
 GGML_DEVICE_IGPU = 2  # one sharing the host's memory
+ANY_GPU = (GGML_DEVICE_GPU, GGML_DEVICE_IGPU)
 
 
 def physical_cores() -> int:

@@ -21,11 +21,9 @@ from pathlib import Path
 import llama_cpp as llama
 
 from cli.engine.ggmllib import declare, ggml_library
-from cli.engine.hardware import cpu_has_amx
+from cli.engine.hardware import GGML_DEVICE_CPU, cpu_has_amx
 from cli.engine.rpc import attach as rpc_devices
 from quant.gguf import GGUFError, read_header
-
-_GGML_DEVICE_TYPE_CPU = 0
 
 # ggml_type values (ggml.h) of the types the repack code knows.
 Q4_0, Q8_0, Q2_K, Q4_K, Q5_K, Q6_K, IQ4_NL, MXFP4, Q1_0 = 2, 8, 10, 12, 13, 14, 20, 39, 41
@@ -159,7 +157,7 @@ def _repack_buffer_type() -> int | None:
     ggml = ggml_library("ggml")
     ggml.ggml_backend_dev_by_type.argtypes = [ctypes.c_int]
     ggml.ggml_backend_dev_by_type.restype = ctypes.c_void_p
-    device = ggml.ggml_backend_dev_by_type(_GGML_DEVICE_TYPE_CPU)
+    device = ggml.ggml_backend_dev_by_type(GGML_DEVICE_CPU)
     if not device:
         return None
     registry = lib.ggml_backend_dev_backend_reg(device)

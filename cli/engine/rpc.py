@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import llama_cpp as llama
 
 from cli.engine.ggmllib import declare, ggml_library
+from cli.engine.hardware import ANY_GPU, GGML_DEVICE_CPU
 from cli.errors import EXIT_RPC, RpcError
 
 # RPC_PROTO_MAJOR/MINOR_VERSION of ggml-rpc.h in the llama-cpp-python quill pins (0.3.36): the
@@ -35,8 +36,6 @@ NO_RPC_BUILD = (
     "this llama-cpp-python was built without RPC: reinstall quill as the README says (it builds "
     "llama-cpp-python with CMAKE_ARGS=-DGGML_RPC=on)"
 )
-
-_DEVICE_TYPE_CPU, _DEVICE_TYPES_GPU = 0, (1, 2)  # ggml_backend_dev_type: CPU; GPU, IGPU
 
 
 @dataclass(frozen=True)
@@ -179,7 +178,7 @@ def attach(endpoints: Sequence[str]) -> ctypes.Array | None:
             device
             for i in range(lib.ggml_backend_dev_count())
             if (device := lib.ggml_backend_dev_get(i)) not in rpc
-            and lib.ggml_backend_dev_type(device) in _DEVICE_TYPES_GPU
+            and lib.ggml_backend_dev_type(device) in ANY_GPU
         ]
     else:
         return None
@@ -248,8 +247,8 @@ def _served() -> list[int]:
     lib = _ggml()
     llama.llama_backend_init()
     handles = [lib.ggml_backend_dev_get(i) for i in range(lib.ggml_backend_dev_count())]
-    gpus = [d for d in handles if lib.ggml_backend_dev_type(d) in _DEVICE_TYPES_GPU]
-    return gpus or [lib.ggml_backend_dev_by_type(_DEVICE_TYPE_CPU)]
+    gpus = [d for d in handles if lib.ggml_backend_dev_type(d) in ANY_GPU]
+    return gpus or [lib.ggml_backend_dev_by_type(GGML_DEVICE_CPU)]
 
 
 def local_devices() -> list[ServedDevice]:
@@ -272,7 +271,7 @@ def _report_cpu_memory(limit_bytes: int) -> None:
     in this process, which serves and does nothing else."""
     global _memory_hook
     lib = _ggml()
-    device = lib.ggml_backend_dev_by_type(_DEVICE_TYPE_CPU)
+    device = lib.ggml_backend_dev_by_type(GGML_DEVICE_CPU)
     prototype = ctypes.CFUNCTYPE(
         None, ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(ctypes.c_size_t)
     )
