@@ -109,6 +109,17 @@ def test_prefill_time_agrees_with_llama_perf_counter(engine):
     assert perf["n_eval"] == events[-1].generation_tokens - 1  # the first token needs no decode
 
 
+def test_the_load_warm_up_leaves_no_trace(smollm2_path):
+    # The engine decodes BOS and EOS once at load (as llama.cpp's tools do): those cells and
+    # counters must be gone before the first prompt, or its positions and numbers would be off.
+    import llama_cpp as llama
+
+    with Engine(smollm2_path, LoadOptions(threads=2)) as fresh:
+        assert llama.llama_memory_seq_pos_max(llama.llama_get_memory(fresh._ctx), 0) == -1
+        assert fresh.perf()["t_p_eval_ms"] == 0 and fresh.perf()["t_eval_ms"] == 0
+        assert fresh.cached_tokens == 0
+
+
 def test_prompt_longer_than_a_batch_is_prefilled_in_chunks(smollm2_path, reference):
     text = " ".join(f"line {i}" for i in range(60))
     with Engine(smollm2_path, LoadOptions(threads=2, n_batch=32)) as small_batches:
