@@ -362,6 +362,12 @@ def report(record: dict) -> str:
     return "\n".join(lines)
 
 
+def quill_commit() -> str:
+    done = subprocess.run(["git", "-C", str(HERE), "rev-parse", "--short", "HEAD"],
+                          capture_output=True, text=True)  # fmt: skip
+    return done.stdout.strip() or "unknown"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("part", choices=["decode", "serve", "overhead"])
@@ -399,7 +405,8 @@ def main() -> None:
     )  # fmt: skip
     run = {"started": started, "seconds": round(time.perf_counter() - clock), **facts,
            "model": str(args.model), "threads": args.threads,
-           "command": shlex.join(["python", *sys.argv]), "rounds": rounds}  # fmt: skip
+           "command": shlex.join(["python", *sys.argv]), "commit": quill_commit(),
+           "rounds": rounds}  # fmt: skip
     record["parts"].setdefault(args.part, []).append(run)
     args.json.write_text(json.dumps(record, indent=1))
     args.json.with_suffix(".md").write_text(report(record))
