@@ -14,7 +14,7 @@ with real models' shapes (benchmarks/shapes.py makes them in /work/shapes).
           same context per slot, threads, batch, flash attention, repacking), each sent 16
           streaming chat requests (serve_load.py's prompts, 64 tokens, greedy, ignore_eos) by 4
           client threads; throughput = completion tokens (usage) / wall time.
-The order of the contenders turns each round. Each run adds its rounds to --json and rewrites the
+The order of the contenders turns each round, and goes on from run to run (--first-turn). Each run adds its rounds to --json and rewrites the
 .md beside it from all rounds so far (ratios: median of the per-round ratios, and of the medians),
 so a long measurement is several runs under ~10 minutes, each under the benchmark lock:
   flock /work/notes/bench.lock python benchmarks/at_scale.py decode --rounds 3
@@ -298,7 +298,7 @@ def interleave(contenders: dict[str, Callable[[int], dict]], args: argparse.Name
     rounds = []
     for number in range(args.rounds):
         names = list(contenders)
-        turn = number % len(names)
+        turn = (number + args.first_turn) % len(names)
         results = {}
         for name in names[turn:] + names[:turn]:
             wait_quiet()
@@ -380,6 +380,12 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=64, help="serve: tokens per request")
     parser.add_argument("--seed", type=int, default=0, help="decode: prompt words (vary per run)")
     parser.add_argument(
+        "--first-turn",
+        type=int,
+        help="the first round's order (default: go on from the rounds --json holds, so that short "
+        "runs still give every contender every place in the order)",
+    )
+    parser.add_argument(
         "--json", type=Path, default=HERE / f"results/at-scale-{time.strftime('%Y-%m-%d')}.json"
     )
     args = parser.parse_args()
@@ -393,8 +399,6 @@ def main() -> None:
     measure = {"decode": decode_rounds, "serve": serve_rounds, "overhead": overhead_rounds}[
         args.part
     ]
-    started, clock = time.strftime("%Y-%m-%dT%H:%M:%S"), time.perf_counter()
-    rounds, facts = measure(args)
     from cli.engine.hardware import cpu_model
 
     record = (
@@ -403,6 +407,10 @@ def main() -> None:
         else {"date": time.strftime("%Y-%m-%d"), "cpu": f"{cpu_model()}, {os.cpu_count()} CPUs",
               "llama_cpp_python": version("llama-cpp-python"), "parts": {}}
     )  # fmt: skip
+    if args.first_turn is None:
+        args.first_turn = sum(len(run["rounds"]) for run in record["parts"].get(args.part, []))
+    started, clock = time.strftime("%Y-%m-%dT%H:%M:%S"), time.perf_counter()
+    rounds, facts = measure(args)
     run = {"started": started, "seconds": round(time.perf_counter() - clock), **facts,
            "model": str(args.model), "threads": args.threads,
            "command": shlex.join(["python", *sys.argv]), "commit": quill_commit(),
