@@ -14,9 +14,11 @@ with real models' shapes (benchmarks/shapes.py makes them in /work/shapes).
           same context per slot, threads, batch, flash attention, repacking), each sent 16
           streaming chat requests (serve_load.py's prompts, 64 tokens, greedy, ignore_eos) by 4
           client threads; throughput = completion tokens (usage) / wall time.
-The order of the contenders turns each round, and goes on from run to run (--first-turn). Each run adds its rounds to --json and rewrites the
-.md beside it from all rounds so far (ratios: median of the per-round ratios, and of the medians),
-so a long measurement is several runs under ~10 minutes, each under the benchmark lock:
+The order of the contenders turns each round and goes on turning from run to run (--first-turn):
+the place in the order moves a ratio by several percent here. Each run adds its rounds to --json
+and rewrites the .md beside it from all rounds so far (ratios: median of the per-round ratios,
+and of the medians), so a long measurement is several runs under ~10 minutes, each under the
+benchmark lock:
   flock /work/notes/bench.lock python benchmarks/at_scale.py decode --rounds 3
   flock /work/notes/bench.lock python benchmarks/at_scale.py serve --rounds 6
 OpenMP as users have it: refuses to run with OMP_WAIT_POLICY set.
