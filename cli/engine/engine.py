@@ -181,8 +181,7 @@ class Engine:
         # step to the load: 0.25-0.3 s on an 8B-class model here, milliseconds on a 135M one.
         if llama.llama_model_has_encoder(self._model):
             return  # an encoder-decoder model decodes only after an encode
-        vocab = llama.llama_model_get_vocab(self._model)
-        ends = (llama.llama_vocab_bos(vocab), llama.llama_vocab_eos(vocab))
+        ends = (self.bos_token, llama.llama_vocab_eos(self._vocab))
         tokens = [token for token in ends if token != llama.LLAMA_TOKEN_NULL] or [0]
         array = (llama.llama_token * len(tokens))(*tokens)
         # As in llama.cpp, a failed warm-up is not an error: the first prompt's decode reports it.
