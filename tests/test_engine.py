@@ -109,12 +109,14 @@ def test_prefill_time_agrees_with_llama_perf_counter(engine):
     assert perf["n_eval"] == events[-1].generation_tokens - 1  # the first token needs no decode
 
 
-def test_the_load_warm_up_leaves_no_trace(smollm2_path):
+@pytest.mark.parametrize("n_batch", [512, 1])
+def test_the_load_warm_up_leaves_no_trace(smollm2_path, n_batch):
     # The engine decodes BOS and EOS once at load (as llama.cpp's tools do): those cells and
     # counters must be gone before the first prompt, or its positions and numbers would be off.
+    # A batch of 1 (quill bench -b 1) takes one of them: two would abort llama.cpp.
     import llama_cpp as llama
 
-    with Engine(smollm2_path, LoadOptions(threads=2)) as fresh:
+    with Engine(smollm2_path, LoadOptions(threads=2, n_batch=n_batch)) as fresh:
         assert llama.llama_memory_seq_pos_max(llama.llama_get_memory(fresh._ctx), 0) == -1
         assert fresh.perf()["t_p_eval_ms"] == 0 and fresh.perf()["t_eval_ms"] == 0
         assert fresh.cached_tokens == 0

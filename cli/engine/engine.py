@@ -183,6 +183,7 @@ class Engine:
             return  # an encoder-decoder model decodes only after an encode
         ends = (self.bos_token, llama.llama_vocab_eos(self._vocab))
         tokens = [token for token in ends if token != llama.LLAMA_TOKEN_NULL] or [0]
+        tokens = tokens[: llama.llama_n_batch(self._ctx)]  # more than a batch aborts llama.cpp
         array = (llama.llama_token * len(tokens))(*tokens)
         # As in llama.cpp, a failed warm-up is not an error: the first prompt's decode reports it.
         llama.llama_decode(self._ctx, llama.llama_batch_get_one(array, len(tokens)))
