@@ -71,6 +71,21 @@ def fitted_prompt(tokenize: Callable[[str], list[int]], words: list[str], n: int
     return " ".join(chosen)
 
 
+def fresh_commands(args: argparse.Namespace, repack: bool, n_ctx: int) -> tuple[list, list, dict]:
+    """`quill run` (before its -n and prompt) and llama-bench (before -p and -n) as a user runs
+    them, with the same threads, batch, ubatch, flash attention, repacking and f16 KV; and the
+    environment (a fresh QUILL_HOME, OpenMP as users have it)."""
+    t = str(args.threads)
+    home = tempfile.mkdtemp(prefix="quill-at-scale-")
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"} | {"QUILL_HOME": home}
+    run = [QUILL, "run", "-m", str(args.model), "--raw", "--temp", "0", "--ignore-eos", "--json",
+           "-t", t, "-c", str(n_ctx)]  # fmt: skip
+    bench = [str(TOOLS / "llama-bench"), "-m", str(args.model), "-t", t, "-r", "1",
+             "-b", "512", "-ub", "512", "-fa", "auto", "--repack", "1" if repack else "0",
+             "-o", "json"]  # fmt: skip
+    return run, bench, env
+
+
 def decode_rounds(args: argparse.Namespace) -> tuple[list[dict], dict]:
     from cli.engine.engine import Engine, LoadOptions
     from cli.engine.sampling import SamplingParams
@@ -84,13 +99,8 @@ def decode_rounds(args: argparse.Namespace) -> tuple[list[dict], dict]:
         w for w in re.findall(r"[a-z]{3,9}", Path("/usr/share/common-licenses/GPL-3").read_text())
     ]
     rng = random.Random(0)
-    home = tempfile.mkdtemp(prefix="quill-at-scale-")
-    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"} | {"QUILL_HOME": home}
-    run = [QUILL, "run", "-m", str(args.model), "--raw", "--temp", "0", "--ignore-eos", "--json",
-           "-t", t, "-c", str(p + n + 2)]  # fmt: skip
-    bench = [str(TOOLS / "llama-bench"), "-m", str(args.model), "-t", t, "-p", str(p), "-n",
-             str(n), "-r", "1", "-b", "512", "-ub", "512", "-fa", "auto", "--repack",
-             "1" if repack else "0", "-o", "json"]  # fmt: skip
+    run, bench, env = fresh_commands(args, repack, p + n + 2)
+    bench += ["-p", str(p), "-n", str(n)]
 
     def quill_run_pp(round_: int) -> dict:
         # A distinct prompt each round: the automatic prompt cache (on, as users have it) misses.
@@ -126,6 +136,36 @@ def decode_rounds(args: argparse.Namespace) -> tuple[list[dict], dict]:
         "quill run tg": shlex.join([*run, "-n", str(n + 1), "Hi"]),
         "quill engine": f"Engine({args.model}, LoadOptions(n_ctx={p + n + 2}, threads={t})) "
         f"stream_generate: {p} random tokens, 1 token; 1 random token, {n + 1} tokens",
+        "llama-bench": shlex.join(bench),
+    }
+    return rounds, {"commands": commands, "weight_repacking": repack}
+
+
+def tg_rounds(args: argparse.Namespace) -> tuple[list[dict], dict]:
+    """Decode alone, each tool in a fresh process doing only that: `quill run` on a 2-token
+    prompt for 129 tokens against `llama-bench -p 0 -n 128` (its warm-up is one decode step),
+    back to back, so that the host's drift over a round is seconds, not minutes."""
+    from cli.engine.engine import Engine, LoadOptions
+
+    n = 128
+    with Engine(args.model, LoadOptions(n_ctx=256, threads=args.threads)) as engine:
+        repack = engine.cpu_path.label == "extra"
+    # The decode part's context: a decode step reads the same KV cells.
+    run, bench, env = fresh_commands(args, repack, 512 + n + 2)
+    bench += ["-p", "0", "-n", str(n)]
+
+    def quill_run(_round: int) -> dict:
+        out = run_json([*run, "-n", str(n + 1), "Hi"], env)
+        assert out["generation_tokens"] == n + 1, out
+        return {"tg128": out["decode_tokens_per_s"], "prompt_tokens": out["prompt_tokens"]}
+
+    def llama_bench(_round: int) -> dict:
+        rows = run_json(bench, env)
+        return {"tg128": rows[0]["avg_ts"], "build": rows[0]["build_commit"]}
+
+    rounds = interleave({"quill run": quill_run, "llama-bench": llama_bench}, args)
+    commands = {
+        "quill run": shlex.join([*run, "-n", str(n + 1), "Hi"]),
         "llama-bench": shlex.join(bench),
     }
     return rounds, {"commands": commands, "weight_repacking": repack}
@@ -316,6 +356,7 @@ def interleave(contenders: dict[str, Callable[[int], dict]], args: argparse.Name
 PAIRS = {  # (part, test, quill's contender, the reference)
     "decode": [("pp512", "quill run pp", "llama-bench"), ("tg128", "quill run tg", "llama-bench"),
                ("pp512", "quill engine", "llama-bench"), ("tg128", "quill engine", "llama-bench")],
+    "tg": [("tg128", "quill run", "llama-bench")],
     "serve": [("serve", "quill serve", "llama-server")],
     "overhead": [("pp512", "quill engine", "llama-bench loops"),
                  ("tg128", "quill engine", "llama-bench loops")],
@@ -372,7 +413,7 @@ def quill_commit() -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("part", choices=["decode", "serve", "overhead"])
+    parser.add_argument("part", choices=["decode", "tg", "serve", "overhead"])
     parser.add_argument("--model", type=Path, help="default: the part's file in /work/shapes")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
@@ -396,11 +437,14 @@ def main() -> None:
     shapes = Path("/work/shapes")
     args.model = args.model or shapes / {
         "decode": "llama-3-8b-shape.Q4_K_M.gguf", "serve": "llama-3.2-1b-shape.Q4_K_M.gguf",
-        "overhead": "llama-3-8b-shape.Q4_K_M.gguf",
+        "overhead": "llama-3-8b-shape.Q4_K_M.gguf", "tg": "llama-3-8b-shape.Q4_K_M.gguf",
     }[args.part]  # fmt: skip
-    measure = {"decode": decode_rounds, "serve": serve_rounds, "overhead": overhead_rounds}[
-        args.part
-    ]
+    measure = {
+        "decode": decode_rounds,
+        "tg": tg_rounds,
+        "serve": serve_rounds,
+        "overhead": overhead_rounds,
+    }[args.part]
     from cli.engine.hardware import cpu_model
 
     record = (
