@@ -11,6 +11,7 @@ import json
 import shutil
 from collections import namedtuple
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -170,6 +171,17 @@ def test_a_split_models_replica_is_split_alike(runner, home, tiny_path, tmp_path
     (replica,) = list_replicas()
     assert sorted(p.name for p in replica.folder.iterdir()) == [p.name for p in parts]
     assert tensor_table(header_on_disk(replica.path)) == tensor_table(header_on_disk(parts[0]))
+
+
+def test_two_names_of_one_file_share_one_replica(runner, home, tiny_path, tmp_path):
+    other = tmp_path / "another-name.gguf"
+    other.symlink_to(tiny_path)
+    assert bench(runner, str(tiny_path)).exit_code == 0
+    (built,) = list_replicas()
+    again = bench(runner, str(other))
+    assert again.exit_code == 0, again.stderr
+    assert f"replica of {other}: reused" in again.stderr
+    assert list_replicas() == [replace(built, used=list_replicas()[0].used)]
 
 
 def test_offline_or_unreachable_is_one_line_and_exit_3(runner, home, monkeypatch):

@@ -1,8 +1,8 @@
-"""Replicas kept under QUILL_HOME/cache/replicas: a folder per model name and source header (a
-changed source makes a new one) holding the replica's files (a split's, named as its parts),
-which quant/replica.py writes from the header alone. Their text is noise: they measure a model's
-speed and memory before its weights are downloaded. The prompt caches' size limit counts them
-(promptcache.py evicts both, least recently used first)."""
+"""Replicas kept under QUILL_HOME/cache/replicas: a folder per source header (a changed source
+makes a new one; another name for the same file finds the same one) holding the replica's files
+(a split's, named as its parts), which quant/replica.py writes from the header alone. Their text
+is noise: they measure a model's speed and memory before its weights are downloaded. The prompt
+caches' size limit counts them (promptcache.py evicts both, least recently used first)."""
 
 from __future__ import annotations
 
@@ -43,11 +43,17 @@ def replicas_dir(home: Path | None = None) -> Path:
 
 
 def replica_folder(model: ModelHeader, of: str, home: Path | None = None) -> Path:
-    digest = hashlib.sha256(of.encode())
+    """The folder of model's replica: named after the first name it was built under, found by
+    its header alone, so that a path and an alias of one file share one replica."""
+    digest = hashlib.sha256()
     for prefix in model.prefixes:
         digest.update(prefix)
+    tag = digest.hexdigest()[:12]
+    with contextlib.suppress(OSError):
+        for folder in replicas_dir(home).glob(f"*-{tag}"):
+            return folder
     slug = re.sub(r"[^\w.-]+", "_", of)[:48]
-    return replicas_dir(home) / f"{slug}-{digest.hexdigest()[:12]}"
+    return replicas_dir(home) / f"{slug}-{tag}"
 
 
 def check_memory(of: str, memory: MemoryPlan, available: list[tuple[str, int]]) -> None:
@@ -68,7 +74,13 @@ def obtain_replica(model: ModelHeader, of: str, home: Path | None = None) -> tup
     from quant.replica import replica_bytes, write_replica
 
     folder = replica_folder(model, of, home)
-    missing = [(p, name) for p, name in zip(model.prefixes, model.names, strict=True)
+    names = model.names
+    kept = sorted(p.name for p in folder.glob("*.gguf")) if folder.is_dir() else []
+    if len(kept) == len(names):
+        names = kept  # built under another name of the same file: its parts keep their names
+    elif not set(kept) <= set(names):
+        shutil.rmtree(folder, ignore_errors=True)  # part-built under another name: start again
+    missing = [(p, name) for p, name in zip(model.prefixes, names, strict=True)
                if not (folder / name).is_file()]  # fmt: skip
     start = time.perf_counter()
     try:
