@@ -456,10 +456,11 @@ def main() -> None:
     if args.first_turn is None:
         args.first_turn = sum(len(run["rounds"]) for run in record["parts"].get(args.part, []))
     started, clock = time.strftime("%Y-%m-%dT%H:%M:%S"), time.perf_counter()
+    commit = quill_commit()  # the code measured: taken before, as the tree may change meanwhile
     rounds, facts = measure(args)
     run = {"started": started, "seconds": round(time.perf_counter() - clock), **facts,
            "model": str(args.model), "threads": args.threads,
-           "command": shlex.join(["python", *sys.argv]), "commit": quill_commit(),
+           "command": shlex.join(["python", *sys.argv]), "commit": commit,
            "rounds": rounds}  # fmt: skip
     record["parts"].setdefault(args.part, []).append(run)
     args.json.write_text(json.dumps(record, indent=1))
