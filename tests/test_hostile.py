@@ -247,6 +247,26 @@ def test_two_pulls_at_once_both_succeed(smollm2_path, tmp_path):
     assert not list((home / "models").rglob("*.part"))
 
 
+def test_chats_ending_together_are_all_recorded(tmp_path):
+    """Each chat records its transcript in recent_chats.json as it ends (what --resume last reads
+    for transcripts kept elsewhere): a read-change-write that two processes at once lost entries
+    of."""
+    home, each = tmp_path / "home", 40
+    record = (
+        "import sys\nfrom pathlib import Path\nfrom cli.store.chats import note_used\n"
+        "for n in range(int(sys.argv[2])):\n"
+        "    note_used(Path(sys.argv[1]) / f'chat-{n}.json')\n"
+    )
+    command = [sys.executable, "-c", record]
+    writers = [
+        subprocess.Popen([*command, str(tmp_path / name), str(each)], env=quill_env(home))
+        for name in ("a", "b")
+    ]
+    assert [w.wait(timeout=120) for w in writers] == [0, 0]
+    recorded = json.loads((home / "recent_chats.json").read_text())
+    assert len(recorded) == len(set(recorded)) == 2 * each
+
+
 # --- 9. a NUL in the prompt ---------------------------------------------------------------------
 
 

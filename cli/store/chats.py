@@ -38,10 +38,14 @@ def note_used(transcript: Path) -> None:
     """Put transcript first in the record of chats used lately, so that --resume finds one kept
     outside chats_dir() (--transcript FILE)."""
     path = transcript.absolute()
-    paths = [path, *(p for p in _recent() if p != path)][:RECENT_LIMIT]
+    record = _recent_file()
     with contextlib.suppress(OSError):  # unrecorded, it is still found by path and in chats_dir()
-        _recent_file().parent.mkdir(parents=True, exist_ok=True)
-        write_replacing(_recent_file(), json.dumps([str(p) for p in paths], indent=1) + "\n")
+        record.parent.mkdir(parents=True, exist_ok=True)
+        # Read, change and write under one lock: two chats ending together both stay recorded.
+        with record.with_name(f".{record.name}.lock").open("a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            paths = [path, *(p for p in _recent() if p != path)][:RECENT_LIMIT]
+            write_replacing(record, json.dumps([str(p) for p in paths], indent=1) + "\n")
 
 
 def saved_chats(folder: Path | None = None) -> list[Path]:
