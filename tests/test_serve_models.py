@@ -20,8 +20,11 @@ import pytest
 from test_serve import start_server
 from typer.testing import CliRunner
 
-from cli.api.pool import FOREVER, parse_duration
+from cli.api.pool import FOREVER, ModelPool, parse_duration
 from cli.app import app
+from cli.engine.batching import BatchRequest, BatchScheduler
+from cli.engine.engine import Engine, LoadOptions
+from cli.engine.sampling import SamplingParams
 
 KEY = "models-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -287,3 +290,52 @@ def test_sigterm_drains_every_model_and_refuses_a_load_still_waiting(serve, q8_p
     assert process.wait(timeout=30) == 0
     log = process.stderr.read()
     assert "Traceback" not in log and f"loaded {q8_path}" not in log
+
+
+class TinyCatalog:
+    """The pool's Catalog over one real file (serve.py's ServeCatalog opens the same way)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def models(self) -> dict[str, Path]:
+        return {"tiny": self.path}
+
+    def open(self, label: str, path: Path) -> BatchScheduler:
+        return BatchScheduler(Engine(path, LoadOptions(n_ctx=128, parallel=1, threads=1)))
+
+    def memory_bytes(self, path: Path) -> tuple[int, str]:
+        return path.stat().st_size, "its file"
+
+
+def test_a_model_whose_scheduler_died_is_loaded_again_by_the_next_request(tiny_path):
+    events: list[str] = []
+    pool = ModelPool(TinyCatalog(tiny_path), on_event=events.append)
+    try:
+        first = pool.acquire("tiny")
+        dying = first.scheduler
+        assert dying is not None
+
+        def broken_step() -> None:
+            raise RuntimeError("a bug in a step")
+
+        dying._step = broken_step  # the precondition: a loop that dies of an error
+        tokens = dying.engine.tokenize("hi")
+        refused = dying.submit(BatchRequest(tokens, 2, SamplingParams(temperature=0)))
+        with pytest.raises(RuntimeError):
+            list(refused.stream())
+        assert not dying.alive and dying.failure is not None
+        pool.release(first)
+        again = pool.acquire("tiny")
+        assert again.scheduler is not None and again.scheduler is not dying
+        answer = again.scheduler.submit(BatchRequest(tokens, 2, SamplingParams(temperature=0)))
+        assert list(answer.stream())[-1].finish_reason == "length"
+        pool.release(again)
+        assert [" ".join(line.split()[:2]) for line in events] == [
+            "loaded tiny",
+            "unloaded tiny",
+            "loaded tiny",
+        ]
+        assert "a bug in a step" in events[1] and "loading it again" in events[1]
+    finally:
+        pool.close()

@@ -462,7 +462,9 @@ class QuillApp:
             raise ApiError(HTTPStatus.TOO_MANY_REQUESTS, str(error), "queue_full") from None
         except SchedulerStoppedError:
             self._refuse_if_unavailable()
-            message = f"{scheduler.stopped_reason}; restart quill serve"
+            again = "retry: the next request loads it again"
+            advice = again if self.pool.reloadable(model.label) else "restart quill serve"
+            message = f"{scheduler.stopped_reason}; {advice}"
             raise ApiError(HTTPStatus.SERVICE_UNAVAILABLE, message, "scheduler_stopped") from None
         return served
 

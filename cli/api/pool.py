@@ -157,6 +157,7 @@ class ModelPool:
         """The model a request names, loaded (by this call or the one already loading it), with
         the request counted in flight until release()."""
         label = self._label(name)
+        self._replace_if_dead(label)
         deadline = time.monotonic() + WAIT_FOR_ROOM_S
         evicted = None
         with self._lock:
@@ -188,6 +189,38 @@ class ModelPool:
             self.release(model, 0)
             raise model.failure
         return model
+
+    def reloadable(self, label: str) -> bool:
+        """Whether the pool can load label again: its catalog has it (a model loaded before
+        serving is there too, though no name has been looked up yet)."""
+        if self.catalog is None:
+            return False
+        if label not in self._files:
+            self.names()
+        return label in self._files
+
+    def _replace_if_dead(self, label: str) -> None:
+        """Unload label's model when its scheduler has stopped on an error, once no request is
+        in flight on it (those got their 503), so that this request loads it again, as Ollama
+        starts a crashed runner again. A model the pool cannot load again (one loaded before
+        serving, outside the catalog) stays and refuses, as before."""
+        with self._lock:
+            model = self._models.get(label)
+            scheduler = model.scheduler if model is not None else None
+            if (
+                model is None
+                or scheduler is None
+                or scheduler.alive
+                or scheduler.failure is None
+                or model.in_flight
+                or not self.reloadable(label)
+                or self._closed
+                or self._draining
+            ):
+                return
+            del self._models[label]
+            self._lock.notify_all()
+        self._unload([model], f"{scheduler.stopped_reason}; loading it again")
 
     def release(self, model: PooledModel, keep_alive_s: float | None = None) -> None:
         """A request is done with model: it stays keep_alive_s (None: the server's) from now; the
