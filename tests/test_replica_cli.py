@@ -184,6 +184,22 @@ def test_two_names_of_one_file_share_one_replica(runner, home, tiny_path, tmp_pa
     assert list_replicas() == [replace(built, used=list_replicas()[0].used)]
 
 
+def test_a_replica_larger_than_the_cache_limit_is_said_to_go_at_the_next_run(
+    runner, home, tiny_path, monkeypatch
+):
+    assert "larger than the cache" not in bench(runner, str(tiny_path)).stderr
+    monkeypatch.setattr("cli.store.promptcache.DEFAULT_MAX_BYTES", 2**20)
+    again = bench(runner, str(tiny_path))
+    assert again.exit_code == 0, again.stderr
+    said = f"replica of {tiny_path} is larger than the cache's default limit (1.0 MiB)"
+    assert said in again.stderr and "--cache-max" in again.stderr
+    (replica,) = list_replicas()
+    run = ["run", "-m", str(tiny_path), "-n", "2", "--cache-max", str(replica.size - 1)]
+    prompt = " ".join(["the old bridge carries the road"] * 150)  # long enough to be kept
+    assert runner.invoke(app, [*run, prompt]).exit_code == 0
+    assert list_replicas() == [] and list(cache_dir().glob("*.kv"))  # as it said
+
+
 def test_offline_or_unreachable_is_one_line_and_exit_3(runner, home, monkeypatch):
     offline = bench(runner, "hf://owner/tiny/tiny.gguf")
     assert offline.exit_code == 3 and offline.stderr.count("\n") == 1, offline.stderr

@@ -205,7 +205,7 @@ def _replica(name: str | None, grid: BenchGrid, offline: bool) -> tuple[str, Pat
     refused before anything is written where it cannot fit this machine at the grid's context."""
     from cli.commands.models import available_memory
     from cli.store.models import model_header
-    from cli.store.promptcache import make_room
+    from cli.store.promptcache import DEFAULT_MAX_BYTES, make_room
     from cli.store.replicas import check_memory, obtain_replica
     from cli.ui import render
     from cli.units import human_bytes
@@ -223,6 +223,12 @@ def _replica(name: str | None, grid: BenchGrid, offline: bool) -> tuple[str, Pat
         rate = human_bytes(built.size / took)
         done = f"built {human_bytes(built.size)} in {took:.2f} s ({rate}/s)"
     render.info_line(f"replica of {request.label}: {done}, at {built.path}; its text is noise")
+    if built.size > DEFAULT_MAX_BYTES:  # the least recently used cache goes first: this one
+        render.info_line(
+            f"replica of {request.label} is larger than the cache's default limit "
+            f"({human_bytes(DEFAULT_MAX_BYTES)}): the next quill run that keeps a prompt cache "
+            "removes it, unless its --cache-max is larger"
+        )
     return request.label, built.path
 
 
