@@ -6,6 +6,8 @@ with real models' shapes (benchmarks/shapes.py makes them in /work/shapes).
           quill's engine in this process as `quill bench` drives it (pp512, tg128), and
           `llama-bench -p 512 -n 128 -r 1`. Same threads, batch and ubatch (512), flash
           attention (auto), weight repacking (llama-bench's --repack as quill's CPU path), f16 KV.
+  tg:     on the 8B-class file, decode alone: `quill run` (a 2-token prompt, 129 tokens) and
+          `llama-bench -p 0 -n 128 -r 1` back to back, each a fresh process.
   overhead: on the 8B-class file, in one process, llama-bench's own loops (llama_decode on
           llama_batch_get_one, no sampling) on quill's context against quill's engine, in turn
           every few seconds: what quill adds to llama.cpp, with the host's slower drift cancelled
