@@ -139,9 +139,12 @@ def machine_line() -> str:
                                cpuinfo, re.MULTILINE))) or os.cpu_count()  # fmt: skip
     kib = int(re.search(r"MemTotal:\s*(\d+)", Path("/proc/meminfo").read_text())[1])
     system = re.search(r'^PRETTY_NAME="(.+)"', Path("/etc/os-release").read_text(), re.MULTILINE)
-    import llama_cpp
+    from cli.engine.hardware import ANY_GPU, gpu_memory
 
-    gpu = "GPU offload" if llama_cpp.llama_supports_gpu_offload() else "no GPU"
+    # As quill itself judges (options.resolve_gpu_layers): an RPC build's
+    # llama_supports_gpu_offload() says yes on a machine without a GPU.
+    gpus = [name for name, _ in gpu_memory(ANY_GPU)]
+    gpu = ", ".join(gpus) if gpus else "no GPU"
     return (
         f"{MACHINE_PREFIX} from one run on {model[1] if model else platform.processor()} "
         f"({cores} cores, {kib / 2**20:.1f} GiB of memory, {gpu}), "
