@@ -202,8 +202,8 @@ class ModelPool:
     def _replace_if_dead(self, label: str) -> None:
         """Unload label's model when its scheduler has stopped on an error, once no request is
         in flight on it (those got their 503), so that this request loads it again, as Ollama
-        starts a crashed runner again. A model the pool cannot load again (one loaded before
-        serving, outside the catalog) stays and refuses, as before."""
+        starts a crashed runner again. A model the pool cannot load again (a pool without a
+        catalog, as an embedding program may set up) stays and refuses."""
         with self._lock:
             model = self._models.get(label)
             scheduler = model.scheduler if model is not None else None
