@@ -17,6 +17,7 @@ from pathlib import Path
 
 import llama_cpp as llama
 
+from cli.engine.llamalog import llama_log
 from cli.engine.loading import load_model
 
 
@@ -26,6 +27,7 @@ def main() -> None:
     parser.add_argument("-n", type=int, default=128, help="tokens decoded (llama-bench's -n)")
     parser.add_argument("-t", "--threads", type=int, default=2)
     args = parser.parse_args()
+    llama_log()  # llama.cpp's log lines are kept, as quill keeps them, not printed
     loaded = load_model(args.model)
     params = llama.llama_context_default_params()
     params.n_ctx = args.n  # llama-bench's context for a tg test: n_prompt + n_gen
