@@ -147,11 +147,10 @@ def tg_rounds(args: argparse.Namespace) -> tuple[list[dict], dict]:
     """Decode alone, each tool in a fresh process doing only that: `quill run` on a 2-token
     prompt for 129 tokens against `llama-bench -p 0 -n 128` (its warm-up is one decode step),
     back to back, so that the host's drift over a round is seconds, not minutes."""
-    from cli.engine.engine import Engine, LoadOptions
+    from cli.engine.loading import amx_present
 
     n = 128
-    with Engine(args.model, LoadOptions(n_ctx=256, threads=args.threads)) as engine:
-        repack = engine.cpu_path.label == "extra"
+    repack = not amx_present()  # the CPU path `quill run` takes: llama.cpp's extra buffers
     # The decode part's context: a decode step reads the same KV cells.
     run, bench, env = fresh_commands(args, repack, 512 + n + 2)
     bench += ["-p", "0", "-n", str(n)]

@@ -213,6 +213,12 @@ class LoadedModel:
     devices: ctypes.Array | None = None  # likewise
 
 
+def amx_present() -> bool:
+    """Whether this CPU (or llama.cpp's CPU backend) has AMX: load_model then avoids llama.cpp's
+    extra buffer types, whose AMX path crashes."""
+    return cpu_has_amx() or "AMX_INT8" in cpu_backend_features()
+
+
 def load_model(
     path: Path,
     *,
@@ -227,7 +233,7 @@ def load_model(
     llama.llama_backend_init()
     devices = rpc_devices(rpc)
     if avoid_amx is None:
-        avoid_amx = cpu_has_amx() or "AMX_INT8" in cpu_backend_features()
+        avoid_amx = amx_present()
     params = llama.llama_model_default_params()
     params.n_gpu_layers = gpu_layers
     params.use_extra_bufts = repack and not avoid_amx
