@@ -406,6 +406,18 @@ def report(record: dict) -> str:
     return "\n".join(lines)
 
 
+def machine() -> str:
+    """The CPU as a results file names it: a VM's model name ("AMD EPYC") hides the generation,
+    so the family and model numbers go beside it (Zen 4 is family 25, Zen 5 family 26)."""
+    from cli.engine.hardware import cpu_model
+
+    lines = Path("/proc/cpuinfo").read_text().splitlines()
+    fields = {key.strip(): value.strip() for key, _, value in (s.partition(":") for s in lines)}
+    family, model = fields.get("cpu family"), fields.get("model")
+    generation = f" (family {family}, model {model})" if family else ""
+    return f"{cpu_model()}{generation}, {os.cpu_count()} CPUs"
+
+
 def quill_commit() -> str:
     done = subprocess.run(["git", "-C", str(HERE), "rev-parse", "--short", "HEAD"],
                           capture_output=True, text=True)  # fmt: skip
@@ -446,14 +458,16 @@ def main() -> None:
         "serve": serve_rounds,
         "overhead": overhead_rounds,
     }[args.part]
-    from cli.engine.hardware import cpu_model
-
     record = (
         json.loads(args.json.read_text())
         if args.json.exists()
-        else {"date": time.strftime("%Y-%m-%d"), "cpu": f"{cpu_model()}, {os.cpu_count()} CPUs",
+        else {"date": time.strftime("%Y-%m-%d"), "cpu": machine(),
               "llama_cpp_python": version("llama-cpp-python"), "parts": {}}
     )  # fmt: skip
+    # Ratios from two machines do not pool: each file holds one machine's rounds.
+    if record["cpu"] != machine():
+        raise SystemExit(f"{args.json} holds rounds from {record['cpu']}, not {machine()}: "
+                         "pass --json with another file")  # fmt: skip
     if args.first_turn is None:
         args.first_turn = sum(len(run["rounds"]) for run in record["parts"].get(args.part, []))
     started, clock = time.strftime("%Y-%m-%dT%H:%M:%S"), time.perf_counter()
