@@ -8,6 +8,7 @@ import ctypes
 import functools
 import random
 import resource
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -176,7 +177,7 @@ class Engine:
 
     def _warm_up(self) -> None:
         # As llama.cpp's own tools do at load (common_init_from_params): the first compute of a
-        # process pays one-time costs (threads started, buffers first touched) that the first
+        # process pays one-time costs (buffers and weights first touched) that the first
         # prompt's TTFT and prefill speed would otherwise carry. The step adds about one decode
         # step to the load: 0.25-0.3 s on an 8B-class model here, milliseconds on a 135M one.
         if llama.llama_model_has_encoder(self._model):
@@ -185,10 +186,22 @@ class Engine:
         tokens = [token for token in ends if token != llama.LLAMA_TOKEN_NULL] or [0]
         tokens = tokens[: llama.llama_n_batch(self._ctx)]  # more than a batch aborts llama.cpp
         array = (llama.llama_token * len(tokens))(*tokens)
-        # As in llama.cpp, a failed warm-up is not an error: the first prompt's decode reports it.
-        llama.llama_decode(self._ctx, llama.llama_batch_get_one(array, len(tokens)))
+
+        def decode() -> None:
+            # As in llama.cpp, a failed warm-up is not an error: the first prompt's decode
+            # reports it.
+            llama.llama_decode(self._ctx, llama.llama_batch_get_one(array, len(tokens)))
+            llama.llama_synchronize(self._ctx)
+
+        # On a thread of its own, which takes its OpenMP workers with it when it ends. OpenMP
+        # gives each thread that computes a team of its own, and once the process holds more
+        # worker threads than there are cores, every barrier sleeps instead of spinning: a
+        # warm-up on the loading thread, then decoding on quill serve's scheduler thread, made
+        # each batch step wake its threads ~150 times (6% of serve's throughput).
+        warm_up = threading.Thread(target=decode, name="quill-warm-up")
+        warm_up.start()
+        warm_up.join()
         llama.llama_memory_clear(llama.llama_get_memory(self._ctx), True)
-        llama.llama_synchronize(self._ctx)
         llama.llama_perf_context_reset(self._ctx)
 
     def _refuse_impossible_kv_types(self) -> None:
