@@ -25,6 +25,11 @@ from cli.sequence import common_prefix
 # A request that would drop fewer of a slot's cached tokens than this (a conversation's next turn
 # re-rendering the end of the last reply) is not worth parking the slot's cache for.
 PARK_MIN_TOKENS = 64
+# A scheduler idle this long ends its thread (the next submit starts another). OpenMP gives each
+# thread that computes a team of worker threads; while a process's teams together outnumber the
+# cores, every barrier sleeps instead of spinning, and a server with several models loaded would
+# decode slower on whichever is busy, for as long as the others stay loaded.
+IDLE_EXIT_S = 5.0
 
 
 class SchedulerStoppedError(Exception):
@@ -66,7 +71,13 @@ class _Slot:
 class BatchScheduler:
     """Drives the engine from a thread of its own (slot i: sequence i); submit() from any."""
 
-    def __init__(self, engine: Engine, max_queued: int = 16, park_bytes: int = 0) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        max_queued: int = 16,
+        park_bytes: int = 0,
+        idle_exit_s: float = IDLE_EXIT_S,
+    ) -> None:
         if engine.parallel > engine.n_batch:
             # Every decoding sequence puts one token with logits into each batch.
             raise ValueError(
@@ -90,6 +101,12 @@ class BatchScheduler:
         self._stopping = False
         self.steps = 0
         self.max_sequences_in_a_step = 0
+        self.idle_exit_s = idle_exit_s
+        self._thread: threading.Thread | None = None  # None: ended idle, none needed yet
+        with self._wake:
+            self._start()
+
+    def _start(self) -> None:  # under the lock
         self._thread = threading.Thread(target=self._loop, name="quill-batch", daemon=True)
         self._thread.start()
 
@@ -100,6 +117,8 @@ class BatchScheduler:
             if len(self._waiting) >= self.max_queued:
                 raise QueueFullError(len(self._waiting))
             self._waiting.append(request)
+            if self._thread is None:
+                self._start()
             self._wake.notify()
         return request
 
@@ -113,7 +132,8 @@ class BatchScheduler:
 
     @property
     def alive(self) -> bool:
-        return not self._stopping and self._thread.is_alive()
+        thread = self._thread
+        return not self._stopping and (thread is None or thread.is_alive())
 
     @property
     def stopped_reason(self) -> str:
@@ -125,14 +145,21 @@ class BatchScheduler:
         with self._wake:
             self._stopping = True
             self._wake.notify()
-        self._thread.join(timeout=10)
+            thread = self._thread
+        if thread is not None:
+            thread.join(timeout=10)
 
     def _loop(self) -> None:
+        ended_idle = False
         try:
             while True:
                 with self._wake:
                     while not self._stopping and not self._waiting and not self.busy_slots:
-                        self._wake.wait()
+                        # Rechecked under the lock: a submit that came as the wait timed out saw
+                        # this thread and started none.
+                        if not self._wake.wait(self.idle_exit_s) and not self._waiting:
+                            self._thread, ended_idle = None, True
+                            return
                     if self._stopping:
                         return
                     self._admit()
@@ -142,15 +169,20 @@ class BatchScheduler:
         except BaseException as error:  # each request's own errors are caught below this
             self.failure = error  # /health reports it and submit() refuses from now on
         finally:
-            with self._wake:
-                self._stopping = True
-                ending = RuntimeError(self.stopped_reason)
-                while self._waiting:
-                    self._waiting.popleft().events.put(ending)
-            for index, slot in enumerate(self._slots):
-                if slot is not None:
-                    slot.request.events.put(ending)
-                    self._free(index, keep_cache=False)
+            if not ended_idle:  # idle, nothing waits or runs: the next submit starts a thread
+                self._end_all()
+
+    def _end_all(self) -> None:
+        """Refuse from now on, and end every request waiting or in a slot."""
+        with self._wake:
+            self._stopping = True
+            ending = RuntimeError(self.stopped_reason)
+            while self._waiting:
+                self._waiting.popleft().events.put(ending)
+        for index, slot in enumerate(self._slots):
+            if slot is not None:
+                slot.request.events.put(ending)
+                self._free(index, keep_cache=False)
 
     def _choose_slot(self, prompt: list[int], idle: list[int]) -> int:
         """The idle slot whose cache shares the longest prefix with prompt; with none shared,
