@@ -277,11 +277,10 @@ def throughput(url: str, clients: int, requests: int, max_tokens: int) -> dict:
 
 
 def serve_rounds(args: argparse.Namespace) -> tuple[list[dict], dict]:
-    from cli.engine.hardware import cpu_has_amx
-    from cli.engine.loading import cpu_backend_features
+    from cli.engine.loading import amx_present
 
     # quill's CPU path off AMX is llama.cpp's extra buffers, which llama-server's default is too.
-    repack = not (cpu_has_amx() or "AMX_INT8" in cpu_backend_features())
+    repack = not amx_present()
     env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
     env["QUILL_HOME"] = tempfile.mkdtemp(prefix="quill-at-scale-")
     np_, ctx, t = str(args.parallel), args.ctx, str(args.threads)

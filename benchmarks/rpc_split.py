@@ -122,11 +122,10 @@ def wheel_libraries() -> Path:
 
 
 def contenders(args: argparse.Namespace, env: dict[str, str]) -> tuple[dict, dict]:
-    from cli.engine.hardware import cpu_has_amx
-    from cli.engine.loading import cpu_backend_features
+    from cli.engine.loading import amx_present
 
     # quill's CPU path off AMX is llama.cpp's extra buffers (llama-bench --repack 1).
-    repack = not (cpu_has_amx() or "AMX_INT8" in cpu_backend_features())
+    repack = not amx_present()
     t, model = str(args.threads), str(args.model)
     bench = [str(TOOLS / "llama-bench"), "-m", model, "-t", t, "-p", "512", "-n", "128",
              "-r", "1", "-b", "512", "-ub", "512", "-fa", "auto", "-ngl", "99", "-o", "json",
