@@ -3,17 +3,13 @@ sequence decoded alone, and the scheduler's outputs against single runs."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
-
 import numpy as np
-import pytest
 
 from cli.engine.batching import BatchRequest, BatchScheduler
 from cli.engine.engine import Engine, LoadOptions
 from cli.engine.sampling import SamplingParams
 
+import threadcount
 from neartie import assert_near_tokens
 from reference import Reference
 
@@ -83,7 +79,7 @@ def test_scheduler_greedy_outputs_equal_single_runs(smollm2_path):
         reference.close()
 
 
-@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="counts threads in /proc")
+@threadcount.needs_proc
 def test_idle_schedulers_leave_no_compute_threads_and_wake_on_the_next_request(tiny_path):
     # Two models loaded in one server, each with its scheduler thread: OpenMP gives each thread
     # that computes a team of workers, and while the teams outnumber the cores every barrier
@@ -91,22 +87,16 @@ def test_idle_schedulers_leave_no_compute_threads_and_wake_on_the_next_request(t
     # ends its thread (and team); a request starts it again. In a fresh process: the threads
     # come back to what they were before the schedulers, and both still answer.
     script = f"""
-import os, time
 from pathlib import Path
 import llama_cpp
+from threadcount import settle, threads
 from cli.engine.batching import BatchRequest, BatchScheduler
 from cli.engine.engine import Engine, LoadOptions
 from cli.engine.sampling import SamplingParams
 
-def threads_settle(target):
-    deadline = time.monotonic() + 10  # an ended thread's workers leave a moment after it
-    while len(os.listdir("/proc/self/task")) != target and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return len(os.listdir("/proc/self/task"))
-
 llama_cpp.llama_backend_init()
 greedy = SamplingParams(temperature=0)
-before = len(os.listdir("/proc/self/task"))
+before = threads()
 engines = [Engine(Path({str(tiny_path)!r}), LoadOptions(n_ctx=64, threads=2)) for _ in range(2)]
 schedulers = [BatchScheduler(engine, idle_exit_s=0.3) for engine in engines]
 for round_ in range(2):
@@ -114,13 +104,11 @@ for round_ in range(2):
     tokens = [[e.token for e in r.stream()] for r in replies]
     assert all(len(t) == 4 for t in tokens), tokens
     assert all(s.alive for s in schedulers)
-    print(before, threads_settle(before))
+    print(before, settle(before))
 for s in schedulers:
     s.close()
 """
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr[-2000:]
-    for line in done.stdout.splitlines():
-        before, after = line.split()
+    counts = threadcount.run(script)
+    assert len(counts) == 2
+    for before, after in counts:
         assert after == before
-    assert len(done.stdout.splitlines()) == 2

@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from cli.engine.engine import Engine, LoadOptions
 from cli.engine.sampling import SamplingParams
 
+import threadcount
 from neartie import assert_near_tokens
 from reference import Reference
 
@@ -125,7 +123,7 @@ def test_the_load_warm_up_leaves_no_trace(smollm2_path, n_batch):
         assert fresh.cached_tokens == 0
 
 
-@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="counts threads in /proc")
+@threadcount.needs_proc
 def test_the_load_warm_up_leaves_no_compute_threads_behind(tiny_path):
     # OpenMP gives every thread that computes a team of worker threads. A warm-up left a team on
     # the loading thread, quill serve's scheduler thread then made a second, and with more
@@ -133,21 +131,16 @@ def test_the_load_warm_up_leaves_no_compute_threads_behind(tiny_path):
     # load, 6% of its throughput. In a fresh process: the threads after the load are the ones
     # before it (the warm-up's thread has ended and taken its team with it).
     script = f"""
-import os, time
 from pathlib import Path
 import llama_cpp
+from threadcount import settle, threads
 from cli.engine.engine import Engine, LoadOptions
 llama_cpp.llama_backend_init()
-before = len(os.listdir("/proc/self/task"))
+before = threads()
 with Engine(Path({str(tiny_path)!r}), LoadOptions(threads=2)):
-    deadline = time.monotonic() + 10  # an ended thread's workers leave a moment after it
-    while len(os.listdir("/proc/self/task")) != before and time.monotonic() < deadline:
-        time.sleep(0.05)
-    print(before, len(os.listdir("/proc/self/task")))
+    print(before, settle(before))
 """
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr[-2000:]
-    before, after = done.stdout.split()
+    [(before, after)] = threadcount.run(script)
     assert after == before
 
 
