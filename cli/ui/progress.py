@@ -25,6 +25,13 @@ class RichDownloadBar(tqdm_rich):
             warnings.simplefilter("ignore", TqdmExperimentalWarning)
             super().__init__(*args, **kwargs)
 
+    def display(self, *args: Any, **kwargs: Any) -> None:
+        # tqdm's rich bar gives rich the total once, at the start; a download whose size is
+        # learnt on the way (a package index's wheel) sets self.total later.
+        if hasattr(self, "_prog"):
+            self._prog.update(self._task_id, total=self.total)
+        super().display(*args, **kwargs)
+
 
 class PlainDownloadLines(tqdm):
     """One line at each tenth of the file (and at least every 30 s), nothing animated."""
