@@ -217,6 +217,7 @@ class QuillApp:
         self.limits = limits
         self.draining = False
         self.in_flight: set[LoopEvents] = set()
+        self._waiting_limiter: anyio.CapacityLimiter | None = None
         routes = [
             Route("/v1/chat/completions", self._completion, methods=["POST"]),
             Route("/v1/completions", self._completion, methods=["POST"]),
@@ -401,9 +402,14 @@ class QuillApp:
         keep_alive = _keep_alive(body)
         acquired: list[PooledModel] = []  # a request cancelled as it acquires still releases
         try:
-            await anyio.to_thread.run_sync(
-                lambda: acquired.append(self.pool.acquire(body.get("model")))
-            )
+            loaded = self.pool.try_acquire_loaded(body.get("model"))
+            if loaded is not None:
+                acquired.append(loaded)
+            else:  # waits for a load or for room: on threads of its own, see _model_waits
+                await anyio.to_thread.run_sync(
+                    lambda: acquired.append(self.pool.acquire(body.get("model"))),
+                    limiter=self._model_waits(),
+                )
             model = acquired[0]
             served = self._submit(
                 model, await anyio.to_thread.run_sync(self._parse, body, model, chat)
@@ -428,6 +434,9 @@ class QuillApp:
                     f"{time.perf_counter() - received:.2f} s"
                 )
 
+        async def finished_on_the_loop() -> None:
+            finished()  # quick; a sync background task would wait for a worker thread
+
         ident = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
         writer = ReplyWriter(ident, model.label, served.reply)
         if body.get("stream"):
@@ -435,7 +444,7 @@ class QuillApp:
                 self._stream(events, writer, received),
                 # Set as a header, not a media type: starlette would append a charset.
                 headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"},
-                background=BackgroundTask(finished),
+                background=BackgroundTask(finished_on_the_loop),
             )
         try:
             pieces = await self._gather(request, events)
@@ -445,6 +454,15 @@ class QuillApp:
             return Response(status_code=499)  # nginx's "client closed"; nobody reads it
         queued_s = time.perf_counter() - received - pieces[-1].prefill_s - pieces[-1].decode_s
         return JsonResponse(writer.whole(pieces, queued_s))
+
+    def _model_waits(self) -> anyio.CapacityLimiter:
+        """The threads that requests wait on for a model to load or for room to load it, apart
+        from the worker threads every request's parsing and every stream's end need: waiters
+        that took those would keep a finishing stream from releasing the model they wait for.
+        As many as connections may be open, so no waiter queues behind another."""
+        if self._waiting_limiter is None:  # made on the event loop, as anyio requires
+            self._waiting_limiter = anyio.CapacityLimiter(self.limits.max_connections)
+        return self._waiting_limiter
 
     def _parse(self, body: dict, model: PooledModel, chat: bool) -> ServedRequest:
         assert model.scheduler is not None  # acquired: loaded until released

@@ -96,6 +96,7 @@ class ModelPool:
         self.default: str | None = None  # the model a request naming none gets
         self._files: dict[str, Path] = {}
         self._models: dict[str, PooledModel] = {}
+        self._plans: dict[tuple[Path, int, int], tuple[int, str]] = {}
         self._lock = threading.Condition()
         self._closed = False
         self._draining = False
@@ -113,13 +114,34 @@ class ModelPool:
     # --- names ----------------------------------------------------------------------------------
 
     def names(self) -> list[str]:
-        """Every servable model: the catalog's (those named first), then any other loaded."""
+        """Every servable model: the catalog's (those named first; a file removed since, by
+        `quill rm` or by hand, is gone from the list), then any other loaded. Reads the disk:
+        never called under the lock."""
         if self.catalog is not None:
-            self._files = self.catalog.models()
+            self._files = {
+                label: path for label, path in self.catalog.models().items() if path.is_file()
+            }
         with self._lock:
             return list(dict.fromkeys([*self._files, *self._models]))
 
     def _label(self, name: str | None) -> str:
+        label = self._known_label(name)
+        if label is None:
+            self.names()
+            label = self._known_label(name)
+        if label is not None:
+            return label
+        labels = list(dict.fromkeys([*self._files, *self._models]))
+        listed = ", ".join(f"'{label}'" for label in labels[:8]) or "none"
+        raise ApiError(
+            HTTPStatus.NOT_FOUND,
+            f"The model '{name}' does not exist; this server has {listed}",
+            "model_not_found",
+            "model",
+        )
+
+    def _known_label(self, name: str | None) -> str | None:
+        """The label name means among the names known now (no disk read), or None."""
         if name is None or name == "quill":
             if self.default is None:
                 raise ApiError(
@@ -130,45 +152,58 @@ class ModelPool:
                     "model",
                 )
             return self.default
-        for refresh in (False, True):
-            if refresh:
-                self.names()
-            # The catalog's order first: a name without its tag is the first file with that name
-            # (models.yaml's default tag leads), whichever of them is loaded.
-            labels = list(dict.fromkeys([*self._files, *self._models]))
-            if name in labels:
-                return name
-            for label in labels:
-                if name == label.partition(":")[0] or (
-                    label.endswith(".gguf") and name == Path(label).stem
-                ):
-                    return label
-        listed = ", ".join(f"'{label}'" for label in labels[:8]) or "none"
-        raise ApiError(
-            HTTPStatus.NOT_FOUND,
-            f"The model '{name}' does not exist; this server has {listed}",
-            "model_not_found",
-            "model",
-        )
+        # The catalog's order first: a name without its tag is the first file with that name
+        # (models.yaml's default tag leads), whichever of them is loaded.
+        labels = list(dict.fromkeys([*self._files, *self._models]))
+        if name in labels:
+            return name
+        for label in labels:
+            if name == label.partition(":")[0] or (
+                label.endswith(".gguf") and name == Path(label).stem
+            ):
+                return label
+        return None
 
     # --- a request's use of a model -------------------------------------------------------------
 
+    def try_acquire_loaded(self, name: str | None) -> PooledModel | None:
+        """The model name means, counted in flight, if it is loaded and serving now; else None
+        (then acquire()). Never waits and never reads the disk: the server calls it on its
+        event loop, so a request to a loaded model never queues behind loads."""
+        with self._lock:
+            label = self._known_label(name)
+            model = self._models.get(label) if label is not None else None
+            scheduler = model.scheduler if model is not None else None
+            if model is None or scheduler is None or not scheduler.alive:
+                return None
+            model.in_flight += 1
+            return model
+
     def acquire(self, name: str | None) -> PooledModel:
         """The model a request names, loaded (by this call or the one already loading it), with
-        the request counted in flight until release()."""
+        the request counted in flight until release(). Blocks: the catalog read, the memory plan
+        and the load run here, in the caller's thread, never under the pool's lock (which
+        /health, /api/ps and every request take)."""
         label = self._label(name)
         self._replace_if_dead(label)
         deadline = time.monotonic() + WAIT_FOR_ROOM_S
         evicted = None
+        needs: int | None = None
+        with self._lock:
+            loaded_or_loading = label in self._models
+        if not loaded_or_loading:
+            needs = self._plan(label)
         with self._lock:
             while True:
                 model = self._models.get(label)
                 if model is not None:
                     model.in_flight += 1
                     break
-                evicted = self._make_room(label)
+                if needs is None:  # it was loaded a moment ago, and is gone again
+                    break
+                evicted = self._make_room(needs)
                 if evicted is not None:
-                    model = PooledModel(label, evicted[0], in_flight=1)
+                    model = PooledModel(label, needs, in_flight=1)
                     self._models[label] = model
                     break
                 if self._draining:
@@ -181,14 +216,44 @@ class ModelPool:
                         "retry later, or start the server with a higher --max-models",
                         "models_busy",
                     )
+        if model is None:
+            return self.acquire(name)
         if model.scheduler is None and evicted is not None:  # this call loads it
-            self._unload(evicted[1], "to make room")
+            self._unload(evicted, "to make room")
             self._load(model)
         model.loaded.wait()
         if model.failure is not None:
             self.release(model, 0)
             raise model.failure
         return model
+
+    def _plan(self, label: str) -> int:
+        """The memory plan's total for label's file, refused here when it cannot fit alone or
+        the file cannot be read as a model (400 model_load_failed, named by label: the path on
+        the server's disk is none of the client's business). Cached per file and its size and
+        time, so a burst of requests for one model plans it once."""
+        assert self.catalog is not None  # a label without a file is always loaded
+        path = self._files[label]
+        try:
+            stat = path.stat()
+            key = (path, stat.st_size, stat.st_mtime_ns)
+            cached = self._plans.get(key)
+            needs, parts = cached if cached is not None else self.catalog.memory_bytes(path)
+        except (OSError, ValueError) as error:  # GGUFError is a ValueError
+            reason = str(error).replace(str(path), label) or type(error).__name__
+            raise ApiError(
+                HTTPStatus.BAD_REQUEST, f"{label} failed to load: {reason}", "model_load_failed"
+            ) from None
+        self._plans[key] = (needs, parts)
+        if self.memory_limit and needs > self.memory_limit:
+            message = (
+                f"{label} needs {human_bytes(needs)} ({parts}), more than this server's memory "
+                f"limit of {human_bytes(self.memory_limit)}: start it with a larger "
+                "--memory-limit, a smaller --ctx or --parallel, or use a smaller quant"
+            )
+            self.on_event(f"refused {message}")
+            raise ApiError(HTTPStatus.BAD_REQUEST, message, "model_too_large", "model")
+        return needs
 
     def reloadable(self, label: str) -> bool:
         """Whether the pool can load label again: its catalog has it (a model loaded before
@@ -204,6 +269,7 @@ class ModelPool:
         in flight on it (those got their 503), so that this request loads it again, as Ollama
         starts a crashed runner again. A model the pool cannot load again (a pool without a
         catalog, as an embedding program may set up) stays and refuses."""
+        reloadable = self.reloadable(label)  # may read the catalog: not under the lock
         with self._lock:
             model = self._models.get(label)
             scheduler = model.scheduler if model is not None else None
@@ -213,7 +279,7 @@ class ModelPool:
                 or scheduler.alive
                 or scheduler.failure is None
                 or model.in_flight
-                or not self.reloadable(label)
+                or not reloadable
                 or self._closed
                 or self._draining
             ):
@@ -275,19 +341,10 @@ class ModelPool:
 
     # --- loading and unloading ------------------------------------------------------------------
 
-    def _make_room(self, label: str) -> tuple[int, list[PooledModel]] | None:
-        """(the new model's memory, the idle models to unload for it), taken out of the pool;
-        None while models with requests in flight hold the room. Called under the lock."""
-        assert self.catalog is not None  # a label without a file is always loaded
-        needs, parts = self.catalog.memory_bytes(self._files[label])
-        if self.memory_limit and needs > self.memory_limit:
-            message = (
-                f"{label} needs {human_bytes(needs)} ({parts}), more than this server's memory "
-                f"limit of {human_bytes(self.memory_limit)}: start it with a larger "
-                "--memory-limit, a smaller --ctx or --parallel, or use a smaller quant"
-            )
-            self.on_event(f"refused {message}")
-            raise ApiError(HTTPStatus.BAD_REQUEST, message, "model_too_large", "model")
+    def _make_room(self, needs: int) -> list[PooledModel] | None:
+        """The idle models to unload for a new model of needs bytes, taken out of the pool;
+        None while models with requests in flight hold the room. Called under the lock: counts
+        and sums only (the plan was made before, by _plan)."""
         idle = sorted(
             (m for m in self._models.values() if m.in_flight == 0 and m.scheduler is not None),
             key=lambda m: m.last_used,
@@ -307,7 +364,7 @@ class ModelPool:
             return None
         for victim in evicted:
             del self._models[victim.label]
-        return needs, evicted
+        return evicted
 
     def _load(self, model: PooledModel) -> None:
         assert self.catalog is not None
@@ -315,9 +372,10 @@ class ModelPool:
         try:
             model.scheduler = self.catalog.open(model.label, self._files[model.label])
         except Exception as error:  # a file that is not a model, a template that fails
+            path = str(self._files.get(model.label, model.label))
             model.failure = ApiError(
                 HTTPStatus.BAD_REQUEST,
-                f"{model.label} failed to load: {error}",
+                f"{model.label} failed to load: {str(error).replace(path, model.label)}",
                 "model_load_failed",
             )
             with self._lock:
