@@ -4,6 +4,9 @@ speed and memory before its weights are downloaded; its text is noise.
 
 Each (type, row length) gets one template of TEMPLATE_ROWS rows quantized by ggml's own
 quantizer from random floats, tiled over the tensor, so a replica is written at disk speed.
+Whatever the header says, the writer holds at most BUILD_BYTES: a template has at most
+TEMPLATE_VALUES values (a longer row is cut to whole blocks), the templates kept for reuse at
+most TEMPLATE_CACHE_BYTES, and a tensor is written in chunks of at most CHUNK_BYTES.
 """
 
 from __future__ import annotations
@@ -19,7 +22,13 @@ from quant.partfiles import check_replaceable, partial_path, remove_stale_parts
 
 REPLICA_KEY = "quill.replica_of"
 TEMPLATE_ROWS = 61  # prime: tiled rows do not line up with heads or layers of power-of-2 sizes
+# At most 4 MiB of F64: rows up to 8,594 values stay whole, and blocks are valid cut anywhere.
+TEMPLATE_VALUES = 1 << 19
+TEMPLATE_CACHE_BYTES = 16 << 20  # a model's few kinds of tensor all fit: each is made once
 CHUNK_BYTES = 4 << 20
+# The most writing holds, whatever the header: the cache, and a chunk or the making of one
+# template (two arrays of float32 values, then a copy and the bytes, up to 8 a value for F64).
+BUILD_BYTES = TEMPLATE_CACHE_BYTES + max(CHUNK_BYTES, TEMPLATE_VALUES * (4 + 4 + 8 + 8))
 _GGUF_STRING = 8
 _FLOATS = {0: "float32", 1: "float16", 28: "float64"}
 _ACTIVATION_ONLY = {9, 15}  # Q8_1, Q8_K: ggml has no quantizer for them (it aborts)
@@ -45,10 +54,26 @@ def _layout(prefix: bytes, name: str) -> tuple[GGUFHeader, bytes, int]:
         (prefix[:8], struct.pack("<QQ", n_tensors, n_kv + 1), prefix[24 : header.kv_end], pair,
          prefix[header.kv_end : header.infos_end])
     )  # fmt: skip
-    alignment = int(header.get("general.alignment") or 32)
+    alignment = header.get("general.alignment", 32)
+    if type(alignment) is not int or alignment <= 0 or alignment & (alignment - 1):
+        raise GGUFError(f"its general.alignment is {alignment!r}, not a power of 2: it is corrupt")
     head += bytes(aligned(len(head), alignment) - len(head))
-    data_end = max((t.offset + t.n_bytes for t in header.tensors), default=0)
-    return header, head, len(head) + aligned(data_end, alignment)
+    return header, head, len(head) + _data_size(header.tensors, alignment)
+
+
+def _data_size(tensors: list[TensorInfo], alignment: int) -> int:
+    """The size of the tensor data, checking that each tensor starts where llama.cpp (and every
+    GGUF writer) puts it: right after the one before, at its size rounded up to alignment. So a
+    replica is never larger than the sum of its tensors, whatever offsets a header gives."""
+    expected = 0
+    for tensor in tensors:
+        if tensor.offset != expected:
+            raise GGUFError(
+                f"tensor {tensor.name!r} starts at byte {tensor.offset:,} of the data, where a "
+                f"GGUF file of these tensors has it at byte {expected:,}: the header is corrupt"
+            )
+        expected += aligned(tensor.n_bytes, alignment)
+    return expected
 
 
 def replica_bytes(prefix: bytes, replica_of: str = "") -> int:
@@ -65,16 +90,22 @@ def write_replica(prefix: bytes, dest: Path, replica_of: str) -> None:
     remove_stale_parts(dest)
     partial = partial_path(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
+    templates = _Templates()
     try:
         with partial.open("wb") as file:
             file.write(head)
-            chunks: dict[tuple[int, int, str], memoryview] = {}
-            for tensor in sorted(header.tensors, key=lambda t: t.offset):
+            for tensor in header.tensors:  # in the order of their offsets, as _layout checked
+                if tensor.n_elements == 0:
+                    continue
                 file.seek(len(head) + tensor.offset)
-                key = (tensor.type_id, tensor.shape[0], _kind(tensor))
-                chunk = chunks.get(key) or chunks.setdefault(key, memoryview(_chunk(*key)))
+                row = tensor.shape[0] if tensor.shape else 1
+                template = templates.get(tensor.type_id, row, _kind(tensor))
+                chunk = memoryview(
+                    template * max(1, min(CHUNK_BYTES, tensor.n_bytes) // len(template))
+                )
                 for at in range(0, tensor.n_bytes, len(chunk)):
                     file.write(chunk[: tensor.n_bytes - at])
+                del chunk  # before the next tensor's template is made: one chunk at a time
             file.truncate(size)
             file.flush()
             os.fsync(file.fileno())
@@ -89,36 +120,50 @@ def _kind(tensor: TensorInfo) -> str:
     return "bias" if tensor.name.endswith(".bias") else "scale"  # norms, rope factors: ones
 
 
-def _chunk(type_id: int, row: int, kind: str) -> bytes:
-    """About CHUNK_BYTES of whole rows: the template repeated."""
-    template = _template(type_id, row, kind)
-    return template * max(1, CHUNK_BYTES // len(template))
+class _Templates:
+    """Templates by (type, row, kind), made once each; the least recently used are dropped while
+    those kept exceed TEMPLATE_CACHE_BYTES."""
+
+    def __init__(self) -> None:
+        self.kept: dict[tuple[int, int, str], bytes] = {}
+
+    def get(self, type_id: int, row: int, kind: str) -> bytes:
+        key = (type_id, row, kind)
+        template = self.kept.pop(key, None) or _template(type_id, row, kind)
+        self.kept[key] = template  # the newest last
+        while sum(map(len, self.kept.values())) > TEMPLATE_CACHE_BYTES and len(self.kept) > 1:
+            del self.kept[next(iter(self.kept))]
+        return template
 
 
 def _template(type_id: int, row: int, kind: str) -> bytes:
+    """TEMPLATE_ROWS rows (one for a norm or a bias) of type_id's blocks, each row cut to whole
+    blocks where the rows would hold more than TEMPLATE_VALUES values."""
     import numpy as np  # here: reading REPLICA_KEY or replica_of costs no numpy import
 
+    name, block, size = GGML_TYPES.get(type_id, (f"type {type_id}", 1, 0))
+    quantized = type_id not in _FLOATS and type_id != 30
+    if size == 0 or row % block or (quantized and (block == 1 or type_id in _ACTIVATION_ONLY)):
+        raise GGUFError(
+            f"quill cannot make {name} weights (rows of {row}) for a replica of this model: "
+            "measure the model itself"
+        )
     rows = TEMPLATE_ROWS if kind == "matrix" else 1
+    width = min(row, max(block, TEMPLATE_VALUES // rows // block * block))
     rng = np.random.default_rng(type_id * 1_000_003 + row)
     floats = {
-        "matrix": lambda: rng.standard_normal((rows, row), np.float32) * np.float32(row**-0.5),
-        "bias": lambda: np.zeros((rows, row), np.float32),
-        "scale": lambda: np.ones((rows, row), np.float32),
+        "matrix": lambda: rng.standard_normal((rows, width), np.float32) * np.float32(row**-0.5),
+        "bias": lambda: np.zeros((rows, width), np.float32),
+        "scale": lambda: np.ones((rows, width), np.float32),
     }[kind]()
     if type_id in _FLOATS:
         return floats.astype(_FLOATS[type_id]).tobytes()
     if type_id == 30:  # BF16: the high half of each float32
         return (floats.view(np.uint32) >> 16).astype(np.uint16).tobytes()
-    name, block, size = GGML_TYPES.get(type_id, (str(type_id), 1, 0))
-    if size == 0 or block == 1 or row % block or type_id in _ACTIVATION_ONLY:
-        raise GGUFError(
-            f"quill cannot make {name} weights (rows of {row}) for a replica of this model: "
-            "measure the model itself"
-        )
-    out = ctypes.create_string_buffer(rows * row // block * size)
-    importance = np.ones(row, np.float32)  # needed by the 1-2 bit types; all-equal weighs nothing
+    out = ctypes.create_string_buffer(rows * width // block * size)
+    importance = np.ones(width, np.float32)  # the 1-2 bit types need one; all-equal weighs nothing
     _ggml().ggml_quantize_chunk(
-        type_id, floats.ctypes.data, out, 0, rows, row, importance.ctypes.data
+        type_id, floats.ctypes.data, out, 0, rows, width, importance.ctypes.data
     )
     return out.raw
 

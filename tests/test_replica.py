@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import struct
+import tracemalloc
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +16,7 @@ from cli.engine.sampling import SamplingParams
 from quant.gguf import GGML_TYPES, GGUFError, HeaderIncomplete, read_header
 from quant.partfiles import partial_path
 from quant.replica import (
+    BUILD_BYTES,
     REPLICA_KEY,
     TEMPLATE_ROWS,
     _template,
@@ -114,3 +117,75 @@ def test_a_replica_is_not_replicated_again(tiny_path: Path, tmp_path: Path):
     replica = replicate(tiny_path, tmp_path / "r.gguf", "tiny")
     with pytest.raises(GGUFError, match="a replica itself: replicate tiny instead"):
         write_replica(replica.read_bytes(), tmp_path / "rr.gguf", "r")
+
+
+def header_only(target: Path, tensors: dict[str, tuple[tuple[int, ...], int, int]]) -> bytes:
+    """The header of a GGUF of tensors {name: (ggml shape, type, bytes)} and no data: a plan."""
+    writer = GGUFWriter(None, "llama")
+    for name, (shape, type_id, n_bytes) in tensors.items():
+        writer.add_tensor_info(name, tuple(reversed(shape)), np.dtype(np.float32), n_bytes,
+                               raw_dtype=GGMLQuantizationType(type_id))  # fmt: skip
+    writer.write_header_to_file(target)
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    writer.close()
+    return target.read_bytes()
+
+
+def test_a_large_tensor_is_written_in_bounded_chunks(tmp_path: Path):
+    """256 MiB of F32 in rows of 2M values: before, a template of 61 whole rows held 512 MiB of
+    floats (1.5 GiB at the peak); now writing holds at most BUILD_BYTES (28 MiB), whatever the
+    shape, and the file takes no more disk than its plan."""
+    shape = (2**21, 32)
+    prefix = header_only(tmp_path / "plan.gguf", {"big.weight": (shape, 0, 4 * 2**26)})
+    dest = tmp_path / "r.gguf"
+    _template(0, 64, "scale")  # numpy and its generator loaded: not the writer's to count
+    tracemalloc.start()
+    try:
+        write_replica(prefix, dest, "big")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < BUILD_BYTES + 2 * len(prefix) + 2**20, f"{peak / 2**20:.1f} MiB"
+    planned = replica_bytes(prefix, "big")
+    assert dest.stat().st_size == planned > 2**28
+    assert dest.stat().st_blocks * 512 <= planned + 2**16  # and the file system's extent blocks
+    values = np.fromfile(dest, np.float32, 2**20, offset=read_header(dest).data_start)
+    assert np.isfinite(values).all() and 0 < values.std() < 4 * shape[0] ** -0.5
+
+
+def replace_offset(prefix: bytes, offset: int) -> bytes:
+    """prefix with its last tensor's offset (the infos' last 8 bytes) set to offset."""
+    end = read_header("prefix", whole=False, data=prefix).infos_end
+    return prefix[: end - 8] + struct.pack("<Q", offset) + prefix[end:]
+
+
+@pytest.mark.parametrize(
+    "offset", [2**35, 4096 + 1, 4096 + 32, 4096 - 32, 0], ids=["far", "odd", "gap", "over", "same"]
+)
+def test_a_tensor_not_where_a_gguf_puts_it_is_refused(tmp_path: Path, offset: int):
+    """Before, a tensor at 32 GiB passed, and its replica was a 32 GiB file (sparse on ext4)."""
+    tensors = {"a.weight": ((64, 16), 0, 4096), "b.weight": ((64, 16), 0, 4096)}
+    prefix = header_only(tmp_path / "plan.gguf", tensors)
+    dest = tmp_path / "r.gguf"
+    with pytest.raises(GGUFError, match=f"tensor 'b.weight' starts at byte {offset:,} of the data, "
+                       "where a GGUF file of these tensors has it at byte 4,096"):  # fmt: skip
+        write_replica(replace_offset(prefix, offset), dest, "moved")
+    assert not dest.exists() and not list(tmp_path.glob(".r.gguf.*"))
+
+
+def test_an_alignment_not_a_power_of_2_is_refused(tmp_path: Path):
+    """llama.cpp loads none: general.alignment 64 written, then made 48 (gguf-py writes none)."""
+    writer = GGUFWriter(tmp_path / "odd.gguf", "llama")
+    writer.add_custom_alignment(64)
+    writer.add_tensor("a.weight", np.ones((4, 64), np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    key = struct.pack("<Q17sI", 17, b"general.alignment", 4)
+    written = (tmp_path / "odd.gguf").read_bytes()
+    odd = written.replace(key + struct.pack("<I", 64), key + struct.pack("<I", 48))
+    with pytest.raises(GGUFError, match=r"general\.alignment is 48, not a power of 2"):
+        write_replica(odd, tmp_path / "r.gguf", "odd")
+    assert not (tmp_path / "r.gguf").exists()
