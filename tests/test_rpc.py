@@ -22,7 +22,7 @@ import pytest
 from test_serve import QUILL, start_server
 
 from cli.app import app
-from cli.engine import rpc
+from cli.engine import rpc, rpcrelay
 from cli.errors import EXIT_RPC, EXIT_USAGE
 
 from conftest import quill_env
@@ -38,17 +38,19 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def start_rpc_server(quill_home: Path, *args: str) -> tuple[subprocess.Popen, str]:
-    """`quill rpc-server --port P --threads 1 ARGS`, once it answers the handshake."""
+def start_rpc_server(
+    quill_home: Path, *args: str, host: str = "127.0.0.1"
+) -> tuple[subprocess.Popen, str]:
+    """`quill rpc-server --host HOST --port P --threads 1 ARGS`, once it answers the handshake."""
     port = free_port()
     process = subprocess.Popen(
-        [QUILL, "rpc-server", "--port", str(port), "--threads", "1", *args],
+        [QUILL, "rpc-server", "--host", host, "--port", str(port), "--threads", "1", *args],
         env=quill_env(quill_home),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
-    endpoint = f"127.0.0.1:{port}"
+    endpoint = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     deadline = time.monotonic() + 30
     while True:
         try:
@@ -159,12 +161,14 @@ def test_bench_and_serve_answer_through_the_servers(quill_home, smollm2_path, se
 def test_rpc_server_listens_on_loopback_and_stops_on_sigterm(quill_home):
     process, endpoint = start_rpc_server(quill_home)
     port = int(endpoint.rsplit(":", 1)[1])
-    listening = [
-        c.laddr
+    listening = {
+        (c.laddr.ip, c.laddr.port)
         for c in psutil.Process(process.pid).net_connections(kind="tcp")
         if c.status == psutil.CONN_LISTEN
-    ]
-    assert [(a.ip, a.port) for a in listening] == [("127.0.0.1", port)]
+    }
+    # the port asked for, and llama.cpp's own server behind it, on loopback too
+    assert ("127.0.0.1", port) in listening and {ip for ip, _ in listening} == {"127.0.0.1"}
+    assert len(listening) == 2, listening
     taken = quill(quill_home, "rpc-server", "--port", str(port))
     assert taken.returncode == EXIT_RPC and taken.stderr.count("\n") == 1
     assert "cannot listen there (Address already in use)" in taken.stderr
@@ -192,6 +196,92 @@ def test_mem_is_the_memory_a_server_offers_and_moves_the_split(quill_home, smoll
     assert code == 0 and out == "" and "Accepted client connection" in err, err
 
 
+def past_hello(endpoint: str) -> socket.socket:
+    """A connection whose hello the server answered, as llama.cpp's client opens one."""
+    conn = socket.create_connection(rpcrelay.split_endpoint(endpoint), timeout=10)
+    conn.sendall(struct.pack("<BQ", rpcrelay.HELLO, rpcrelay.CAPS_SIZE) + bytes(24))
+    reply = b""
+    while len(reply) < 8 + 4 + rpcrelay.CAPS_SIZE:
+        chunk = conn.recv(64)
+        assert chunk, "the server closed the connection at the hello"
+        reply += chunk
+    return conn
+
+
+def rss_bytes(pid: int) -> int:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(re.search(r"VmRSS:\s+(\d+) kB", status).group(1)) * 1024
+
+
+def test_a_request_larger_than_the_server_serves_is_refused_before_allocating(
+    quill_home, tiny_path
+):
+    process, endpoint = start_rpc_server(quill_home, "--mem", "64MiB")
+    set_tensor = 6  # RPC_CMD_SET_TENSOR: llama.cpp's server allocates what its size says
+    try:
+        before = rss_bytes(process.pid)
+        # 1 TiB, which malloc refuses anyway, and 512 MiB, which it would grant
+        for declared in (2**40, 512 * 2**20):
+            with past_hello(endpoint) as conn:
+                conn.sendall(struct.pack("<BQ", set_tensor, declared))
+                time.sleep(1)
+                assert rss_bytes(process.pid) - before < 32 * 2**20, declared
+                assert conn.recv(1) == b"", "the connection stayed open"
+        ran = quill(quill_home, "run", str(tiny_path), "--rpc", endpoint, "-n", "4", "--json",
+                    PROMPT, timeout=120)  # fmt: skip
+        assert ran.returncode == 0, ran.stderr
+        assert json.loads(ran.stdout)["rpc"] == [endpoint]
+    finally:
+        code, _, err = stop(process)
+    refused = [line for line in err.splitlines() if " refused " in line]
+    assert len(refused) == 2, err
+    assert "a 1.0 TiB message (command 6), more than the 128.0 MiB this server" in refused[0]
+    assert code == 0
+
+
+def test_a_connection_that_says_nothing_does_not_hold_the_server(quill_home, tiny_path):
+    process, endpoint = start_rpc_server(quill_home)
+    try:
+        silent = socket.create_connection(rpcrelay.split_endpoint(endpoint))
+        connected = time.monotonic()
+        ran = quill(quill_home, "run", str(tiny_path), "--rpc", endpoint, "-n", "4", PROMPT,
+                    timeout=120)  # fmt: skip
+        assert ran.returncode == 0, ran.stderr
+        silent.settimeout(30)
+        assert silent.recv(1) == b""  # dropped after its time for a hello
+        dropped_after = time.monotonic() - connected
+        silent.close()
+    finally:
+        _, _, err = stop(process)
+    assert rpcrelay.HELLO_TIMEOUT_S - 0.5 < dropped_after < rpcrelay.HELLO_TIMEOUT_S + 5
+    assert "no hello within 5 s" in err
+
+
+def ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6) as probe:
+            probe.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not ipv6_loopback(), reason="this machine has no IPv6 loopback (::1)")
+def test_an_ipv6_server_is_reached_in_brackets(quill_home, tiny_path):
+    process, endpoint = start_rpc_server(quill_home, host="::1")
+    assert endpoint.startswith("[::1]:")
+    try:
+        ran = quill(quill_home, "run", str(tiny_path), "--rpc", endpoint, "-n", "4", "--json",
+                    "--verbose", PROMPT, timeout=120)  # fmt: skip
+    finally:
+        stop(process)
+    assert ran.returncode == 0, ran.stderr
+    assert json.loads(ran.stdout)["rpc"] == [endpoint]
+    # llama.cpp's client dials IPv4 only: it reached the server through quill's loopback relay
+    held = [mib for device, mib in model_buffers(ran.stderr).items() if device.startswith("RPC")]
+    assert held and all(mib > 0 for mib in held), ran.stderr
+
+
 def test_another_address_only_when_typed_and_with_a_warning(quill_home):
     port = free_port()
     process = subprocess.Popen(
@@ -205,10 +295,12 @@ def test_another_address_only_when_typed_and_with_a_warning(quill_home):
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             connections = psutil.Process(process.pid).net_connections(kind="tcp")
-            if any(c.status == psutil.CONN_LISTEN for c in connections):
+            listening = {c.laddr for c in connections if c.status == psutil.CONN_LISTEN}
+            if len(listening) == 2:  # the relay's, and llama.cpp's server's behind it
                 break
             time.sleep(0.2)
-        assert [c.laddr.ip for c in connections if c.status == psutil.CONN_LISTEN] == ["0.0.0.0"]
+        assert {(a.ip, a.port == port) for a in listening} == {("0.0.0.0", True),
+                                                                ("127.0.0.1", False)}  # fmt: skip
     finally:
         code, _, err = stop(process, signal.SIGINT)  # Ctrl-C
     assert err.splitlines()[-1] == "quill rpc-server: stopped (SIGINT)", err

@@ -1,5 +1,7 @@
 """quill rpc-server: this machine's CPU (or GPUs) lent to other machines' quill or llama.cpp
-through llama.cpp's RPC backend, for models too big for one box (docs/scale.md)."""
+through llama.cpp's RPC backend, for models too big for one box (docs/scale.md). quill listens
+on the user's address and relays each client that says hello in time to llama.cpp's server on a
+loopback port, refusing requests larger than it serves (cli/engine/rpcrelay.py)."""
 
 from __future__ import annotations
 
@@ -25,7 +27,10 @@ RPC_EPILOG = (
 
 def rpc_server(
     host: Annotated[
-        str, typer.Option("--host", help="Address to listen on (another than loopback: warned).")
+        str,
+        typer.Option(
+            "--host", help="Address to listen on, IPv4 or IPv6 (another than loopback: warned)."
+        ),
     ] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", "-p", min=1, max=65535)] = 50052,
     threads: shared.Threads = None,
@@ -41,7 +46,7 @@ def rpc_server(
 ) -> None:
     """Serve this machine's CPU (or GPUs) to quill and llama.cpp clients over llama.cpp's RPC
     protocol, one client at a time, until Ctrl-C or SIGTERM."""
-    from cli.engine import rpc
+    from cli.engine import rpc, rpcrelay
     from cli.engine.freecores import measure_free_cores
     from cli.engine.llamalog import llama_log
     from cli.ui import render
@@ -53,10 +58,8 @@ def rpc_server(
     shared.check_at_most("--threads", threads, shared.MAX_THREADS, "llama.cpp runs at most 512")
     if not rpc.supports_rpc():
         raise RpcError("", rpc.NO_RPC_BUILD)
-    if ":" in host:  # llama.cpp's endpoint parser splits at the first colon
-        raise UsageError(f"--host {host}: llama.cpp's RPC server takes an IPv4 address or name")
-    endpoint = f"{host}:{port}"
-    _check_port_free(host, port)
+    endpoint = rpcrelay.join_endpoint(host, port)
+    listener = _listen(host, port, endpoint)
     if not _is_loopback(host):
         render.warning_line(
             f"listening on {host}: llama.cpp's RPC protocol has no authentication, so anyone who "
@@ -93,8 +96,17 @@ def rpc_server(
         os._exit(EXIT_OK)
 
     threading.Thread(target=stop_on_signal, name="stop-signals", daemon=True).start()
-    rpc.serve(endpoint, threads, memory, quiet=not verbose)
+    inside = ("127.0.0.1", _free_loopback_port())
+    guard = (listener, inside, rpc.max_request_bytes(memory), _report_client)
+    threading.Thread(target=rpcrelay.guard, args=guard, name="rpc-guard", daemon=True).start()
+    rpc.serve(rpcrelay.join_endpoint(*inside), threads, memory, quiet=not verbose)
     raise RpcError(endpoint, "could not start (llama.cpp's server returned; --verbose says why)")
+
+
+def _report_client(line: str) -> None:
+    from cli.ui import render
+
+    render.info_line(f"quill rpc-server: {line}")
 
 
 def _is_loopback(host: str) -> bool:
@@ -106,18 +118,29 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
-def _check_port_free(host: str, port: int) -> None:
-    """Before llama.cpp's server tries, which only prints that it failed."""
+def _listen(host: str, port: int, endpoint: str) -> socket.socket:
+    """The user's address, listening. A name's IPv4 address first: llama.cpp's clients dial
+    IPv4 only."""
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except socket.gaierror as error:
         raise UsageError(f"--host {host!r} is not an address here ({error.strerror})") from None
-    family, kind, proto, _, address = infos[0]
-    with socket.socket(family, kind, proto) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind(address)
-        except OSError as error:
-            raise RpcError(
-                f"{host}:{port}", f"cannot listen there ({error.strerror}): choose another --port"
-            ) from None
+    family, kind, proto, _, address = min(infos, key=lambda info: info[0] != socket.AF_INET)
+    listener = socket.socket(family, kind, proto)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        listener.bind(address)
+        listener.listen(64)
+    except OSError as error:
+        listener.close()
+        raise RpcError(
+            endpoint, f"cannot listen there ({error.strerror}): choose another --port"
+        ) from None
+    return listener
+
+
+def _free_loopback_port() -> int:
+    """For llama.cpp's own server, which binds by itself."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]

@@ -4,8 +4,10 @@ own `--rpc` and rpc-server do (llama-cpp-python binds none of it).
 The C client aborts the process on any failure (a refused connection, a handshake from another
 protocol version, a peer lost mid-run), so quill speaks the handshake itself first
 (`probe`, plain sockets with a timeout): nothing reaches llama.cpp that did not answer as an RPC
-server of this build's protocol. A peer lost later still ends in GGML_ABORT; `on_abort` turns
-that into one line naming the peer and a documented exit code instead of a C backtrace.
+server of this build's protocol. llama.cpp's client dials IPv4 only: an IPv6 server is
+reached through a relay on a loopback port (rpcrelay.py). A peer lost later still ends in
+GGML_ABORT; `on_abort` turns that into one line naming the peer and a documented exit code
+instead of a C backtrace.
 """
 
 from __future__ import annotations
@@ -24,13 +26,19 @@ import llama_cpp as llama
 
 from cli.engine.ggmllib import declare, ggml_library
 from cli.engine.hardware import ANY_GPU, GGML_DEVICE_CPU
+from cli.engine.rpcrelay import (
+    CAPS_SIZE,
+    DEVICE_COUNT,
+    GET_DEVICE_MEMORY,
+    HELLO,
+    loopback_relay,
+    split_endpoint,
+)
 from cli.errors import EXIT_RPC, RpcError
 
 # RPC_PROTO_MAJOR/MINOR_VERSION of ggml-rpc.h in the llama-cpp-python quill pins (0.3.36): the
 # C client refuses a server whose major differs or whose minor is newer.
 PROTOCOL = (7, 0)
-_HELLO, _DEVICE_COUNT, _GET_DEVICE_MEMORY = 14, 15, 11  # enum rpc_cmd
-_CAPS_SIZE = 24  # RPC_CONN_CAPS_SIZE: transport capabilities; all zero asks for plain TCP
 PROBE_TIMEOUT_S = 5.0
 NO_RPC_BUILD = (
     "this llama-cpp-python was built without RPC: reinstall quill as the README says (it builds "
@@ -80,15 +88,15 @@ def _receive(conn: socket.socket, size: int) -> bytes:
 def probe(endpoint: str, timeout_s: float = PROBE_TIMEOUT_S) -> list[RpcDevice]:
     """Connect, handshake and ask each device's memory, as llama.cpp's client would, but with
     a timeout and an error instead of an abort."""
-    host, _, port = endpoint.rpartition(":")
     try:
-        conn = socket.create_connection((host, int(port)), timeout=timeout_s)
+        conn = socket.create_connection(split_endpoint(endpoint), timeout=timeout_s)
     except OSError as error:
         why = error.strerror or type(error).__name__
         raise RpcError(endpoint, f"cannot be reached ({why})") from None
     with conn:
         try:
-            hello = _exchange(conn, _HELLO, bytes(_CAPS_SIZE), 4 + _CAPS_SIZE)
+            # capabilities all zero: plain TCP
+            hello = _exchange(conn, HELLO, bytes(CAPS_SIZE), 4 + CAPS_SIZE)
             major, minor, patch = hello[0], hello[1], hello[2]
             if major != PROTOCOL[0] or minor > PROTOCOL[1]:
                 raise RpcError(
@@ -96,10 +104,10 @@ def probe(endpoint: str, timeout_s: float = PROBE_TIMEOUT_S) -> list[RpcDevice]:
                     f"speaks RPC protocol {major}.{minor}.{patch}, this build "
                     f"{PROTOCOL[0]}.{PROTOCOL[1]}: run the same quill (or llama.cpp) version there",
                 )
-            count = struct.unpack("<I", _exchange(conn, _DEVICE_COUNT, b"", 4))[0]
+            count = struct.unpack("<I", _exchange(conn, DEVICE_COUNT, b"", 4))[0]
             devices = []
             for index in range(count):
-                reply = _exchange(conn, _GET_DEVICE_MEMORY, struct.pack("<I", index), 16)
+                reply = _exchange(conn, GET_DEVICE_MEMORY, struct.pack("<I", index), 16)
                 free, total = struct.unpack("<QQ", reply)
                 devices.append(RpcDevice(endpoint, index, free, total))
         except TimeoutError:
@@ -131,6 +139,10 @@ def _ggml() -> ctypes.CDLL:
         "ggml_backend_dev_name": ([ctypes.c_void_p], ctypes.c_char_p),
         "ggml_backend_dev_description": ([ctypes.c_void_p], ctypes.c_char_p),
         "ggml_backend_dev_by_type": ([ctypes.c_int], ctypes.c_void_p),
+        "ggml_backend_dev_memory": (
+            [ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(ctypes.c_size_t)],
+            None,
+        ),
     }
     return declare(ggml_library("ggml"), signatures)
 
@@ -162,7 +174,9 @@ def attach(endpoints: Sequence[str]) -> ctypes.Array | None:
     lib = _ggml()
     for endpoint in endpoints:
         if endpoint not in _registered:
-            registry = add_server(endpoint.encode())
+            host, port = split_endpoint(endpoint)
+            dialed = loopback_relay((host, port)) if ":" in host else endpoint
+            registry = add_server(dialed.encode())
             if not registry:
                 raise RpcError(endpoint, "offers no devices")
             lib.ggml_backend_register(registry)
@@ -227,9 +241,8 @@ def on_abort(endpoints: Sequence[str]) -> None:
 
 
 def _reachable(endpoint: str) -> bool:
-    host, _, port = endpoint.rpartition(":")
     try:
-        socket.create_connection((host, int(port)), timeout=1.0).close()
+        socket.create_connection(split_endpoint(endpoint), timeout=1.0).close()
         return True
     except OSError:
         return False
@@ -260,6 +273,25 @@ def local_devices() -> list[ServedDevice]:
         )
         for d in _served()
     ]
+
+
+# Beyond a tensor's bytes, a request carries descriptions of tensors (rpc_tensor, 296 bytes):
+# 64 MiB holds a compute graph of over 200,000, far past the few thousand of a large model's.
+REQUEST_SLACK_BYTES = 64 * 2**20
+
+
+def max_request_bytes(memory_bytes: int | None) -> int:
+    """The largest request `quill rpc-server` takes: what its largest device offers (--mem
+    where given, else the device's total memory), which bounds any tensor a client sets there,
+    plus REQUEST_SLACK_BYTES."""
+    largest = memory_bytes or 0
+    if memory_bytes is None:
+        lib = _ggml()
+        free, total = ctypes.c_size_t(), ctypes.c_size_t()
+        for device in _served():
+            lib.ggml_backend_dev_memory(device, ctypes.byref(free), ctypes.byref(total))
+            largest = max(largest, total.value)
+    return largest + REQUEST_SLACK_BYTES
 
 
 _memory_hook = None  # kept alive while the server runs
