@@ -69,8 +69,8 @@ def _data_size(tensors: list[TensorInfo], alignment: int) -> int:
     for tensor in tensors:
         if tensor.offset != expected:
             raise GGUFError(
-                f"tensor {tensor.name!r} starts at byte {tensor.offset:,} of the data, where a "
-                f"GGUF file of these tensors has it at byte {expected:,}: the header is corrupt"
+                f"tensor {tensor.name} is at offset {tensor.offset}, not {expected} (where the "
+                "tensor before it ends): the header is corrupt"
             )
         expected += aligned(tensor.n_bytes, alignment)
     return expected

@@ -8,7 +8,11 @@ from __future__ import annotations
 import csv
 import io
 import json
+import resource
 import shutil
+import struct
+import subprocess
+import sys
 from collections import namedtuple
 from collections.abc import Iterator
 from dataclasses import replace
@@ -17,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import test_header
-from gguf import GGUFReader, GGUFValueType, GGUFWriter
+from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter
 from test_header import tensor_table, write_split
 
 from cli.app import app
@@ -26,6 +30,10 @@ from cli.store.models import parse_model_name
 from cli.store.promptcache import cache_dir
 from cli.store.registry import load_registry
 from cli.store.replicas import list_replicas, replicas_dir
+from quant import replica
+from quant.gguf import read_header
+
+from conftest import quill_env
 
 GRID = ["-p", "16", "-n", "8", "-r", "1", "-t", "1"]
 TiB = 2**40
@@ -106,9 +114,18 @@ def test_cache_lists_and_clears_replicas_and_counts_them_against_its_limit(runne
     assert list_replicas() == [] and not list(cache_dir().glob("*.kv"))
 
 
-def write_huge_header(source: Path, target: Path) -> None:
-    """source's header with one more tensor of 1 TiB: a download's start (a .part file) of a
-    model no machine here can hold."""
+def write_huge_header(
+    source: Path,
+    target: Path,
+    extra: tuple[str, tuple[int, ...], GGMLQuantizationType, int] = (
+        "huge.weight",
+        (2**20, 2**19),
+        GGMLQuantizationType.F16,
+        TiB,
+    ),
+) -> None:
+    """source's header with one more tensor (name, numpy shape, type, bytes), by default of 1 TiB:
+    a download's start (a .part file) of a model no machine here can hold."""
     reader = GGUFReader(source)
     writer = GGUFWriter(None, reader.fields["general.architecture"].contents())
     for name, field in reader.fields.items():
@@ -119,7 +136,8 @@ def write_huge_header(source: Path, target: Path) -> None:
         shape = tuple(int(n) for n in reversed(tensor.shape))
         writer.add_tensor_info(tensor.name, shape, np.dtype(np.float32), int(tensor.n_bytes),
                                raw_dtype=tensor.tensor_type)  # fmt: skip
-    writer.add_tensor_info("huge.weight", (2**20, 2**19), np.dtype(np.float16), TiB)
+    name, shape, kind, n_bytes = extra
+    writer.add_tensor_info(name, shape, np.dtype(np.float32), n_bytes, raw_dtype=kind)
     writer.write_header_to_file(target)
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()
@@ -230,3 +248,79 @@ def test_a_replica_is_said_to_be_noise_and_never_listed_as_a_model(runner, home,
         runner.invoke(app, ["run", "-m", str(tiny_path), "-n", "2", "hi"]).stderr.count("replica")
         == 0
     )
+
+
+def test_a_tensor_at_a_corrupt_offset_is_one_line_and_exit_5(runner, home, tiny_path, tmp_path):
+    """The last tensor's offset moved 32 GiB on: before, its replica was a 32 GiB file."""
+    header = read_header(tiny_path)
+    moved = tmp_path / "moved.gguf.part"  # a download's start: the header alone
+    last = header.tensors[-1]
+    prefix = tiny_path.read_bytes()[: header.data_start]
+    offset = struct.pack("<Q", last.offset + 2**35)
+    moved.write_bytes(prefix[: header.infos_end - 8] + offset + prefix[header.infos_end :])
+    refused = bench(runner, str(moved))
+    assert refused.exit_code == 5 and refused.stdout == ""
+    assert refused.stderr.count("\n") == 1, refused.stderr
+    said = f"tensor {last.name} is at offset {last.offset + 2**35}, not {last.offset}"
+    assert said in refused.stderr and str(moved) in refused.stderr
+    assert not replicas_dir().exists()
+
+
+def test_a_build_that_fails_or_is_interrupted_leaves_nothing(
+    runner, home, tiny_path, tmp_path, monkeypatch
+):
+    """An I32 tensor after the tiny model's: refused when the writer reaches it, the rest of the
+    file written; before, the replica's folder stayed. Ctrl-C in the middle of writing alike."""
+    ints = tmp_path / "ints.gguf.part"
+    extra = ("ints.weight", (4, 64), GGMLQuantizationType.I32, 1024)
+    write_huge_header(tiny_path, ints, extra)
+    refused = bench(runner, str(ints))
+    assert refused.exit_code == 5 and refused.stderr.count("\n") == 1, refused.stderr
+    assert "cannot make I32 weights (rows of 64)" in refused.stderr
+    assert not replicas_dir().exists()
+    (replicas_dir() / "kept").mkdir(parents=True)  # the folder exists: only the build's go
+    made = replica._template
+
+    def interrupted(type_id: int, row: int, kind: str) -> bytes:
+        if kind == "scale":  # the first norm: after token_embd.weight is written
+            raise KeyboardInterrupt
+        return made(type_id, row, kind)
+
+    monkeypatch.setattr(replica, "_template", interrupted)
+    stopped = bench(runner, str(tiny_path))
+    assert stopped.exit_code == 130 and "interrupted" in stopped.stderr
+    assert [p.name for p in replicas_dir().rglob("*")] == ["kept"]
+
+
+def test_a_disk_that_fills_while_writing_is_one_line_and_exit_8(home, tiny_path):
+    """A file size limit (ulimit -f) of 1 MiB, under the tiny replica's 2.4 MiB: the write fails
+    as on a full disk (EFBIG, as ENOSPC). Before, a traceback and the replica's folder stayed."""
+
+    def limited() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (2**20, resource.RLIM_INFINITY))
+
+    quill = str(Path(sys.executable).with_name("quill"))
+    full = subprocess.run(
+        [quill, "bench", str(tiny_path), "--replica", *GRID],
+        env=quill_env(home),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        preexec_fn=limited,
+    )
+    assert full.returncode == 8 and full.stderr.count("\n") == 1, full.stderr
+    said = f"a replica of {tiny_path} needs 2.4 MiB of disk (writing it failed: File too large)"
+    assert said in full.stderr
+    assert "nothing was written: free some space" in full.stderr
+    assert not (home / "cache" / "replicas").exists()
+
+
+def test_a_relative_name_makes_no_hidden_folder(runner, home, tiny_path, tmp_path, monkeypatch):
+    """../tiny.gguf once made the folder .._tiny.gguf-TAG, hidden from ls."""
+    (tmp_path / "tiny.gguf").symlink_to(tiny_path)
+    (tmp_path / "sub").mkdir()
+    monkeypatch.chdir(tmp_path / "sub")
+    built = bench(runner, "../tiny.gguf")
+    assert built.exit_code == 0, built.stderr
+    (replica,) = list_replicas()
+    assert replica.folder.name.startswith("_tiny.gguf-"), replica.folder.name

@@ -7,6 +7,7 @@ caches' size limit counts them (promptcache.py evicts both, least recently used 
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import os
 import re
@@ -23,6 +24,7 @@ from quant.gguf import GGUFError, read_header
 from quant.memory import MemoryPlan
 
 DISK_MARGIN = 256 * 2**20  # a full disk breaks more than the replica
+_DISK_FULL = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}  # EFBIG: a file size limit (ulimit -f)
 
 
 @dataclass(frozen=True)
@@ -52,7 +54,7 @@ def replica_folder(model: ModelHeader, of: str, home: Path | None = None) -> Pat
     with contextlib.suppress(OSError):
         for folder in replicas_dir(home).glob(f"*-{tag}"):
             return folder
-    slug = re.sub(r"[^\w.-]+", "_", of)[:48]
+    slug = re.sub(r"[^\w.-]+", "_", of)[:48].lstrip(".")  # ../m.gguf: no hidden folder
     return replicas_dir(home) / f"{slug}-{tag}"
 
 
@@ -70,7 +72,8 @@ def check_memory(of: str, memory: MemoryPlan, available: list[tuple[str, int]]) 
 
 def obtain_replica(model: ModelHeader, of: str, home: Path | None = None) -> tuple[Replica, float]:
     """The replica of model (ModelHeader.prefixes read), named of, and the seconds its files took
-    to write (0: all were there); DoesNotFitError before writing when the disk lacks room."""
+    to write (0: all were there); DoesNotFitError before writing when the disk lacks room, or
+    when it fills meanwhile. A build that fails or is interrupted leaves nothing it made."""
     from quant.replica import replica_bytes, write_replica
 
     folder = replica_folder(model, of, home)
@@ -83,18 +86,46 @@ def obtain_replica(model: ModelHeader, of: str, home: Path | None = None) -> tup
     missing = [(p, name) for p, name in zip(model.prefixes, names, strict=True)
                if not (folder / name).is_file()]  # fmt: skip
     start = time.perf_counter()
+    above = _existing(folder)
+    written: list[Path] = []
+    needs = 0
     try:
         needs = sum(replica_bytes(prefix, of) for prefix, _ in missing)
-        room = shutil.disk_usage(_existing(folder)).free
+        room = shutil.disk_usage(above).free
         if missing and needs + DISK_MARGIN > room:
-            raise DoesNotFitError(of, "disk", needs, room, str(_existing(folder)), "")
+            raise DoesNotFitError(of, "disk", needs, room, str(above), "")
         for prefix, name in missing:
             write_replica(prefix, folder / name, of)
-    except GGUFError as error:  # a type quill cannot make, or a replica of a replica
-        raise ModelLoadError(f"cannot make a replica of {of}: {error}") from None
+            written.append(folder / name)
+    except BaseException as error:  # Ctrl-C too: a replica is whole or not there
+        _remove(written, folder, above)
+        if isinstance(error, GGUFError):  # a type quill cannot make, a corrupt tensor table
+            raise ModelLoadError(f"cannot make a replica of {of}: {error}") from None
+        if isinstance(error, OSError) and error.errno in _DISK_FULL:
+            room = shutil.disk_usage(above).free
+            detail = f" (writing it failed: {error.strerror})"
+            raise DoesNotFitError(of, "disk", needs, room, str(above), detail) from None
+        if isinstance(error, OSError):
+            raise ModelLoadError(
+                f"cannot make a replica of {of} in {folder}: {error.strerror or error}; "
+                "set QUILL_HOME to a folder quill can write"
+            ) from None
+        raise
     took = time.perf_counter() - start if missing else 0.0
     os.utime(folder)  # used now: the last to be evicted
     return _replica(folder), took
+
+
+def _remove(written: list[Path], folder: Path, above: Path) -> None:
+    """Undo a build that failed: the files it finished (its part files remove themselves), then
+    the folders it made, each only if empty (another process may be building the same replica)."""
+    for path in written:
+        path.unlink(missing_ok=True)
+    for each in (folder, *folder.parents):
+        if each == above or not each.is_relative_to(above):
+            return
+        with contextlib.suppress(OSError):
+            each.rmdir()
 
 
 def _existing(folder: Path) -> Path:
