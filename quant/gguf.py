@@ -45,6 +45,7 @@ GGML_TYPES: dict[int, tuple[str, int, int]] = {
     22: ("IQ2_S", 256, 82), 23: ("IQ4_XS", 256, 136), 24: ("I8", 1, 1), 25: ("I16", 1, 2),
     26: ("I32", 1, 4), 27: ("I64", 1, 8), 28: ("F64", 1, 8), 29: ("IQ1_M", 256, 56),
     30: ("BF16", 1, 2), 34: ("TQ1_0", 256, 54), 35: ("TQ2_0", 256, 66), 39: ("MXFP4", 32, 17),
+    40: ("NVFP4", 64, 36), 41: ("Q1_0", 128, 18), 42: ("Q2_0", 64, 18),
 }  # fmt: skip
 # general.file_type: llama.cpp's llama_ftype, by the name llama-quantize gives it.
 LLAMA_FILE_TYPES: dict[str, int] = {
@@ -60,12 +61,69 @@ FILE_TYPES: dict[int, str] = {number: name.upper() for name, number in LLAMA_FIL
 # GGUF value types: id -> struct format (8: string, 9: array, read by hand).
 _SCALARS = dict(zip((0, 1, 2, 3, 4, 5, 6, 7, 10, 11, 12), "BbHhIif?Qqd", strict=True))
 _STRING, _ARRAY = 8, 9
+_TYPE_NAMES = dict(enumerate([
+    "uint8", "int8", "uint16", "int16", "uint32", "int32", "float32", "bool", "string", "array",
+    "uint64", "int64", "float64",
+]))  # fmt: skip
 _U64 = struct.Struct("<Q")
 # llama.cpp's split files (llama_split_path): the first holds the metadata, each its own tensors.
 SPLIT_NAME = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$")
 # Arrays of numbers up to this length (per-layer head counts, window patterns) are always read;
 # longer ones and arrays of strings (the tokenizer's) only when asked for by name.
 SMALL_ARRAY = 4096
+# Strings longer than this (an embedded tokenizer.json) are skipped unless asked for by name, as
+# large arrays are; a chat template is tens of KB.
+LONG_STRING = 1 << 20
+
+# llama.cpp's own limits (the version quill ships with), so that no number in a header drives a
+# loop or an allocation past what llama.cpp would accept: a header it refuses is refused here.
+GGUF_VERSIONS = (2, 3)  # gguf.cpp: version 1 is no longer read, GGUF_VERSION is 3
+MAX_DIMS = 4  # GGML_MAX_DIMS (ggml.h): gguf.cpp refuses a tensor of more dimensions
+MAX_TENSOR_NAME = 64  # GGML_MAX_NAME (ggml.h): gguf.cpp refuses a name of 64 bytes or more
+MAX_ELEMENTS = 2**63 - 1  # INT64_MAX: gguf.cpp refuses a shape whose element count overflows
+# The least bytes a field (a key of one byte, a type, a uint8) and a tensor info (a name of one
+# byte, no dimensions, its type and offset) take: gguf.cpp refuses counts the bytes left cannot
+# hold (gguf_reader's nbytes_remain), and so does this reader, before looping over them.
+_LEAST_FIELD, _LEAST_TENSOR = 8 + 1 + 4 + 1, 8 + 1 + 4 + 4 + 8
+
+
+@dataclass(frozen=True)
+class Limit:
+    most: int
+    says: str  # the message's words for it
+
+
+UINT32 = Limit(2**32 - 1, "4294967295, the most a uint32 holds (llama.cpp reads it as one)")
+# LLAMA_MAX_LAYERS (src/llama-hparams.h): llama_model's load asserts block_count <= it, and every
+# per-layer array (head counts, sliding-window patterns) is at most that long.
+LAYERS = Limit(512, "llama.cpp's 512 layers")
+# llama_model_loader reads split.count as a uint16, and llama_split_path writes %05d.
+SPLITS = Limit(65535, "the 65535 files llama.cpp splits a model into at most")
+
+
+def refused(where: str, problem: str) -> GGUFError:
+    """A header llama.cpp would not load either, in one line: the file, then the field."""
+    return GGUFError(
+        f"{where} is not a model llama.cpp can load: {problem}; download it again or pick "
+        "another file"
+    )
+
+
+def shown(name: str) -> str:
+    """A key or tensor name as a message shows it: printable, and not a page long."""
+    text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in name[:80])
+    return text + ("…" if len(name) > 80 else "")
+
+
+def described(value: Any) -> str:
+    """A field's value, as a message names it."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return f"the string {value[:40]!r}" + ("…" if len(value) > 40 else "")
+    if isinstance(value, list):
+        return f"an array of {len(value)} items" if value else "an empty array"
+    return f"the number {value}" if isinstance(value, float) else str(value)
 
 
 @dataclass(frozen=True)
@@ -99,65 +157,171 @@ class GGUFHeader:
     kv_end: int = 0  # byte offsets: where the key-value fields end,
     infos_end: int = 0  # where the tensor infos end,
     data_start: int = 0  # and where tensor data begins (aligned)
+    where: str = "the file"  # its path, for messages
+    string_lengths: dict[str, int] = field(default_factory=dict)  # strings skipped: their bytes
 
     def get(self, key: str, default: Any = None) -> Any:
+        """A field as it is in the file, of any type; integer, text and per_layer check it."""
         value = self.fields.get(key)
         return default if value is None else value
+
+    def _present(self, key: str, wanted: str) -> Any:
+        """The field's value; GGUFError for one skipped (a large array, a long string)."""
+        value = self.fields.get(key)
+        if value is None and key in self.array_lengths:
+            length = self.array_lengths[key]
+            raise refused(self.where, f"{key} is an array of {length} items, not {wanted}")
+        if value is None and key in self.string_lengths:
+            length = self.string_lengths[key]
+            raise refused(self.where, f"{key} is a string of {length} bytes, past quill's 1 MiB")
+        return value
+
+    def integer(self, key: str, default: int | None = None, limit: Limit = UINT32) -> int | None:
+        """A whole number from 0 to limit.most (default where absent); GGUFError naming the field
+        for a value of another type or out of range."""
+        value = self._present(key, "a whole number")
+        if value is None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise refused(self.where, f"{key} is {described(value)}, not a whole number")
+        if value < 0:
+            raise refused(self.where, f"{key} is {value}, less than 0")
+        if value > limit.most:
+            raise refused(self.where, f"{key} is {value}, more than {limit.says}")
+        return value
+
+    def text(self, key: str, default: str | None = None) -> str | None:
+        value = self._present(key, "a string")
+        if value is None:
+            return default
+        if not isinstance(value, str):
+            raise refused(self.where, f"{key} is {described(value)}, not a string")
+        return value
+
+    def per_layer(self, key: str, n_layers: int, default: int) -> int | list[int]:
+        """A count for every layer, or a list of one per layer (llama.cpp's get_key_or_arr:
+        an array as long as block_count, of whole numbers)."""
+        value = self._present(key, f"one count a layer, {n_layers}")
+        if not isinstance(value, list):
+            return self.integer(key, default)
+        if len(value) != n_layers or not value:
+            layers = f"{n_layers} layers" if n_layers else "no layers (no block_count)"
+            raise refused(self.where, f"{key} is {described(value)}, for {layers}")
+        wrong = [v for v in value if not isinstance(v, int) or not 0 <= v <= UINT32.most]
+        if wrong:
+            raise refused(self.where, f"{key} holds {described(wrong[0])}, not a count")
+        return value
 
 
 class _Cursor:
     def __init__(self, data: Any, where: str, whole: bool) -> None:
         self.data, self.at, self.where, self.whole = data, 0, where, whole
+        self.size = 0  # the last string's length
+
+    def need(self, size: int, what: str = "") -> None:
+        """Refuse to read past the data's end: a truncated file, a length or count in it that is
+        corrupt (what names it), or a download's start that needs more bytes."""
+        if self.at + size <= len(self.data):
+            return
+        if not self.whole:
+            raise HeaderIncomplete(self.where, len(self.data), self.at + size)
+        short = (
+            f"{what} at byte {self.at} needs {size} bytes"
+            if what
+            else (f"its header ends at byte {self.at}")
+        )
+        raise GGUFError(
+            f"{self.where} is not a readable GGUF file (truncated or corrupt: {short}, and the "
+            f"file has {len(self.data)}); download it again"
+        )
 
     def take(self, fmt: str) -> Any:
-        try:
-            (value,) = struct.unpack_from("<" + fmt, self.data, self.at)
-        except struct.error:
-            if not self.whole:
-                needed = self.at + struct.calcsize(fmt)
-                raise HeaderIncomplete(self.where, len(self.data), needed) from None
-            raise GGUFError(
-                f"{self.where} is not a readable GGUF file (truncated or corrupt: its header ends "
-                f"at byte {self.at}); download it again"
-            ) from None
-        self.at += struct.calcsize(fmt)
+        size = struct.calcsize(fmt)
+        self.need(size)
+        (value,) = struct.unpack_from("<" + fmt, self.data, self.at)
+        self.at += size
         return value
 
-    def string(self) -> str:
-        size = self.take("Q")
-        if self.at + size > len(self.data):
-            self.take(f"{size}s")  # raises the truncation error
-        text = bytes(self.data[self.at : self.at + size]).decode("utf-8", errors="replace")
+    def count(self, n: int, least: int, what: str) -> None:
+        """Refuse a count (signed, as gguf.cpp reads it) that the bytes left cannot hold."""
+        if n < 0:
+            raise refused(self.where, f"its {what} is {n}")
+        if self.whole and n * least > len(self.data) - self.at:
+            raise refused(
+                self.where,
+                f"its {what} is {n}, more than its {len(self.data) - self.at} bytes left can hold",
+            )
+
+    def string(self, what: str, longest: int | None = LONG_STRING) -> str | None:
+        """A string, or None when it is longer than longest (skipped, its length in self.size)."""
+        self.size = size = self.take("Q")
+        self.need(size, f"{what}, a string")
+        text = None
+        if longest is None or size <= longest:
+            text = bytes(self.data[self.at : self.at + size]).decode("utf-8", errors="replace")
         self.at += size
         return text
 
-    def value(self, kind: int, keep: bool) -> tuple[Any, int | None]:
-        """(the value, or None when an array is skipped; the array's length, else None)."""
+    def value(self, kind: int, key: str, keep: bool) -> tuple[Any, int | None]:
+        """(the value, or None when an array or a long string is skipped; an array's length or a
+        string's, else None)."""
         if kind in _SCALARS:
             return self.take(_SCALARS[kind]), None
+        named = shown(key)
         if kind == _STRING:
-            return self.string(), None
+            text = self.string(named, None if keep else LONG_STRING)
+            return text, self.size
         if kind != _ARRAY:
-            raise GGUFError(f"{self.where} is not a readable GGUF file (unknown value type {kind})")
+            raise refused(self.where, f"{named} has value type {kind}, which GGUF does not define")
         item, count = self.take("I"), self.take("Q")
+        if item not in _SCALARS and item != _STRING:
+            kind_name = _TYPE_NAMES.get(item, f"type {item}")
+            raise refused(self.where, f"{named} is an array of {kind_name}s, which GGUF lacks")
+        each = 8 if item == _STRING else struct.calcsize(_SCALARS[item])
+        self.need(count * each, f"{named}, an array of {count} {_TYPE_NAMES[item]}s")
         if keep or (item in _SCALARS and count <= SMALL_ARRAY):
-            return [self.value(item, True)[0] for _ in range(count)], count
+            return [self.value(item, key, True)[0] for _ in range(count)], count
         if item in _SCALARS:
-            self.at += count * struct.calcsize(_SCALARS[item])
-        elif item == _STRING:
-            at, data, length = self.at, self.data, _U64.unpack_from
-            try:
-                for _ in range(count):
-                    at += 8 + length(data, at)[0]
-            except struct.error:
-                at = len(data) + 1  # past the end: reported as truncated below
-            self.at = at
+            self.at += count * each
         else:
+            at, data, length = self.at, self.data, _U64.unpack_from
+            end = len(data)
             for _ in range(count):
-                self.value(item, False)
-        if self.at > len(self.data):
-            self.take("B")  # raises the truncation error
+                if at + 8 > end:
+                    at = end + 1
+                    break
+                at += 8 + length(data, at)[0]
+            if at > end:
+                self.need(at - self.at, f"{named}, an array of {count} strings")
+            self.at = at
         return None, count
+
+    def tensor(self, index: int) -> TensorInfo:
+        """One tensor info, with gguf.cpp's checks on its name, shape and type."""
+        name = self.string(f"tensor {index}'s name", MAX_TENSOR_NAME - 1)
+        name = shown(name) if name is not None else None
+        if name is None:
+            problem = f"tensor {index}'s name is {self.size} bytes long"
+            raise refused(self.where, f"{problem}, and ggml's are shorter than {MAX_TENSOR_NAME}")
+        n_dims = self.take("I")
+        if n_dims > MAX_DIMS:
+            problem = f"tensor {name} has {n_dims} dimensions"
+            raise refused(self.where, f"{problem}, and ggml's have at most {MAX_DIMS}")
+        self.need(8 * n_dims, f"tensor {name}'s shape")
+        shape = tuple(self.take("q") for _ in range(n_dims))
+        if any(n < 0 for n in shape):
+            raise refused(self.where, f"tensor {name} has the shape {shape}")
+        if math.prod(shape) > MAX_ELEMENTS:
+            raise refused(self.where, f"tensor {name}'s shape {shape} holds over 2**63 values")
+        type_id = self.take("I")
+        if type_id not in GGML_TYPES:
+            raise refused(self.where, f"tensor {name} is of ggml type {type_id}, which ggml lacks")
+        type_name, block, _ = GGML_TYPES[type_id]
+        row = shape[0] if shape else 1
+        if row % block:
+            problem = f"tensor {name}'s rows of {row} values are not whole {type_name} blocks"
+            raise refused(self.where, f"{problem} ({block} values)")
+        return TensorInfo(name, shape, type_id, self.take("Q"))
 
 
 def check_gguf_magic(path: Path) -> None:
@@ -206,37 +370,59 @@ def read_header(
     cursor = _Cursor(data, where, whole)
     cursor.take("I")
     version = cursor.take("I")
-    n_tensors, n_fields = cursor.take("Q"), cursor.take("Q")
-    fields: dict[str, Any] = {}
-    lengths: dict[str, int] = {}
-    wanted = set(only) if only is not None else None
-    for _ in range(n_fields):
-        key = cursor.string()
-        value, length = cursor.value(cursor.take("I"), key in arrays)
-        fields[key] = value
-        if length is not None:
-            lengths[key] = length
+    if version not in GGUF_VERSIONS:
+        raise refused(where, f"it is GGUF version {version}, and llama.cpp reads versions 2 and 3")
+    n_tensors, n_fields = cursor.take("q"), cursor.take("q")
+    cursor.count(n_fields, _LEAST_FIELD, "field count")
+    header = GGUFHeader(version, {}, {}, [], where=where)
+    fields, wanted = header.fields, set(only) if only is not None else None
+    for index in range(n_fields):
+        key = cursor.string(f"the key of field {index}")
+        if not key:
+            what = "empty" if key == "" else f"{cursor.size} bytes long, past quill's 1 MiB"
+            raise refused(where, f"the key of field {index} is {what}")
+        if key in fields:
+            raise refused(where, f"{shown(key)} is in its header twice")
+        kind = cursor.take("I")
+        fields[key], length = cursor.value(kind, key, key in arrays)
+        if kind == _ARRAY:
+            header.array_lengths[key] = length
+        elif kind == _STRING and fields[key] is None:
+            header.string_lengths[key] = length
         if wanted is not None:
             wanted.discard(key)
             if not wanted:
-                return GGUFHeader(version, fields, lengths, [])
-    kv_end = cursor.at
-    infos: list[TensorInfo] = []
+                return header
+    header.kv_end = cursor.at
+    # gguf.cpp: general.alignment is a power of 2 (it reads it as a uint32).
+    alignment = header.integer("general.alignment", 32)
+    if alignment & (alignment - 1) or not alignment:
+        raise refused(where, f"general.alignment is {alignment}, not a power of 2")
     data_end = 0  # where the last tensor's data ends, from the start of the data
-    for _ in range(n_tensors if tensors else 0):
-        name = cursor.string()
-        shape = tuple(cursor.take("Q") for _ in range(cursor.take("I")))
-        info = TensorInfo(name, shape, cursor.take("I"), cursor.take("Q"))
-        data_end = max(data_end, info.offset + info.n_bytes)
-        infos.append(info)
-    data_start = aligned(cursor.at, int(fields.get("general.alignment") or 32))
-    size = data_start + data_end
-    if tensors and whole and size > len(data):
+    if tensors:
+        cursor.count(n_tensors, _LEAST_TENSOR, "tensor count")
+        names: set[str] = set()
+        for index in range(n_tensors):
+            info = cursor.tensor(index)
+            if info.name in names:
+                raise refused(where, f"tensor {info.name} is in its tensor table twice")
+            # gguf.cpp: each tensor's data follows the one before, padded to the alignment.
+            if info.offset != aligned(data_end, alignment):
+                expected = aligned(data_end, alignment)
+                problem = f"tensor {info.name} is at offset {info.offset}, not {expected}"
+                raise refused(where, f"{problem} (where the tensor before it ends)")
+            names.add(info.name)
+            data_end = info.offset + info.n_bytes
+            header.tensors.append(info)
+    header.infos_end = cursor.at
+    header.data_start = aligned(cursor.at, alignment)
+    header.size = header.data_start + data_end
+    if tensors and whole and header.size > len(data):
         raise GGUFError(
             f"{where} is not a readable GGUF file (truncated or corrupt: its tensors need "
-            f"{size} bytes, the file has {len(data)}); download it again"
+            f"{header.size} bytes, the file has {len(data)}); download it again"
         )
-    return GGUFHeader(version, fields, lengths, infos, size, kv_end, cursor.at, data_start)
+    return header
 
 
 def aligned(offset: int, alignment: int) -> int:
@@ -246,11 +432,11 @@ def aligned(offset: int, alignment: int) -> int:
 def split_parts(name: str, header: GGUFHeader) -> list[str]:
     """The names of a split GGUF's other files (llama.cpp's NAME-00001-of-0000N.gguf), from its
     first file's name and header; none for a single file."""
-    count = int(header.get("split.count", 1))
+    count = header.integer("split.count", 1, SPLITS)
     match = SPLIT_NAME.search(name)
     if count < 2:
         return []
-    if int(header.get("split.no", 0)) != 0 or match is None:
+    if header.integer("split.no", 0, SPLITS) != 0 or match is None:
         first = f"-00001-of-{count:05}.gguf"
         raise GGUFError(f"{name} is one part of a split GGUF: name its first part, …{first}")
     return [f"{name[: match.start()]}-{n:05}-of-{count:05}.gguf" for n in range(2, count + 1)]
@@ -259,20 +445,23 @@ def split_parts(name: str, header: GGUFHeader) -> list[str]:
 def joined(parts: list[GGUFHeader], where: str) -> GGUFHeader:
     """A split GGUF's header: its first file's fields and every file's tensors."""
     first, tensors = parts[0], [t for part in parts for t in part.tensors]
-    expected = int(first.get("split.tensors.count", len(tensors)))
+    expected = first.integer("split.tensors.count", len(tensors))
     if len(tensors) != expected:
         raise GGUFError(
             f"{where}: its parts list {len(tensors)} tensors, its first part says {expected}; "
             "one is from another model or version: download them again"
         )
     size = sum(part.size for part in parts)
-    return GGUFHeader(first.version, first.fields, first.array_lengths, tensors, size)
+    return GGUFHeader(
+        first.version, first.fields, first.array_lengths, tensors, size, where=first.where,
+        string_lengths=first.string_lengths,
+    )  # fmt: skip
 
 
 def file_type_name(header: GGUFHeader) -> str | None:
     """The file's dominant quantization as llama-quantize names it, e.g. Q4_K_M."""
-    number = header.get("general.file_type")
-    return None if number is None else FILE_TYPES.get(int(number), str(number))
+    number = header.integer("general.file_type")
+    return None if number is None else FILE_TYPES.get(number, str(number))
 
 
 def quant_type(path: Path) -> str | None:
@@ -280,12 +469,47 @@ def quant_type(path: Path) -> str | None:
     return file_type_name(read_header(path, tensors=False, only=("general.file_type",)))
 
 
+@dataclass(frozen=True)
+class Hyperparameters:
+    """The model's numbers that quill plans with and shows, each checked as llama.cpp reads it
+    (None where the header lacks one)."""
+
+    architecture: str
+    layers: int | None
+    embedding_length: int | None
+    heads: int | list[int] | None  # a list: one a layer
+    kv_heads: int | list[int] | None
+    key_length: int | None
+    value_length: int | None
+    context_length: int | None
+    sliding_window: int | None
+
+
+def hyperparameters(header: GGUFHeader) -> Hyperparameters:
+    """GGUFError naming the first field of a wrong type or past llama.cpp's limits."""
+    arch = header.text("general.architecture", "unknown") or "unknown"
+    layers = header.integer(f"{arch}.block_count", None, LAYERS)
+    heads = header.per_layer(f"{arch}.attention.head_count", layers or 0, None)
+    return Hyperparameters(
+        architecture=arch,
+        layers=layers,
+        embedding_length=header.integer(f"{arch}.embedding_length"),
+        heads=heads,
+        kv_heads=header.per_layer(f"{arch}.attention.head_count_kv", layers or 0, None),
+        key_length=header.integer(f"{arch}.attention.key_length"),
+        value_length=header.integer(f"{arch}.attention.value_length"),
+        context_length=header.integer(f"{arch}.context_length"),
+        sliding_window=header.integer(f"{arch}.attention.sliding_window"),
+    )
+
+
 def head_dims(get: Callable[[str, Any], Any]) -> tuple[int, int]:
     """(K, V) values per attention head, with llama.cpp's fallback: embedding / heads. get reads
-    a field with a default: a GGUFHeader's, or the loaded model's metadata."""
+    a field with a default: a GGUFHeader's (after hyperparameters() checked it), or the loaded
+    model's metadata (text)."""
     arch = get("general.architecture", "unknown")
     heads = get(f"{arch}.attention.head_count", 1)
-    heads = int(heads) if isinstance(heads, (int, str)) else max(heads or [1])
+    heads = max(heads) if isinstance(heads, list) else int(heads)
     n_embd = int(get(f"{arch}.embedding_length", 0))
     head_dim_k = int(get(f"{arch}.attention.key_length", n_embd // max(heads, 1)))
     return head_dim_k, int(get(f"{arch}.attention.value_length", head_dim_k))
@@ -329,36 +553,34 @@ def read_gguf(
     """What `quill inspect` shows, from the header alone (read here unless given); file_size
     for a file that is not (all) at path."""
     header = header or read_header(Path(path))
-    arch = header.get("general.architecture", "unknown")
-    heads = header.get(f"{arch}.attention.head_count")
-    embedding = header.get(f"{arch}.embedding_length")
-    head_dim = header.get(f"{arch}.attention.key_length")
-    if head_dim is None and isinstance(heads, int) and heads and embedding:
+    model = hyperparameters(header)
+    head_dim = model.key_length
+    if head_dim is None and isinstance(model.heads, int) and model.heads and model.embedding_length:
         head_dim = head_dims(header.get)[0]
-    kv_heads = header.get(f"{arch}.attention.head_count_kv")
     counts: Counter[str] = Counter()
     sizes: Counter[str] = Counter()
     for tensor in header.tensors:
         counts[tensor.type_name] += 1
         sizes[tensor.type_name] += tensor.n_bytes
+    template = header.text("tokenizer.chat_template")
     return GGUFInfo(
         path=str(path),
         file_size=Path(path).stat().st_size if file_size is None else file_size,
         gguf_version=header.version,
-        name=header.get("general.name"),
-        architecture=arch,
+        name=header.text("general.name"),
+        architecture=model.architecture,
         file_type=file_type_name(header),
         parameters=sum(t.n_elements for t in header.tensors),
-        layers=header.get(f"{arch}.block_count"),
-        embedding_length=embedding,
-        heads=heads,
-        kv_heads=kv_heads,
+        layers=model.layers,
+        embedding_length=model.embedding_length,
+        heads=model.heads,
+        kv_heads=model.kv_heads,
         head_dim=head_dim,
-        context_length=header.get(f"{arch}.context_length"),
-        sliding_window=header.get(f"{arch}.attention.sliding_window"),
+        context_length=model.context_length,
+        sliding_window=model.sliding_window,
         vocab_size=header.array_lengths.get("tokenizer.ggml.tokens"),
-        tokenizer=header.get("tokenizer.ggml.model"),
-        chat_template=header.get("tokenizer.chat_template") is not None,
+        tokenizer=header.text("tokenizer.ggml.model"),
+        chat_template=template is not None,
         tensor_types=[
             TensorType(name, counts[name], sizes[name]) for name, _ in sizes.most_common()
         ],

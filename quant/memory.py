@@ -17,10 +17,19 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from quant.gguf import GGUFHeader, head_dims, read_header
+from quant.gguf import (
+    LAYERS,
+    GGUFHeader,
+    described,
+    head_dims,
+    hyperparameters,
+    read_header,
+    refused,
+)
 from quant.kv import kv_cache_bytes
 
 CELL_PADDING = 256
+MAX_CELLS = 2**32 - CELL_PADDING  # llama.cpp's n_ctx is a uint32
 # Sliding-window layer patterns llama.cpp applies when the GGUF does not list them: the period,
 # whose last layer is full attention.
 SWA_PERIODS = {"gemma2": 2, "gemma3": 6, "gemma3n": 5, "cohere2": 4, "llama4": 4, "gpt-oss": 2}
@@ -49,17 +58,15 @@ class ModelShape:
 
     @classmethod
     def from_header(cls, header: GGUFHeader) -> ModelShape:
-        value = header.get
-        arch = value("general.architecture", "unknown")
-        n_layers = int(value(f"{arch}.block_count", 0))
-        n_embd = int(value(f"{arch}.embedding_length", 0))
-        heads = value(f"{arch}.attention.head_count", 1)
-        heads = heads if isinstance(heads, int) else max(heads)
-        kv = value(f"{arch}.attention.head_count_kv", heads)
-        kv_heads = tuple(kv) if isinstance(kv, list) else (int(kv),) * n_layers
-        dims = head_dims(value)  # K and V values per head
-        window = int(value(f"{arch}.attention.sliding_window", 0) or 0)
-        pattern = value(f"{arch}.attention.sliding_window_pattern")
+        """Raises GGUFError naming a field of the wrong type or past llama.cpp's limits."""
+        model = hyperparameters(header)
+        arch, n_layers = model.architecture, model.layers or 0
+        heads = model.heads if model.heads is not None else 1
+        kv = model.kv_heads if model.kv_heads is not None else heads
+        kv_heads = tuple(kv) if isinstance(kv, list) else (kv,) * n_layers
+        dims = head_dims(header.get)  # K and V values per head
+        window = model.sliding_window or 0
+        pattern = sliding_window_pattern(header, arch)
         if window and isinstance(pattern, list):
             swa = tuple(bool(x) for x in pattern[:n_layers])
         elif window and arch in SWA_PERIODS:
@@ -68,11 +75,12 @@ class ModelShape:
             # An unknown sliding-window architecture: counted as full attention everywhere.
             swa = (False,) * n_layers
         n_vocab = header.array_lengths.get("tokenizer.ggml.tokens", 0)
-        trained_ctx = int(value(f"{arch}.context_length", 0))
         weights = sum(t.n_bytes for t in header.tensors)
+        trained_ctx = model.context_length or 0
         return cls(
-            arch, n_layers, kv_heads, *dims, n_embd, n_vocab, trained_ctx, weights, window, swa
-        )
+            arch, n_layers, kv_heads, *dims, model.embedding_length or 0, n_vocab, trained_ctx,
+            weights, window, swa,
+        )  # fmt: skip
 
     def kv_bytes(
         self, cells: int, type_k: str, type_v: str, layers: list[int] | None = None
@@ -82,6 +90,19 @@ class ModelShape:
         return kv_cache_bytes(
             len(heads), heads, self.head_dim_k, cells, type_k, type_v, self.head_dim_v
         )
+
+
+def sliding_window_pattern(header: GGUFHeader, arch: str) -> list[bool] | int | None:
+    """Which layers have a sliding window: a flag a layer, or a period (llama.cpp's
+    load_swa_pattern reads either: an array of bools or whole numbers of at most its 512 layers,
+    or one whole number)."""
+    key = f"{arch}.attention.sliding_window_pattern"
+    pattern = header.get(key)
+    if not isinstance(pattern, list):
+        return header.integer(key)
+    if len(pattern) > LAYERS.most or not all(isinstance(flag, int) for flag in pattern):
+        raise refused(header.where, f"{key} is {described(pattern)}, not one flag a layer")
+    return pattern
 
 
 @dataclass(frozen=True)
@@ -128,7 +149,7 @@ def plan(
     cells = padded(n_ctx)
     n_ubatch = min(n_ubatch, cells)
     swa = [i for i, is_swa in enumerate(shape.swa_layers) if is_swa]
-    full = [i for i in range(shape.n_layers) if i not in set(swa)]
+    full = sorted(set(range(shape.n_layers)) - set(swa))
     window_cells = min(cells, padded(shape.sliding_window + n_ubatch)) if swa else 0
     windowed = shape.kv_bytes(cells, type_k, type_v, full)
     windowed += shape.kv_bytes(window_cells, type_k, type_v, swa)
@@ -201,7 +222,7 @@ def split_plan(
         layers.setdefault(device, []).append(layer)
     for tensor in header.tensors:
         match = re.match(r"blk\.(\d+)\.", tensor.name)
-        if match:
+        if match and int(match.group(1)) < shape.n_layers:
             owner = placement[int(match.group(1))]
         elif tensor.name.startswith(("output.", "output_norm")):
             owner = placement[shape.n_layers]
@@ -246,7 +267,12 @@ def largest_context(
     low, high = 2 * CELL_PADDING, 4 * CELL_PADDING
     per_cell = (total(high) - total(low)) / (high - low)
     fixed = total(low) - per_cell * low
-    cells = int((budget_bytes - fixed) // per_cell) if budget_bytes > fixed else 0
+    if budget_bytes <= fixed:
+        cells = 0
+    elif per_cell > 0:
+        cells = min(int((budget_bytes - fixed) // per_cell), MAX_CELLS)
+    else:  # no KV cache (no layers, or no heads): no context costs more than another
+        cells = MAX_CELLS
     cells -= cells % CELL_PADDING
     if shape.trained_ctx:
         cells = min(cells, shape.trained_ctx - shape.trained_ctx % CELL_PADDING)

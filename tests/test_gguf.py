@@ -10,7 +10,11 @@ from quant.memory import ModelShape
 
 
 def test_the_type_tables_agree_with_ggml():
+    known = {kind.value for kind in GGMLQuantizationType}
     for number, (name, block, size) in GGML_TYPES.items():
+        if number not in known:  # newer than the gguf package (Q2_0: ggml-common.h's block_q2_0)
+            assert number > max(known), name
+            continue
         kind = GGMLQuantizationType(number)
         assert kind.name == name and GGML_QUANT_SIZES[kind] == (block, size)
     for number, name in FILE_TYPES.items():

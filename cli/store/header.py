@@ -4,8 +4,9 @@ header is a few MB at the start of a file of GBs, and the memory plan needs noth
 
 from __future__ import annotations
 
+import contextlib
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,19 +39,32 @@ class ModelHeader:
     # from the Hub, on disk when asked.
     prefixes: tuple[bytes, ...] = ()
 
+    # Each raises ModelLoadError where a field it reads has the wrong type or is past
+    # llama.cpp's limits (the header was read whole: its fields are checked where used).
     @property
     def info(self) -> GGUFInfo:
-        return read_gguf(self.where, self.header, self.size)
+        with _load_error():
+            return read_gguf(self.where, self.header, self.size)
 
     @property
     def shape(self) -> ModelShape:
-        return ModelShape.from_header(self.header)
+        with _load_error():
+            return ModelShape.from_header(self.header)
 
     @property
     def names(self) -> list[str]:
         """Its files' names, a split's in order."""
         first = PARTIAL.sub("", self.where.rpartition("/")[2])
-        return [first, *split_parts(first, self.header)]
+        with _load_error():
+            return [first, *split_parts(first, self.header)]
+
+
+@contextlib.contextmanager
+def _load_error() -> Iterator[None]:
+    try:
+        yield
+    except GGUFError as error:
+        raise ModelLoadError(str(error)) from None
 
 
 def grown_header(
@@ -68,6 +82,11 @@ def grown_header(
             header = read_header(where, whole=whole and end == size, data=data)
             return header, bytes(data[: header.data_start]), end
         except HeaderIncomplete as short:
+            if whole and short.needed > size:  # a corrupt length: not worth the file's GBs
+                raise GGUFError(
+                    f"{where} is not a readable GGUF file (truncated or corrupt: its header goes "
+                    f"on past byte {short.needed:,}, and the file has {size:,}); download it again"
+                ) from None
             if end == size:
                 raise
             end = min(max(2 * end, short.needed), size)
@@ -91,13 +110,11 @@ def header_on_disk(path: Path, prefixes: bool = False) -> ModelHeader:
     after its header); prefixes: keep each file's first bytes, as ModelHeader.prefixes."""
     name = PARTIAL.sub("", path.name)
     whole = name == path.name
-    try:
+    with _load_error():
         first, prefix = _on_disk(path, whole, prefixes)
         names = split_parts(name, first)
         rest = [_on_disk(path.with_name(n), True, prefixes) for n in names]
         header = joined([first, *(part for part, _ in rest)], str(path))
-    except GGUFError as error:
-        raise ModelLoadError(str(error)) from None
     kept = (prefix, *(data for _, data in rest)) if prefixes else ()
     if not whole:
         return ModelHeader(header, str(path), header.size, path.stat().st_size, kept)
