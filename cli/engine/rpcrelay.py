@@ -32,6 +32,7 @@ HEADER = struct.Struct("<BQ")  # command, payload size
 HELLO_SIZE = HEADER.size + CAPS_SIZE
 HELLO_TIMEOUT_S = 5.0
 MAX_WAITING = 64  # connections waiting for their hello; past it the oldest is dropped
+MAX_RELAYED = 16  # past their hello: one is served, the rest wait in llama.cpp's queue
 CHUNK = 1 << 20
 UPSTREAM_WAIT_S = 60.0  # llama.cpp's server starts listening after the guard does
 
@@ -59,13 +60,14 @@ def guard(
     listener.setblocking(False)
     selector.register(listener, selectors.EVENT_READ)
     waiting: dict[socket.socket, tuple[float, bytearray, str]] = {}  # oldest first
+    relayed = threading.BoundedSemaphore(MAX_RELAYED)
 
     def drop(conn: socket.socket, why: str | None) -> None:
         _, _, peer = waiting.pop(conn)
         selector.unregister(conn)
-        conn.close()
-        if why:
+        if why:  # before the peer sees the connection end
             report(f"dropped a connection from {peer}: {why}")
+        conn.close()
 
     while True:
         now = time.monotonic()
@@ -77,6 +79,7 @@ def guard(
                 try:
                     conn, address = listener.accept()
                 except OSError:  # the peer gave up already, or out of descriptors for now
+                    time.sleep(0.01)
                     continue
                 if len(waiting) >= MAX_WAITING:
                     drop(next(iter(waiting)), f"{MAX_WAITING} connections waiting for a hello")
@@ -99,19 +102,36 @@ def guard(
             hello += data
             if len(hello) >= HEADER.size and HEADER.unpack_from(hello) != (HELLO, CAPS_SIZE):
                 drop(conn, "its first message is not an RPC hello of protocol 3 or later")
+            elif len(hello) == HELLO_SIZE and not relayed.acquire(blocking=False):
+                drop(conn, f"{MAX_RELAYED} clients already connected or waiting for the server")
             elif len(hello) == HELLO_SIZE:
                 del waiting[conn]
                 selector.unregister(conn)
                 conn.setblocking(True)
                 threading.Thread(
                     target=_relay_checked,
-                    args=(conn, bytes(hello), upstream, max_payload, peer, report),
+                    args=(conn, bytes(hello), upstream, max_payload, peer, report, relayed),
                     name=f"rpc-relay {peer}",
                     daemon=True,
                 ).start()
 
 
 def _relay_checked(
+    client: socket.socket,
+    hello: bytes,
+    upstream: tuple[str, int],
+    max_payload: int,
+    peer: str,
+    report: Callable[[str], None],
+    relayed: threading.BoundedSemaphore,
+) -> None:
+    try:
+        _relay_to_server(client, hello, upstream, max_payload, peer, report)
+    finally:
+        relayed.release()
+
+
+def _relay_to_server(
     client: socket.socket,
     hello: bytes,
     upstream: tuple[str, int],
@@ -130,29 +150,27 @@ def _relay_checked(
                 report(f"dropped a connection from {peer}: llama.cpp's server is not listening")
                 return
             time.sleep(0.05)
-    refused = _relay(client, server, lambda: _pass_requests(client, server, hello, max_payload))
-    if refused:
-        report(f"refused {peer}: {refused}")
+
+    def requests() -> None:
+        refused = _pass_requests(client, server, hello, max_payload)
+        if refused:  # before the client sees the connection end
+            report(f"refused {peer}: {refused}")
+
+    _relay(client, server, requests)
 
 
-def _relay(
-    client: socket.socket, server: socket.socket, requests: Callable[[], str | None]
-) -> str | None:
+def _relay(client: socket.socket, server: socket.socket, requests: Callable[[], None]) -> None:
     """requests() passes the client's bytes on, in this thread, while another copies the
-    server's back; when either side ends, both sockets are shut and closed. What requests
-    returned."""
+    server's back; when either side ends, both sockets are shut and closed."""
     with client, server:
         for end in (client, server):
             end.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         replies = threading.Thread(target=_copy, args=(server, client), daemon=True)
         replies.start()
-        try:
-            ended = requests()
-        except OSError:
-            ended = None
+        with contextlib.suppress(OSError):
+            requests()
         _shut(client, server)
         replies.join()
-    return ended
 
 
 def _pass_requests(
