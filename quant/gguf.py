@@ -111,6 +111,8 @@ def refused(where: str, problem: str) -> GGUFError:
 
 def shown(name: str) -> str:
     """A key or tensor name as a message shows it: printable, and not a page long."""
+    if not name:
+        return "''"
     text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in name[:80])
     return text + ("…" if len(name) > 80 else "")
 

@@ -33,7 +33,7 @@ from quant.replica import replica_bytes
 
 SEED = 41
 FAST_CASES_PER_KIND = 30  # x 10 kinds: the fast tier, a few seconds
-SLOW_CASES_PER_KIND = 400  # x 10 kinds, on each model
+SLOW_CASES_PER_KIND = 300  # x 10 kinds, on each model
 MAX_SECONDS = 2.0
 MAX_BYTES = 200 * 2**20
 MiB = 2**20

@@ -12,12 +12,13 @@ import psutil
 import pytest
 from gguf import GGUFReader, GGUFValueType, GGUFWriter
 from hubserver import Hub, serve_hub
+from test_fuzz_gguf import STRING, encode, patch, replaced, scan, typed
 
 from cli.app import app
 from cli.engine.hardware import gpu_memory
 from cli.errors import ModelLoadError, NotOnDiskError
 from cli.store.header import ModelHeader, header_on_disk
-from cli.store.models import ModelRequest, model_header, parse_model_name
+from cli.store.models import Download, ModelRequest, model_header, parse_model_name, record
 from cli.store.registry import load_registry
 from quant.gguf import GGUFError, HeaderIncomplete, read_header
 
@@ -227,3 +228,32 @@ def test_smollm2_from_the_hub_costs_2_mib_of_94(hub_env, smollm2_path):
     assert facts(remote) == facts(header_on_disk(smollm2_path))
     assert remote.read == sum(t.sent for t in hub.transfers) == 2 * MiB  # 1 MiB, then 2
     assert remote.size == smollm2_path.stat().st_size
+
+
+def test_a_header_past_llama_cpps_limits_is_one_line_and_list_goes_on(
+    runner, tiny_path, tmp_path, monkeypatch
+):
+    """A number past llama.cpp's limit, or a field of the wrong type: inspect refuses in one line
+    naming the field (exit 5); quill list marks the file unreadable and lists the rest."""
+    layout, data = scan(tiny_path), tiny_path.read_bytes()
+    fields = {entry.key: entry for entry in layout.fields}
+    layers = tmp_path / "layers.gguf"
+    layers.write_bytes(patch(data, fields["llama.block_count"].value_at, 4, 100_000))
+    result = runner.invoke(app, ["inspect", str(layers)])
+    assert result.exit_code == 5 and result.stderr.count("\n") == 1, result.output
+    assert "llama.block_count is 100000, more than llama.cpp's 512 layers" in result.stderr
+    # general.file_type as a string: what quill list reads of a file it did not record
+    text = typed(STRING, encode(STRING, "Q4_0"))
+    header = replaced(layout, fields["general.file_type"], text)
+    wrong = tmp_path / "wrong.gguf"
+    wrong.write_bytes(header + data[len(layout.header) :] + bytes(32))
+    result = runner.invoke(app, ["inspect", str(wrong)])
+    assert result.exit_code == 5 and result.stderr.count("\n") == 1, result.output
+    assert "general.file_type is the string 'Q4_0', not a whole number" in result.stderr
+    monkeypatch.setenv("QUILL_HOME", str(tmp_path / "home"))
+    for name, path in (("wrong", wrong), ("layers", layers), ("tiny", tiny_path)):
+        record(tmp_path / "home", Download(str(path), name, "quantize", None, "", 0, None, 0.0))
+    listed = runner.invoke(app, ["list"])
+    assert listed.exit_code == 0, listed.output
+    rows = {line.split()[0]: line.split()[1] for line in listed.stdout.splitlines()[1:]}
+    assert rows == {"layers": "F16", "tiny": "F16", "wrong": "unreadable"}

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import json
 import re
+import time
 
 import pytest
 
 from cli.app import app
 from cli.engine.engine import Engine, LoadOptions
+from quant.gguf import GGUFError, GGUFHeader
 from quant.memory import ModelShape, largest_context, parse_size, plan
 
 
@@ -156,3 +158,42 @@ def test_run_with_a_quantized_and_a_mixed_cache(runner, smollm2_path):
         assert out["kv_cache_type"] == shown and out["generation_tokens"] >= 1
     refused = runner.invoke(app, ["run", "--kv-type", "q3", "Hello"])
     assert refused.exit_code == 2 and "unknown K cache type 'q3'" in refused.stderr
+
+
+def test_a_crafted_header_is_refused_by_its_field_at_once():
+    """Numbers that drove the plan's loops (layers, per-layer arrays, window patterns) are
+    checked as llama.cpp checks them, before any loop; at llama.cpp's limits the plan is quick."""
+
+    def shape(**fields: object) -> ModelShape:
+        named = {f"gemma3.{key}": value for key, value in fields.items()}
+        fields = {"general.architecture": "gemma3", **named}
+        return ModelShape.from_header(GGUFHeader(3, fields, {}, [], where="crafted.gguf"))
+
+    refusals = {
+        "gemma3.block_count is 100000, more than llama.cpp's 512 layers": {
+            "block_count": 100_000,
+            "attention.sliding_window": 512,
+        },
+        "gemma3.attention.head_count_kv is an empty array, for 2 layers": {
+            "block_count": 2,
+            "attention.head_count_kv": [],
+        },
+        "gemma3.embedding_length is the string '64', not a whole number": {
+            "embedding_length": "64"
+        },
+        "sliding_window_pattern is an array of 513 items, not one flag a layer": {
+            "block_count": 2,
+            "attention.sliding_window": 512,
+            "attention.sliding_window_pattern": [True] * 513,
+        },
+    }
+    for message, fields in refusals.items():
+        with pytest.raises(GGUFError, match=re.escape(message)) as refused:
+            shape(**fields)
+        assert str(refused.value).startswith("crafted.gguf is not a model llama.cpp can load: ")
+    start = time.perf_counter()
+    most = shape(block_count=512, embedding_length=64, **{"attention.sliding_window": 512})
+    assert sum(most.swa_layers) == 512 - 512 // 6 and plan(most, 2**20).kv_bytes > 0
+    assert time.perf_counter() - start < 0.5
+    # No layers, so no KV cache: every context costs the same, up to the trained one.
+    assert largest_context(shape(context_length=8192), 2**30) == 8192
