@@ -206,8 +206,9 @@ class RpcError(QuillError):
         super().__init__(f"RPC server {endpoint} {reason}" if endpoint else reason)
 
 
-class AuthRequiredError(UsageError):
-    """The server answered 401: it wants a bearer token that was not given, or another."""
+class AuthRequiredError(EndpointError):
+    """The server answered 401: it wants a bearer token that was not given, or another (a
+    refusal by the server, so the endpoint's exit code)."""
 
 
 class MissingEndpointError(EndpointError):

@@ -294,7 +294,7 @@ def test_run_endpoint_reports_the_servers_reply_and_metrics(server, reference):
     assert reply["ttft_s"] > 0 and reply["generation_tokens"] > 0 and reply["prompt_tokens"] > 5
     assert reply["finish_reason"] in ("stop", "length")
     refused = CliRunner().invoke(app, ["run", "--endpoint", f"{server}/v1", "hi"])
-    assert refused.exit_code == 2 and "pass --api-key" in refused.stderr
+    assert refused.exit_code == 6 and "pass --api-key" in refused.stderr
 
 
 def test_chat_endpoint_keeps_a_conversation_with_the_server(server, quill_home, tmp_path):

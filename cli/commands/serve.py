@@ -159,6 +159,7 @@ def serve(
     from cli.ui import render
     from cli.units import human_bytes
 
+    check_api_key(api_key)
     park_bytes = shared.size_option("--cache-ram", cache_ram)
     options = shared.load_options(
         ctx, threads, gpu_layers, kv_type, kv_k, kv_v, rpc, parallel=parallel
@@ -362,6 +363,23 @@ def open_file_room(max_connections: int) -> int:
     if soft != resource.RLIM_INFINITY and soft < wanted:
         resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
     return max_connections
+
+
+def check_api_key(api_key: str | None) -> None:
+    """A key a client can send: an empty one, or one an HTTP header cannot carry as it is
+    (spaces at its ends are stripped, only printable ASCII travels), would refuse everyone."""
+    if api_key is None:
+        return
+    if not api_key:
+        raise UsageError(
+            "--api-key is empty, which no request could match: give a key, or leave the "
+            "option out to serve without one"
+        )
+    if api_key != api_key.strip() or not all(" " <= char <= "~" for char in api_key):
+        raise UsageError(
+            "--api-key has spaces at its ends or characters outside printable ASCII, which an "
+            "'Authorization: Bearer' header cannot carry as they are: choose another key"
+        )
 
 
 ServerEndpoint = Annotated[
