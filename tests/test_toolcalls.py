@@ -256,6 +256,35 @@ def test_bad_tool_requests_get_one_clear_400(hermes_server: str) -> None:
         assert words in response.json()["error"]["message"]
 
 
+@pytest.mark.parametrize(
+    ("choice", "constraint"),
+    [
+        ("required", {"response_format": {"type": "json_object"}}),
+        ("required", {"grammar": 'root ::= "yes"'}),
+        (
+            {"type": "function", "function": {"name": "get_time"}},
+            {"json_schema": {"type": "object"}},
+        ),
+    ],
+    ids=["required and response_format", "required and grammar", "named and json_schema"],
+)
+def test_a_forced_call_with_an_output_constraint_is_a_400(
+    hermes_server: str, choice, constraint: dict
+) -> None:
+    """The constraint's grammar took the forced call's place: a 200 with no tool call. As
+    llama-server refuses a grammar with tools, both are refused, saying why."""
+    body = {"messages": ASK, "max_tokens": 40, "tools": TOOLS, "tool_choice": choice}
+    response = httpx.post(
+        f"{hermes_server}/v1/chat/completions", json={**body, **constraint}, timeout=60
+    )
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == "tool_choice" and "not supported together" in error["message"]
+    assert next(iter(constraint)) in error["message"]
+    free = {**body, "tool_choice": "auto", **constraint}  # the model may answer in the format
+    assert httpx.post(f"{hermes_server}/v1/chat/completions", json=free, timeout=60).is_success
+
+
 def test_a_call_cut_by_max_tokens_stays_content_with_finish_length(hermes_server: str) -> None:
     client = openai.OpenAI(base_url=f"{hermes_server}/v1", api_key="none", max_retries=0)
     cut = client.chat.completions.create(

@@ -95,16 +95,37 @@ def parse_body(raw: bytes) -> dict:
     return body
 
 
-def _number(body: dict, name: str, kind: type, low: float, high: float, default):
-    value = body.get(name, default)
+def _typed(body: dict, name: str, kind: type, default, param: str | None = None):
+    """body[name] (default where it is absent or null) if it is of kind (bool, int or float)
+    as JSON writes one: true is no number, 1.0 no whole number and "false" no boolean, so none of
+    them is read as if it were meant."""
+    value = body.get(name)
     if value is None:
         return default
+    param = param or name
+    if kind is bool:
+        if not isinstance(value, bool):
+            raise bad_request(f"'{name}' must be true or false, got {_shown(value)}", param)
+        return value
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise bad_request(f"'{name}' must be a number", name)
+        raise bad_request(f"'{name}' must be a number, got {_shown(value)}", param)
     if isinstance(value, float) and not math.isfinite(value):  # 1e400 parses as infinity
-        raise bad_request(f"'{name}' must be a finite number, got {value}", name)
-    if kind is int and value != int(value):
-        raise bad_request(f"'{name}' must be a whole number", name)
+        raise bad_request(f"'{name}' must be a finite number, got {value}", param)
+    if kind is int and isinstance(value, float):
+        raise bad_request(f"'{name}' must be a whole number, got {value}", param)
+    return kind(value)
+
+
+def _shown(value: Any) -> str:
+    """A value as JSON, cut short: an error message quotes what was sent, not all of it."""
+    text = json.dumps(value)
+    return text if len(text) <= 40 else text[:40] + "..."
+
+
+def _number(body: dict, name: str, kind: type, low: float, high: float, default):
+    value = _typed(body, name, kind, None)
+    if value is None:
+        return default
     if not low <= value <= high:
         raise bad_request(f"'{name}' must be between {low} and {high}, got {value}", name)
     return kind(value)
@@ -203,18 +224,18 @@ def parse_request(body: dict, engine: Engine, limits: ServerLimits, chat: bool) 
         if not isinstance(prompt, str) or not prompt:
             raise bad_request("'prompt' must be a non-empty string", "prompt")
         _text(prompt, "'prompt'", "prompt")
-    if body.get("n", 1) != 1:
+    if _typed(body, "n", int, 1) != 1:
         raise bad_request("only n=1 is supported", "n")
-    requested = body.get("max_completion_tokens", body.get("max_tokens"))
-    max_tokens = _number(
-        {"max_tokens": requested}, "max_tokens", int, 1, limits.max_tokens, None
-    ) or min(limits.default_max_tokens, limits.max_tokens)
+    _typed(body, "stream", bool, False)  # read by cli/api/http.py, which trusts it checked
+    named = "max_completion_tokens" if body.get("max_completion_tokens") is not None else ""
+    default_max = min(limits.default_max_tokens, limits.max_tokens)
+    max_tokens = _number(body, named or "max_tokens", int, 1, limits.max_tokens, default_max)
     defaults = SamplingParams()
     numbers = {
         name: _number(body, name, *bounds, getattr(defaults, name))
         for name, bounds in SAMPLING_RANGES.items()
     }
-    ignore_eos = bool(body.get("ignore_eos", False))  # llama-server's extension
+    ignore_eos = _typed(body, "ignore_eos", bool, False)  # llama-server's extension
     sampling = SamplingParams(**numbers, ignore_eos=ignore_eos, grammar=grammar)
     stop = _stop_strings(body, limits)
     sampling = _with_constraint(body, sampling, engine)
@@ -227,9 +248,7 @@ def parse_request(body: dict, engine: Engine, limits: ServerLimits, chat: bool) 
             "context_length_exceeded",
         )
     max_tokens = min(max_tokens, engine.n_ctx - len(tokens))
-    cache_prompt = body.get("cache_prompt", True)  # llama-server's extension, on by default
-    if not isinstance(cache_prompt, bool):
-        raise bad_request("'cache_prompt' must be true or false", "cache_prompt")
+    cache_prompt = _typed(body, "cache_prompt", bool, True)  # llama-server's, on by default
     logprobs = _logprobs_request(body, chat)
     return ServedRequest(
         tokens,
@@ -354,6 +373,15 @@ def _with_constraint(body: dict, sampling: SamplingParams, engine: Any) -> Sampl
     from cli.engine.grammar import GrammarError, check_grammar
 
     constraint = _constraint(body)
+    if constraint is not None and sampling.grammar:
+        # As llama-server refuses a grammar with tools; it lets a response_format win and the
+        # forced call go unmade, a 200 that breaks tool_choice's promise.
+        raise bad_request(
+            f"tool_choice forces a tool call, and {_constraint_fields(body)[0]} constrains a "
+            "reply's text, which a tool call does not have (its arguments follow the tool's "
+            "parameters schema): the two are not supported together; send one of them",
+            "tool_choice",
+        )
     if constraint is not None:
         if sampling.ignore_eos:
             raise bad_request("ignore_eos cannot go with a grammar: the reply ends where it does")
@@ -373,7 +401,7 @@ MAX_GRAMMAR_CHARS = 64 * 1024
 def _constraint(body: dict[str, Any]) -> Constraint | None:
     """The constraint of OpenAI's response_format (json_object, json_schema with strict) or
     llama-server's json_schema and grammar fields; None: free text."""
-    asked = [key for key in ("response_format", "json_schema", "grammar") if body.get(key)]
+    asked = _constraint_fields(body)
     if not asked:
         return None
     if len(asked) > 1:
@@ -393,6 +421,10 @@ def _constraint(body: dict[str, Any]) -> Constraint | None:
         raise bad_request(str(error), key) from None
 
 
+def _constraint_fields(body: dict[str, Any]) -> list[str]:
+    return [key for key in ("response_format", "json_schema", "grammar") if body.get(key)]
+
+
 def _response_format(value: Any) -> Constraint | None:
     if not isinstance(value, dict) or not isinstance(value.get("type"), str):
         raise bad_request("'response_format' must be an object with a type", "response_format")
@@ -410,7 +442,8 @@ def _response_format(value: Any) -> Constraint | None:
                 "response_format json_schema needs {'json_schema': {'name': ..., 'schema': {...}}}",
                 "response_format",
             )
-        return _schema(spec["schema"], "response_format", bool(spec.get("strict")))
+        strict = _typed(spec, "strict", bool, False, "response_format")
+        return _schema(spec["schema"], "response_format", strict)
     raise bad_request(
         f"response_format type {kind!r} is not one of text, json_object, json_schema",
         "response_format",
