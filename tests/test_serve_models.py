@@ -253,7 +253,7 @@ def test_quill_stop_unloads_a_model(serve, q8_path):
     again = runner.invoke(app, ["stop", "smollm2-q8", "--endpoint", f"{url}/v1", "--api-key", KEY])
     assert again.exit_code == 0 and "is not loaded" in again.stderr
     keyless = runner.invoke(app, ["ps", "--endpoint", url], env={"QUILL_API_KEY": ""})
-    assert keyless.exit_code == 2 and "401" in keyless.stderr
+    assert keyless.exit_code == 6 and "401" in keyless.stderr
     unknown = runner.invoke(app, ["stop", "gpt-9", "--endpoint", url, "--api-key", KEY])
     assert unknown.exit_code == 3 and "does not exist" in unknown.stderr
     assert chat(url, "smollm2-q8").status_code == 200  # loads again on demand

@@ -4,7 +4,10 @@ under the pool's lock, and a model whose file cannot be read is a 400 named by i
 
 from __future__ import annotations
 
+import json
 import shutil
+import statistics
+import struct
 import threading
 import time
 from pathlib import Path
@@ -137,3 +140,84 @@ def test_a_file_that_is_not_a_model_is_a_400_not_a_500(quill_home, tmp_path, tin
     # removed after listing: no longer listed, and a request for it is refused in one answer
     assert gone.status_code in (400, 404) and "Traceback" not in gone.text, gone.text
     assert [model["id"] for model in listed] == [str(good), str(bad)]
+
+
+def with_block_count(model: Path, dest: Path, block_count: int) -> Path:
+    """A copy of model whose header says block_count layers: a few hundred bytes changed, which
+    an unbounded memory plan took 29 s and 3.4 GB to work out (issue 41)."""
+    data = bytearray(model.read_bytes())
+    key = b"llama.block_count"
+    at = data.index(key) + len(key)  # then the value's type (uint32 4) and the value
+    assert struct.unpack_from("<I", data, at)[0] == 4
+    struct.pack_into("<I", data, at + 4, block_count)
+    dest.write_bytes(data)
+    return dest
+
+
+def seconds_per_token(url: str, model: str) -> float:
+    """The server's own decode time per token of a 160-token streamed reply (its timings): not
+    the client's clock, which the test's other threads share through one interpreter lock."""
+    body = {"model": model, "prompt": "The sea is", "max_tokens": 160, "ignore_eos": True,
+            "temperature": 0, "stream": True}  # fmt: skip
+    chunks = []
+    with httpx.stream(
+        "POST", f"{url}/v1/completions", json=body, headers=AUTH, timeout=120
+    ) as response:
+        chunks = [line[6:] for line in response.iter_lines() if line.startswith("data: {")]
+    timings = json.loads(chunks[-1])["timings"]
+    return timings["predicted_ms"] / 1000 / timings["predicted_n"]
+
+
+def percentile_95(polls: list[tuple[int, float]]) -> float:
+    seconds = sorted(seconds for _, seconds in polls)
+    return seconds[int(0.95 * (len(seconds) - 1))]
+
+
+def keep_asking(url: str, model: str, stop: threading.Event, answers: list) -> None:
+    """Ten requests a second, as a client that retries would send them."""
+    while not stop.is_set():
+        answers.append(ask(url, model))
+        stop.wait(0.1)
+
+
+def test_a_crafted_header_neither_slows_a_stream_nor_health(
+    quill_home, tmp_path, smollm2_path, tiny_path
+):
+    """While SmolLM2 streams, requests name a model whose header claims 50 million layers (ten a
+    second): they are refused at once, the stream's time per token stays within 20% of a stream
+    alone (medians over three rounds of each, interleaved), and /health answers within 100 ms (or,
+    where other work slows every answer, as fast as beside the stream alone)."""
+    crafted = with_block_count(tiny_path, tmp_path / "crafted.gguf", 50_000_000)
+    args = (str(smollm2_path), str(crafted), "--ctx", "512", "--api-key", KEY)
+    process, url = start_server(quill_home, tmp_path, *args)
+    alone: list[float] = []
+    beside: list[float] = []
+    refusals: list[httpx.Response] = []
+    health_alone: list[tuple[int, float]] = []
+    health_beside: list[tuple[int, float]] = []
+    try:
+        seconds_per_token(url, smollm2_path.stem)  # warm
+        for _ in range(3):
+            polls = Latencies(url, "/health")
+            alone.append(seconds_per_token(url, smollm2_path.stem))
+            health_alone += polls.stop()
+            stop = threading.Event()
+            attacker = threading.Thread(target=keep_asking, args=(url, "crafted", stop, refusals))
+            polls = Latencies(url, "/health")
+            attacker.start()
+            beside.append(seconds_per_token(url, smollm2_path.stem))
+            stop.set()
+            attacker.join(timeout=120)
+            health_beside += polls.stop()
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+    assert refusals and all(r.status_code == 400 for r in refusals), refusals[-1].text
+    assert "block_count" in refusals[0].json()["error"]["message"]
+    ratio = statistics.median(beside) / statistics.median(alone)
+    assert ratio < 1.2, f"decode time per token {ratio:.2f}x a stream alone's: {beside} {alone}"
+    assert all(status == 200 for status, _ in health_alone + health_beside)
+    # Under 100 ms, or, on a machine whose other work already makes every answer slower (the
+    # suite under load), no slower than /health beside the stream alone.
+    bound = max(0.1, 1.5 * percentile_95(health_alone))
+    assert percentile_95(health_beside) < bound, (health_alone, health_beside)

@@ -45,7 +45,7 @@ def test_run_endpoint_on_the_tiny_server_reports_the_reply(runner, tiny_server):
     assert held.exit_code == 0, held.stderr
     assert isinstance(json.loads(held.stdout)["ok"], bool)
     refused = runner.invoke(app, ["run", "--endpoint", tiny_server, "hi"])
-    assert refused.exit_code == 2 and "pass --api-key" in refused.stderr
+    assert refused.exit_code == 6 and "pass --api-key" in refused.stderr
 
 
 def test_run_raw_endpoint_sends_the_prompt_as_it_is(runner, tiny_server, tiny_path):

@@ -96,7 +96,7 @@ class ModelPool:
         self.default: str | None = None  # the model a request naming none gets
         self._files: dict[str, Path] = {}
         self._models: dict[str, PooledModel] = {}
-        self._plans: dict[tuple[Path, int, int], tuple[int, str]] = {}
+        self._plans: dict[tuple[Path, int, int], tuple[int, str] | ApiError] = {}
         self._lock = threading.Condition()
         self._closed = False
         self._draining = False
@@ -231,20 +231,23 @@ class ModelPool:
         """The memory plan's total for label's file, refused here when it cannot fit alone or
         the file cannot be read as a model (400 model_load_failed, named by label: the path on
         the server's disk is none of the client's business). Cached per file and its size and
-        time, so a burst of requests for one model plans it once."""
+        time, refusals too, so a burst of requests for one file reads its header once."""
         assert self.catalog is not None  # a label without a file is always loaded
         path = self._files[label]
         try:
             stat = path.stat()
-            key = (path, stat.st_size, stat.st_mtime_ns)
-            cached = self._plans.get(key)
-            needs, parts = cached if cached is not None else self.catalog.memory_bytes(path)
-        except (OSError, ValueError) as error:  # GGUFError is a ValueError
-            reason = str(error).replace(str(path), label) or type(error).__name__
-            raise ApiError(
-                HTTPStatus.BAD_REQUEST, f"{label} failed to load: {reason}", "model_load_failed"
-            ) from None
-        self._plans[key] = (needs, parts)
+        except OSError as error:
+            raise self._unreadable(label, path, error) from None
+        key = (path, stat.st_size, stat.st_mtime_ns)
+        if key not in self._plans:
+            try:
+                self._plans[key] = self.catalog.memory_bytes(path)
+            except (OSError, ValueError) as error:  # GGUFError is a ValueError
+                self._plans[key] = self._unreadable(label, path, error)
+        planned = self._plans[key]
+        if isinstance(planned, ApiError):
+            raise planned
+        needs, parts = planned
         if self.memory_limit and needs > self.memory_limit:
             message = (
                 f"{label} needs {human_bytes(needs)} ({parts}), more than this server's memory "
@@ -254,6 +257,12 @@ class ModelPool:
             self.on_event(f"refused {message}")
             raise ApiError(HTTPStatus.BAD_REQUEST, message, "model_too_large", "model")
         return needs
+
+    @staticmethod
+    def _unreadable(label: str, path: Path, error: Exception) -> ApiError:
+        reason = str(error).replace(str(path), label) or type(error).__name__
+        message = f"{label} failed to load: {reason}"
+        return ApiError(HTTPStatus.BAD_REQUEST, message, "model_load_failed")
 
     def reloadable(self, label: str) -> bool:
         """Whether the pool can load label again: its catalog has it (a model loaded before
@@ -372,12 +381,7 @@ class ModelPool:
         try:
             model.scheduler = self.catalog.open(model.label, self._files[model.label])
         except Exception as error:  # a file that is not a model, a template that fails
-            path = str(self._files.get(model.label, model.label))
-            model.failure = ApiError(
-                HTTPStatus.BAD_REQUEST,
-                f"{model.label} failed to load: {str(error).replace(path, model.label)}",
-                "model_load_failed",
-            )
+            model.failure = self._unreadable(model.label, self._files[model.label], error)
             with self._lock:
                 self._models.pop(model.label, None)
                 self._lock.notify_all()

@@ -22,7 +22,7 @@ from cli.errors import (
 ADVICE: dict[type[Exception], str] = {
     SilentQuantizeError: ": run with --verbose for llama.cpp's log",
     SilentLoadError: " (run with --verbose)",
-    AuthRequiredError: " (pass --api-key)",
+    AuthRequiredError: " (pass --api-key or set QUILL_API_KEY)",
     TextTooShortError: ": give a longer text or a smaller --ctx",
     KvCacheTypeError: ": use --kv-type f16 for it",
 }
