@@ -17,6 +17,11 @@ llama-bench's verbose buffer lines, quill's split as inspect --rpc plans it, and
 server's memory grew by while the client ran.
 --only picks contenders, among them crossed ones (each client on the other's servers, and
 ggml-rpc-server on quill's libraries): which side a difference comes from.
+--servers-from REV adds "quill rpc, servers at REV": the same client on `quill rpc-server`s run
+from quill's cli/ at git revision REV (the rest of the venv as it is): what a change to the
+server costs, e.g. the relay in front of llama.cpp's server:
+  python benchmarks/rpc_split.py --rounds 6 --only "quill rpc" "quill rpc, servers at REV" \
+      --servers-from REV --json benchmarks/results/rpc-relay-2026-12-02.json
 Each run adds its rounds to --json and rewrites the .md beside it from all rounds so far
 (medians, and medians of the per-round ratios; a pair over the rounds that had both), so
 several runs under ~10 minutes make a result:
@@ -29,6 +34,7 @@ OpenMP as users have it: refuses to run with OMP_WAIT_POLICY set.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import re
@@ -44,6 +50,7 @@ from contextlib import contextmanager
 from importlib.metadata import version
 from pathlib import Path
 
+import at_scale
 from at_scale import QUIET, QUILL, TOOLS, interleave, quiet
 from serve_multiturn import free_port
 
@@ -121,6 +128,15 @@ def wheel_libraries() -> Path:
     return Path(llama_cpp.__file__).parent / "lib"
 
 
+def checkout(revision: str) -> Path:
+    """quill's cli/ package at revision, in a temporary folder, for PYTHONPATH."""
+    folder = Path(tempfile.mkdtemp(prefix="quill-at-"))
+    archive = subprocess.run(["git", "archive", revision, "cli"], cwd=HERE.parent, check=True,
+                             capture_output=True).stdout  # fmt: skip
+    subprocess.run(["tar", "-x", "-C", str(folder)], input=archive, check=True)
+    return folder
+
+
 def contenders(args: argparse.Namespace, env: dict[str, str]) -> tuple[dict, dict]:
     from cli.engine.loading import amx_present
 
@@ -136,7 +152,10 @@ def contenders(args: argparse.Namespace, env: dict[str, str]) -> tuple[dict, dic
     server_commands = {
         "llama.cpp": ([str(TOOLS / "ggml-rpc-server"), "-t", t], "-p"),
         "quill": ([QUILL, "rpc-server", "--threads", t], "--port"),
-    }
+        # -P: the cwd stays off sys.path, so PYTHONPATH's cli/ comes before the editable install
+        "quill at REV": ([sys.executable, "-P", "-m", "cli", "rpc-server", "--threads", t],
+                         "--port"),
+    }  # fmt: skip
 
     def llama_bench(extra: list[str], endpoints: list[str], repack: bool = repack) -> dict:
         done = run([*bench, flags["llama.cpp"][repack], *extra], env)
@@ -193,6 +212,12 @@ def contenders(args: argparse.Namespace, env: dict[str, str]) -> tuple[dict, dic
         ),
         "llama.cpp local": lambda _round: llama_bench([], []),
         "quill local": lambda _round: quill_bench([], []),
+        # --servers-from: the same client on servers from another commit of quill.
+        "quill rpc, servers at REV": split(
+            "quill at REV",
+            quill_bench,
+            env | {"PYTHONPATH": str(checkout(args.servers_from)) if args.servers_from else ""},
+        ),
         # The servers' CPU buffers are plain (RPC offers no repacked type): the same compute.
         "llama.cpp local plain": lambda _round: llama_bench([], [], repack=False),
         "quill local plain": lambda _round: quill_bench([], [], repack=False),
@@ -209,12 +234,18 @@ def contenders(args: argparse.Namespace, env: dict[str, str]) -> tuple[dict, dic
         "llama.cpp local plain": shlex.join([*bench, "0"]),
         "quill local plain": shlex.join([*quill, "off"]),
     }
+    if args.servers_from:
+        commands["servers at REV"] = f"REV = {args.servers_from}, PYTHONPATH=<its cli/> " + (
+            shlex.join([*server_commands["quill at REV"][0], "--port", "PORT"])
+        )
     return measures, {"commands": commands, "weight_repacking": repack}
 
 
 TESTS = {"pp512_ttft": "pp512", "tg128": "tg128"}  # pp512 as quill reports it: in the json
 PAIRS = [  # (what the ratio says, quill's or the split's side, the reference, target)
     ("quill / llama.cpp, split", "quill rpc", "llama.cpp rpc", TARGET),
+    ("quill's servers / quill's servers at REV, quill as client", "quill rpc",
+     "quill rpc, servers at REV", 0.98),
     ("quill / llama.cpp, local", "quill local", "llama.cpp local", None),
     ("quill / llama.cpp, local plain", "quill local plain", "llama.cpp local plain", None),
     ("split / local, llama.cpp", "llama.cpp rpc", "llama.cpp local", None),
@@ -279,19 +310,24 @@ def report(record: dict) -> str:
                 f"{statistics.median(ref):.2f} | {ratio:.3f} ({min(ratios):.3f}-{max(ratios):.3f})"
                 f" | {calm_cell} | {verdict} |"
             )
-    last_split = next(r for r in reversed(rounds) if "quill rpc" in r and "llama.cpp rpc" in r)
-    lines += ["", "Where the layers went (last round). llama-bench's buffer lines (MiB): "
-              + "; ".join(f"{name} {size:.1f}" for name, size in
-                          last_split["llama.cpp rpc"]["buffers"].items()) + ".",
-              "", "quill's split (inspect --rpc, the plan its load follows; KV at inspect's "
+    quill_rounds = [r for r in rounds if "quill rpc" in r]
+    last_split = ([r for r in quill_rounds if "llama.cpp rpc" in r] or quill_rounds)[-1]
+    last_quill = last_split["quill rpc"]
+    lines += ["", "Where the layers went (last round)."]
+    if "llama.cpp rpc" in last_split:
+        lines[-1] += " llama-bench's buffer lines (MiB): " + "; ".join(
+            f"{name} {size:.1f}" for name, size in last_split["llama.cpp rpc"]["buffers"].items()
+        ) + "."  # fmt: skip
+    lines += ["", "quill's split (inspect --rpc, the plan its load follows; KV at inspect's "
               "context of 4096): "
               + "; ".join(f"{device}: layers {_span(d['layers'])}, weights {d['weights_mib']}, "
-                          f"KV {d['kv_mib']}" for device, d in last_split["quill rpc"]["plan"]
-                          .items()) + " (the last layer is the output layer).",
+                          f"KV {d['kv_mib']}" for device, d in last_quill["plan"].items())
+              + " (the last layer is the output layer).",
               "", "What each server's memory grew by while the client ran (peak RSS less RSS "
               "when ready, MiB, median over rounds): the same split costs each server alike, "
               "whichever client and server program.", ""]  # fmt: skip
-    for side in ("llama.cpp rpc", "quill rpc"):
+    for side in [s for s in ("llama.cpp rpc", "quill rpc", "quill rpc, servers at REV")
+                 if any(s in r for r in rounds)]:  # fmt: skip
         grew = {s: statistics.median(r[side]["servers_rss_mib"][s]["peak"]
                                      - r[side]["servers_rss_mib"][s]["ready"]
                                      for r in rounds if side in r)
@@ -311,6 +347,13 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--threads", type=int, default=1, help="per server, client, local run")
     parser.add_argument("--only", nargs="+", help="these contenders instead of the six")
+    parser.add_argument("--servers-from", metavar="REV", help="a git revision of quill")
+    parser.add_argument(
+        "--quiet-wait",
+        type=float,
+        default=120.0,
+        help="seconds to wait at most for a quiet machine, each measurement",
+    )
     parser.add_argument("--json", type=Path, default=HERE / "results/rpc-split-2026-12-02.json")
     args = parser.parse_args()
     if "OMP_WAIT_POLICY" in os.environ:
@@ -318,8 +361,6 @@ def main() -> None:
     env = dict(os.environ) | {"QUILL_HOME": tempfile.mkdtemp(prefix="quill-rpc-split-")}
     measures, facts = contenders(args, env)
     measures = {name: measures[name] for name in args.only or DEFAULT}
-    started, clock = time.strftime("%Y-%m-%dT%H:%M:%S"), time.perf_counter()
-    rounds = interleave(measures, args)
     from cli.engine.hardware import cpu_model
 
     record = (
@@ -328,6 +369,11 @@ def main() -> None:
         else {"date": time.strftime("%Y-%m-%d"), "cpu": f"{cpu_model()}, {os.cpu_count()} CPUs",
               "llama_cpp_python": version("llama-cpp-python"), "runs": []}
     )  # fmt: skip
+    # interleave's wait, shortened where a machine that is never quiet would make a run hours
+    at_scale.wait_quiet = functools.partial(at_scale.wait_quiet, limit=args.quiet_wait)
+    args.first_turn = sum(len(run["rounds"]) for run in record["runs"])  # who goes first turns
+    started, clock = time.strftime("%Y-%m-%dT%H:%M:%S"), time.perf_counter()
+    rounds = interleave(measures, args)
     entry = {"started": started, "seconds": round(time.perf_counter() - clock), **facts,
            "model": str(args.model), "threads": args.threads,
            "command": shlex.join(["python", *sys.argv]), "rounds": rounds}  # fmt: skip
