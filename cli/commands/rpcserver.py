@@ -27,10 +27,7 @@ RPC_EPILOG = (
 
 def rpc_server(
     host: Annotated[
-        str,
-        typer.Option(
-            "--host", help="Address to listen on, IPv4 or IPv6 (another than loopback: warned)."
-        ),
+        str, typer.Option("--host", help="Address to listen on (another than loopback: warned).")
     ] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", "-p", min=1, max=65535)] = 50052,
     threads: shared.Threads = None,
