@@ -54,26 +54,12 @@ def _layout(prefix: bytes, name: str) -> tuple[GGUFHeader, bytes, int]:
         (prefix[:8], struct.pack("<QQ", n_tensors, n_kv + 1), prefix[24 : header.kv_end], pair,
          prefix[header.kv_end : header.infos_end])
     )  # fmt: skip
-    alignment = header.get("general.alignment", 32)
-    if type(alignment) is not int or alignment <= 0 or alignment & (alignment - 1):
-        raise GGUFError(f"its general.alignment is {alignment!r}, not a power of 2: it is corrupt")
+    # read_header has refused an alignment that is not a power of 2, and any tensor that does
+    # not start where the one before ends, padded to it, as llama.cpp's loader does: so the data
+    # is the tensors' sizes and their padding, and a replica never exceeds its plan.
+    alignment = header.integer("general.alignment", 32)
     head += bytes(aligned(len(head), alignment) - len(head))
-    return header, head, len(head) + _data_size(header.tensors, alignment)
-
-
-def _data_size(tensors: list[TensorInfo], alignment: int) -> int:
-    """The size of the tensor data, checking that each tensor starts where llama.cpp (and every
-    GGUF writer) puts it: right after the one before, at its size rounded up to alignment. So a
-    replica is never larger than the sum of its tensors, whatever offsets a header gives."""
-    expected = 0
-    for tensor in tensors:
-        if tensor.offset != expected:
-            raise GGUFError(
-                f"tensor {tensor.name} is at offset {tensor.offset}, not {expected} (where the "
-                "tensor before it ends): the header is corrupt"
-            )
-        expected += aligned(tensor.n_bytes, alignment)
-    return expected
+    return header, head, len(head) + aligned(header.size - header.data_start, alignment)
 
 
 def replica_bytes(prefix: bytes, replica_of: str = "") -> int:

@@ -18,6 +18,7 @@ from typing import Any, Protocol
 
 from cli.api.server import ApiError
 from cli.engine.batching import BatchScheduler
+from cli.errors import ModelLoadError
 from cli.units import human_bytes
 
 FOREVER = math.inf
@@ -242,7 +243,7 @@ class ModelPool:
         if key not in self._plans:
             try:
                 self._plans[key] = self.catalog.memory_bytes(path)
-            except (OSError, ValueError) as error:  # GGUFError is a ValueError
+            except (OSError, ModelLoadError) as error:  # a header past llama.cpp's limits
                 self._plans[key] = self._unreadable(label, path, error)
         planned = self._plans[key]
         if isinstance(planned, ApiError):

@@ -381,14 +381,15 @@ def open_model(
         draft = obtain_model(settings.spec.draft, offline, verbose)
     if verbose:  # what the weights and KV cache take; a draft's come on top of the model's
         from cli.engine.options import context_size
-        from quant.memory import ModelShape, plan
+        from cli.store.header import header_on_disk
+        from quant.memory import plan
 
         kv = (options.kv_type_k, options.kv_type_v)
-        shape = ModelShape.from_gguf(path)
+        shape = header_on_disk(path).shape  # a header past llama.cpp's limits: one line, exit 5
         n_ctx = context_size(options.n_ctx, shape.trained_ctx)
         render.info_line(render.memory_line(plan(shape, n_ctx, *kv)))
         if draft is not None:
-            memory = plan(ModelShape.from_gguf(draft[1]), n_ctx, *kv)
+            memory = plan(header_on_disk(draft[1]).shape, n_ctx, *kv)
             render.info_line(f"draft {draft[0]}: {render.memory_line(memory)}")
 
     def note(line: str) -> None:

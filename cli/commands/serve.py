@@ -295,10 +295,11 @@ class ServeCatalog:
     def memory_bytes(self, path: Path) -> tuple[int, str]:
         """The plan's total for path at this server's context, slots and KV types, and its parts."""
         from cli.engine.options import context_size
+        from cli.store.header import header_on_disk
         from cli.units import human_bytes
-        from quant.memory import ModelShape, plan
+        from quant.memory import plan
 
-        shape = ModelShape.from_gguf(path)
+        shape = header_on_disk(path).shape
         n_ctx, slots = context_size(self.options.n_ctx, shape.trained_ctx), self.options.parallel
         kv = (self.options.kv_type_k, self.options.kv_type_v)
         memory = plan(shape, n_ctx * slots, *kv, parked_bytes=self.park_bytes)

@@ -18,7 +18,8 @@ from cli.engine.opening import open_engine
 from cli.engine.settings import ModelSettings
 from cli.measure.bench import measure_generation, measure_prompt
 from cli.measure.perplexity import PerplexityProgress, perplexity
-from quant.memory import ModelShape, plan
+from cli.store.header import header_on_disk
+from quant.memory import plan
 
 
 @dataclass(frozen=True)
@@ -63,7 +64,7 @@ def measure(
     """One row per (weights, KV type), in order; models[0] is the F16 baseline."""
     baseline: float | None = None
     for weights, path in models:
-        shape = ModelShape.from_gguf(path)
+        shape = header_on_disk(path).shape
         for kv in settings.kv_types:
             # what the scoring load and the speed load share
             both = {"threads": settings.threads, "kv_type_k": kv, "kv_type_v": kv}
