@@ -191,9 +191,9 @@ def test_a_crafted_header_is_refused_by_its_field_at_once():
         with pytest.raises(GGUFError, match=re.escape(message)) as refused:
             shape(**fields)
         assert str(refused.value).startswith("crafted.gguf is not a model llama.cpp can load: ")
-    start = time.perf_counter()
+    start = time.process_time()  # the plan's work, whatever else the machine runs
     most = shape(block_count=512, embedding_length=64, **{"attention.sliding_window": 512})
     assert sum(most.swa_layers) == 512 - 512 // 6 and plan(most, 2**20).kv_bytes > 0
-    assert time.perf_counter() - start < 0.5
+    assert time.process_time() - start < 0.5
     # No layers, so no KV cache: every context costs the same, up to the trained one.
     assert largest_context(shape(context_length=8192), 2**30) == 8192
