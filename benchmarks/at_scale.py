@@ -21,8 +21,8 @@ the place in the order moves a ratio by several percent here. Each run adds its 
 and rewrites the .md beside it from all rounds so far (ratios: median of the per-round ratios,
 and of the medians), so a long measurement is several runs under ~10 minutes, each under the
 benchmark lock:
-  flock /work/notes/bench.lock python benchmarks/at_scale.py decode --rounds 3
-  flock /work/notes/bench.lock python benchmarks/at_scale.py serve --rounds 6
+  flock /work/notes/bench.lock python -m benchmarks.at_scale decode --rounds 3
+  flock /work/notes/bench.lock python -m benchmarks.at_scale serve --rounds 6
 OpenMP as users have it: refuses to run with OMP_WAIT_POLICY set.
 """
 
@@ -30,27 +30,35 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import re
 import shlex
-import statistics
 import subprocess
-import sys
 import tempfile
-import threading
 import time
-import urllib.request
 from collections.abc import Callable
 from importlib.metadata import version
 from pathlib import Path
 
-from serve_load import PROMPTS
-from serve_multiturn import free_port, wait_ready
+from benchmarks.harness import (
+    QUIET,
+    QUILL,
+    RESULTS,
+    TOOLS,
+    chat_reply,
+    command_line,
+    interleave,
+    machine_line,
+    paired,
+    quill_commit,
+    refuse_omp_wait_policy,
+    send_concurrently,
+    served_model,
+    serving,
+    users_env,
+)
+from benchmarks.serve_load import PROMPTS
 
-HERE = Path(__file__).resolve().parent
-TOOLS = HERE / f".build/llama-cpp-python-{version('llama-cpp-python')}/build/bin"
-QUILL = str(Path(sys.executable).with_name("quill"))
 THRESHOLDS = {"pp512": 0.98, "tg128": 0.98, "serve": 0.97}  # issue 27's acceptance
 
 
@@ -79,7 +87,7 @@ def fresh_commands(args: argparse.Namespace, repack: bool, n_ctx: int) -> tuple[
     environment (a fresh QUILL_HOME, OpenMP as users have it)."""
     t = str(args.threads)
     home = tempfile.mkdtemp(prefix="quill-at-scale-")
-    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"} | {"QUILL_HOME": home}
+    env = users_env(QUILL_HOME=home)
     run = [QUILL, "run", "-m", str(args.model), "--raw", "--temp", "0", "--ignore-eos", "--json",
            "-t", t, "-c", str(n_ctx)]  # fmt: skip
     bench = [str(TOOLS / "llama-bench"), "-m", str(args.model), "-t", t, "-r", "1",
@@ -131,7 +139,7 @@ def decode_rounds(args: argparse.Namespace) -> tuple[list[dict], dict]:
     contenders = {"quill run pp": quill_run_pp, "quill run tg": quill_run_tg,
                   "quill engine": quill_engine, "llama-bench": llama_bench}  # fmt: skip
     quill_engine(-1)  # warm-up: the first prefill and decode of a process are slower
-    rounds = interleave(contenders, args)
+    rounds = interleave(contenders, args.rounds, args.first_turn)
     engine.close()
     commands = {
         "quill run pp": shlex.join([*run, "-n", "1", "PROMPT"]) + "  # PROMPT: 512 tokens",
@@ -164,7 +172,9 @@ def tg_rounds(args: argparse.Namespace) -> tuple[list[dict], dict]:
         rows = run_json(bench, env)
         return {"tg128": rows[0]["avg_ts"], "build": rows[0]["build_commit"]}
 
-    rounds = interleave({"quill run": quill_run, "llama-bench": llama_bench}, args)
+    rounds = interleave(
+        {"quill run": quill_run, "llama-bench": llama_bench}, args.rounds, args.first_turn
+    )
     commands = {
         "quill run": shlex.join([*run, "-n", str(n + 1), "Hi"]),
         "llama-bench": shlex.join(bench),
@@ -217,7 +227,7 @@ def overhead_rounds(args: argparse.Namespace) -> tuple[list[dict], dict]:
     contenders = {"quill engine": quill_engine, "llama-bench loops": llama_bench_loops}
     quill_engine(-1)  # warm-up, as llama-bench warms up
     llama_bench_loops(-1)
-    rounds = interleave(contenders, args)
+    rounds = interleave(contenders, args.rounds, args.first_turn)
     engine.close()
     commands = {
         "quill engine": f"Engine({args.model}, LoadOptions(n_ctx={p + n + 2}, "
@@ -230,59 +240,12 @@ def overhead_rounds(args: argparse.Namespace) -> tuple[list[dict], dict]:
     return rounds, {"commands": commands, "weight_repacking": engine.cpu_path.label == "extra"}
 
 
-def one_request(url: str, prompt: str, max_tokens: int) -> tuple[int, int]:
-    """(prompt, completion) tokens of one streamed greedy chat request, as the server counts."""
-    body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
-            "temperature": 0, "ignore_eos": True, "stream": True,
-            "stream_options": {"include_usage": True}}  # fmt: skip
-    request = urllib.request.Request(
-        f"{url}/v1/chat/completions",
-        json.dumps(body).encode(),
-        {"Content-Type": "application/json"},
-    )
-    usage = None
-    with urllib.request.urlopen(request, timeout=600) as response:
-        for raw in response:
-            line = raw.decode().strip()
-            if line.startswith("data: {"):
-                usage = json.loads(line[6:]).get("usage") or usage
-    if not usage:
-        raise SystemExit(f"{url} sent no usage")
-    return usage["prompt_tokens"], usage["completion_tokens"]
-
-
-def throughput(url: str, clients: int, requests: int, max_tokens: int) -> dict:
-    todo, tokens, lock = iter(range(requests)), [], threading.Lock()
-
-    def client() -> None:
-        while True:
-            with lock:
-                index = next(todo, None)
-            if index is None:
-                return
-            got = one_request(url, PROMPTS[index % len(PROMPTS)], max_tokens)
-            with lock:
-                tokens.append(got)
-
-    started = time.perf_counter()
-    threads = [threading.Thread(target=client) for _ in range(clients)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    if len(tokens) != requests:
-        raise SystemExit(f"{url}: {requests - len(tokens)} requests failed")
-    wall = time.perf_counter() - started
-    return {"serve": sum(c for _, c in tokens) / wall, "prompt_tokens": sum(p for p, _ in tokens)}
-
-
 def serve_rounds(args: argparse.Namespace) -> tuple[list[dict], dict]:
     from cli.engine.loading import amx_present
 
     # quill's CPU path off AMX is llama.cpp's extra buffers, which llama-server's default is too.
     repack = not amx_present()
-    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
-    env["QUILL_HOME"] = tempfile.mkdtemp(prefix="quill-at-scale-")
+    env = users_env(QUILL_HOME=tempfile.mkdtemp(prefix="quill-at-scale-"))
     np_, ctx, t = str(args.parallel), args.ctx, str(args.threads)
     quill = [QUILL, "serve", "-m", str(args.model), "-np", np_, "-c", str(ctx), "-t", t]
     server = [str(TOOLS / "llama-server"), "-m", str(args.model), "-np", np_,
@@ -291,22 +254,20 @@ def serve_rounds(args: argparse.Namespace) -> tuple[list[dict], dict]:
 
     def serve(command: list[str]) -> Callable[[int], dict]:
         def measure(_round: int) -> dict:
-            port = free_port()
-            process = subprocess.Popen([*command, "--port", str(port)], env=env,
-                                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                       text=True)  # fmt: skip
-            url = f"http://127.0.0.1:{port}"
-            try:
-                wait_ready(url, process)
-                one_request(url, "Warm up.", 8)
-                return throughput(url, args.parallel, args.requests, args.max_tokens)
-            finally:
-                process.terminate()
-                process.wait(timeout=60)
+            with serving(command, env, stderr=subprocess.DEVNULL) as (_, url):
+                model = served_model(url)
+                chat_reply(url, "Warm up.", 8, model)
+                replies, wall = send_concurrently(
+                    url, model, args.parallel, args.requests, PROMPTS, args.max_tokens
+                )
+            return {"serve": sum(r.completion_tokens for r in replies) / wall,
+                    "prompt_tokens": sum(r.prompt_tokens for r in replies)}  # fmt: skip
 
         return measure
 
-    rounds = interleave({"quill serve": serve(quill), "llama-server": serve(server)}, args)
+    rounds = interleave(
+        {"quill serve": serve(quill), "llama-server": serve(server)}, args.rounds, args.first_turn
+    )
     commands = {
         "quill serve": shlex.join([*quill, "--port", "PORT"]),
         "llama-server": shlex.join([*server, "--port", "PORT"]),
@@ -314,43 +275,6 @@ def serve_rounds(args: argparse.Namespace) -> tuple[list[dict], dict]:
         "tokens, greedy, ignore_eos, stream, serve_load.py's 4 prompts in turn",
     }
     return rounds, {"commands": commands, "weight_repacking": repack}
-
-
-def busy_seconds() -> float:
-    """CPU seconds the whole machine spent busy, less this process's and its children's: how
-    much other work ran beside a measurement (the machine is shared)."""
-    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    busy = (sum(fields[:8]) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")  # less idle, iowait
-    own = os.times()
-    return busy - (own.user + own.system + own.children_user + own.children_system)
-
-
-def wait_quiet(window: float = 3.0, limit: float = 120.0) -> None:
-    """Until other processes take under QUIET of one core over a window (at most limit s):
-    tests running beside a benchmark are not under its lock."""
-    deadline = time.monotonic() + limit
-    while time.monotonic() < deadline:
-        before = busy_seconds()
-        time.sleep(window)
-        if busy_seconds() - before < QUIET * window:
-            return
-
-
-def interleave(contenders: dict[str, Callable[[int], dict]], args: argparse.Namespace) -> list:
-    rounds = []
-    for number in range(args.rounds):
-        names = list(contenders)
-        turn = (number + args.first_turn) % len(names)
-        results = {}
-        for name in names[turn:] + names[:turn]:
-            wait_quiet()
-            before, clock = busy_seconds(), time.perf_counter()
-            results[name] = contenders[name](number)
-            results[name]["seconds"] = round(time.perf_counter() - clock, 1)
-            results[name]["foreign_cpu_s"] = round(busy_seconds() - before, 1)
-            print(f"round {number + 1}: {name} {results[name]}", file=sys.stderr, flush=True)
-        rounds.append(results)
-    return rounds
 
 
 PAIRS = {  # (part, test, quill's contender, the reference)
@@ -361,13 +285,6 @@ PAIRS = {  # (part, test, quill's contender, the reference)
     "overhead": [("pp512", "quill engine", "llama-bench loops"),
                  ("tg128", "quill engine", "llama-bench loops")],
 }  # fmt: skip
-
-
-QUIET = 0.05  # a measurement is quiet when other work took under 5% of one core beside it
-
-
-def quiet(result: dict) -> bool:
-    return result.get("foreign_cpu_s", float("inf")) < QUIET * result.get("seconds", 0)
 
 
 def report(record: dict) -> str:
@@ -387,40 +304,13 @@ def report(record: dict) -> str:
                   "ratio: median (min-max), all rounds | quiet pairs: n, median ratio | target |",
                   "|---|---|---|---|---|---|---|---|"]  # fmt: skip
         for test, ours, theirs in PAIRS[part.split(",")[0]]:  # "serve, before X": a kept run
-            mine = [r[ours][test] for r in rounds]
-            ref = [r[theirs][test] for r in rounds]
-            ratios = [a / b for a, b in zip(mine, ref, strict=True)]
-            calm = [a / b for r, a, b in zip(rounds, mine, ref, strict=True)
-                    if quiet(r[ours]) and quiet(r[theirs])]  # fmt: skip
-            ratio = statistics.median(ratios)
-            judged = statistics.median(calm) if len(calm) >= 3 else ratio
-            verdict = "met" if judged >= THRESHOLDS[test] else "NOT met"
-            calm_cell = f"{len(calm)}, {statistics.median(calm):.3f}" if calm else "0"
+            ratio = paired(rounds, test, ours, theirs)
             lines.append(
-                f"| {test} | {ours} | {statistics.median(mine):.2f} | {theirs} | "
-                f"{statistics.median(ref):.2f} | {ratio:.3f} ({min(ratios):.3f}-{max(ratios):.3f})"
-                f" | {calm_cell} | >= {THRESHOLDS[test]}: {verdict} |"
+                f"| {test} | {ours} | {ratio.ours:.2f} | {theirs} | {ratio.reference:.2f} | "
+                f"{ratio.cells()} | {ratio.verdict(THRESHOLDS[test])} |"
             )
         lines.append("")
     return "\n".join(lines)
-
-
-def machine() -> str:
-    """The CPU as a results file names it: a VM's model name ("AMD EPYC") hides the generation,
-    so the family and model numbers go beside it (Zen 4 is family 25, Zen 5 family 26)."""
-    from cli.engine.hardware import cpu_model
-
-    lines = Path("/proc/cpuinfo").read_text().splitlines()
-    fields = {key.strip(): value.strip() for key, _, value in (s.partition(":") for s in lines)}
-    family, model = fields.get("cpu family"), fields.get("model")
-    generation = f" (family {family}, model {model})" if family else ""
-    return f"{cpu_model()}{generation}, {os.cpu_count()} CPUs"
-
-
-def quill_commit() -> str:
-    done = subprocess.run(["git", "-C", str(HERE), "rev-parse", "--short", "HEAD"],
-                          capture_output=True, text=True)  # fmt: skip
-    return done.stdout.strip() or "unknown"
 
 
 def main() -> None:
@@ -441,11 +331,10 @@ def main() -> None:
         "runs still give every contender every place in the order)",
     )
     parser.add_argument(
-        "--json", type=Path, default=HERE / f"results/at-scale-{time.strftime('%Y-%m-%d')}.json"
+        "--json", type=Path, default=RESULTS / f"at-scale-{time.strftime('%Y-%m-%d')}.json"
     )
     args = parser.parse_args()
-    if "OMP_WAIT_POLICY" in os.environ:
-        raise SystemExit("unset OMP_WAIT_POLICY: benchmarks run with OpenMP as users have it")
+    refuse_omp_wait_policy()
     shapes = Path("/work/shapes")
     args.model = args.model or shapes / {
         "decode": "llama-3-8b-shape.Q4_K_M.gguf", "serve": "llama-3.2-1b-shape.Q4_K_M.gguf",
@@ -460,12 +349,12 @@ def main() -> None:
     record = (
         json.loads(args.json.read_text())
         if args.json.exists()
-        else {"date": time.strftime("%Y-%m-%d"), "cpu": machine(),
+        else {"date": time.strftime("%Y-%m-%d"), "cpu": machine_line(),
               "llama_cpp_python": version("llama-cpp-python"), "parts": {}}
     )  # fmt: skip
     # Ratios from two machines do not pool: each file holds one machine's rounds.
-    if record["cpu"] != machine():
-        raise SystemExit(f"{args.json} holds rounds from {record['cpu']}, not {machine()}: "
+    if record["cpu"] != machine_line():
+        raise SystemExit(f"{args.json} holds rounds from {record['cpu']}, not {machine_line()}: "
                          "pass --json with another file")  # fmt: skip
     if args.first_turn is None:
         args.first_turn = sum(len(run["rounds"]) for run in record["parts"].get(args.part, []))
@@ -474,7 +363,7 @@ def main() -> None:
     rounds, facts = measure(args)
     run = {"started": started, "seconds": round(time.perf_counter() - clock), **facts,
            "model": str(args.model), "threads": args.threads,
-           "command": shlex.join(["python", *sys.argv]), "commit": commit,
+           "command": command_line("benchmarks.at_scale"), "commit": commit,
            "rounds": rounds}  # fmt: skip
     record["parts"].setdefault(args.part, []).append(run)
     args.json.write_text(json.dumps(record, indent=1))

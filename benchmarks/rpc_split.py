@@ -1,7 +1,7 @@
 """A 1B-class replica split across two local RPC servers (issue 28): quill against llama.cpp's
 own client, and each against its local run.
 
-Per round, in turn (the order turns each round; at_scale.py's interleave, which waits for a
+Per round, in turn (the order turns each round; harness.py's interleave, which waits for a
 quiet machine before each measurement and records the CPU other processes took beside it):
   llama.cpp rpc:   two `ggml-rpc-server -t T` on 127.0.0.1 (free ports), then
                    `llama-bench --rpc A,B -ngl 99 -p 512 -n 128 -r 1 -o json -v`;
@@ -20,13 +20,13 @@ ggml-rpc-server on quill's libraries): which side a difference comes from.
 --servers-from REV adds "quill rpc, servers at REV": the same client on `quill rpc-server`s run
 from quill's cli/ at git revision REV (the rest of the venv as it is): what a change to the
 server costs, e.g. the relay in front of llama.cpp's server:
-  python benchmarks/rpc_split.py --rounds 6 --only "quill rpc" "quill rpc, servers at REV" \
+  python -m benchmarks.rpc_split --rounds 6 --only "quill rpc" "quill rpc, servers at REV" \
       --servers-from REV --json benchmarks/results/rpc-relay-2026-12-02.json
 Each run adds its rounds to --json and rewrites the .md beside it from all rounds so far
 (medians, and medians of the per-round ratios; a pair over the rounds that had both), so
 several runs under ~10 minutes make a result:
-  flock /work/notes/bench.lock python benchmarks/rpc_split.py --rounds 2
-  flock /work/notes/bench.lock python benchmarks/rpc_split.py --rounds 8 --only "llama.cpp rpc" \
+  flock /work/notes/bench.lock python -m benchmarks.rpc_split --rounds 2
+  flock /work/notes/bench.lock python -m benchmarks.rpc_split --rounds 8 --only "llama.cpp rpc" \
       "quill rpc"
 OpenMP as users have it: refuses to run with OMP_WAIT_POLICY set.
 """
@@ -34,9 +34,7 @@ OpenMP as users have it: refuses to run with OMP_WAIT_POLICY set.
 from __future__ import annotations
 
 import argparse
-import functools
 import json
-import os
 import re
 import shlex
 import socket
@@ -50,20 +48,26 @@ from contextlib import contextmanager
 from importlib.metadata import version
 from pathlib import Path
 
-import at_scale
-from at_scale import QUIET, QUILL, TOOLS, interleave, quiet
-from serve_multiturn import free_port
+from benchmarks.harness import (
+    QUIET,
+    QUILL,
+    RESULTS,
+    ROOT,
+    TOOLS,
+    command_line,
+    free_port,
+    interleave,
+    machine_line,
+    paired,
+    refuse_omp_wait_policy,
+    rss_mib,
+    stop_server,
+    users_env,
+)
 
-HERE = Path(__file__).resolve().parent
 MODEL = Path("/work/shapes/llama-3.2-1b-shape.Q4_K_M.gguf")
 TARGET = 0.95  # issue 28: quill >= 0.95x of llama.cpp's figures over the same split
 BUFFER = re.compile(r"(\S+) +(model|KV|compute) buffer size = +([\d.]+) MiB")
-
-
-def rss_mib(pid: int, field: str) -> float:
-    """VmRSS (now) or VmHWM (peak) of a process."""
-    status = Path(f"/proc/{pid}/status").read_text()
-    return int(re.search(rf"{field}:\s+(\d+) kB", status).group(1)) / 1024
 
 
 @contextmanager
@@ -81,18 +85,10 @@ def servers(command: list[str], port_flag: str, env: dict[str, str]) -> Iterator
                 started.append((f"127.0.0.1:{port}", process, log))
             for endpoint, process, log in started:
                 wait_listening(int(endpoint.split(":")[1]), process, log)
-            yield [
-                (endpoint, process, rss_mib(process.pid, "VmRSS"))
-                for endpoint, process, _ in started
-            ]
+            yield [(endpoint, process, rss_mib(process.pid)) for endpoint, process, _ in started]
         finally:
             for _, process, _ in started:
-                process.terminate()
-                try:
-                    process.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    process.wait()
+                stop_server(process, timeout=30)
 
 
 def wait_listening(port: int, process: subprocess.Popen, log: Path) -> None:
@@ -131,7 +127,7 @@ def wheel_libraries() -> Path:
 def checkout(revision: str) -> Path:
     """quill's cli/ package at revision, in a temporary folder, for PYTHONPATH."""
     folder = Path(tempfile.mkdtemp(prefix="quill-at-"))
-    archive = subprocess.run(["git", "archive", revision, "cli"], cwd=HERE.parent, check=True,
+    archive = subprocess.run(["git", "archive", revision, "cli"], cwd=ROOT, check=True,
                              capture_output=True).stdout  # fmt: skip
     subprocess.run(["tar", "-x", "-C", str(folder)], input=archive, check=True)
     return folder
@@ -293,22 +289,11 @@ def report(record: dict) -> str:
             both = [r for r in rounds if ours in r and theirs in r]
             if not both:
                 continue
-            mine, ref = [r[ours][test] for r in both], [r[theirs][test] for r in both]
-            ratios = [a / b for a, b in zip(mine, ref, strict=True)]
-            calm = [a / b for r, a, b in zip(both, mine, ref, strict=True)
-                    if quiet(r[ours]) and quiet(r[theirs])]  # fmt: skip
-            ratio = statistics.median(ratios)
-            judged = statistics.median(calm) if len(calm) >= 3 else ratio
-            verdict = (
-                ""
-                if target is None
-                else f">= {target}: " + ("met" if judged >= target else "NOT met")
-            )
-            calm_cell = f"{len(calm)}, {statistics.median(calm):.3f}" if calm else "0"
+            ratio = paired(both, test, ours, theirs)
+            verdict = "" if target is None else ratio.verdict(target)
             lines.append(
-                f"| {TESTS[test]} | {label} ({len(both)}) | {statistics.median(mine):.2f} | "
-                f"{statistics.median(ref):.2f} | {ratio:.3f} ({min(ratios):.3f}-{max(ratios):.3f})"
-                f" | {calm_cell} | {verdict} |"
+                f"| {TESTS[test]} | {label} ({len(both)}) | {ratio.ours:.2f} | "
+                f"{ratio.reference:.2f} | {ratio.cells()} | {verdict} |"
             )
     quill_rounds = [r for r in rounds if "quill rpc" in r]
     last_split = ([r for r in quill_rounds if "llama.cpp rpc" in r] or quill_rounds)[-1]
@@ -354,29 +339,24 @@ def main() -> None:
         default=120.0,
         help="seconds to wait at most for a quiet machine, each measurement",
     )
-    parser.add_argument("--json", type=Path, default=HERE / "results/rpc-split-2026-12-02.json")
+    parser.add_argument("--json", type=Path, default=RESULTS / "rpc-split-2026-12-02.json")
     args = parser.parse_args()
-    if "OMP_WAIT_POLICY" in os.environ:
-        raise SystemExit("unset OMP_WAIT_POLICY: benchmarks run with OpenMP as users have it")
-    env = dict(os.environ) | {"QUILL_HOME": tempfile.mkdtemp(prefix="quill-rpc-split-")}
+    refuse_omp_wait_policy()
+    env = users_env(QUILL_HOME=tempfile.mkdtemp(prefix="quill-rpc-split-"))
     measures, facts = contenders(args, env)
     measures = {name: measures[name] for name in args.only or DEFAULT}
-    from cli.engine.hardware import cpu_model
-
     record = (
         json.loads(args.json.read_text())
         if args.json.exists()
-        else {"date": time.strftime("%Y-%m-%d"), "cpu": f"{cpu_model()}, {os.cpu_count()} CPUs",
+        else {"date": time.strftime("%Y-%m-%d"), "cpu": machine_line(),
               "llama_cpp_python": version("llama-cpp-python"), "runs": []}
     )  # fmt: skip
-    # interleave's wait, shortened where a machine that is never quiet would make a run hours
-    at_scale.wait_quiet = functools.partial(at_scale.wait_quiet, limit=args.quiet_wait)
-    args.first_turn = sum(len(run["rounds"]) for run in record["runs"])  # who goes first turns
+    first_turn = sum(len(run["rounds"]) for run in record["runs"])  # who goes first turns
     started, clock = time.strftime("%Y-%m-%dT%H:%M:%S"), time.perf_counter()
-    rounds = interleave(measures, args)
+    rounds = interleave(measures, args.rounds, first_turn, quiet_limit=args.quiet_wait)
     entry = {"started": started, "seconds": round(time.perf_counter() - clock), **facts,
            "model": str(args.model), "threads": args.threads,
-           "command": shlex.join(["python", *sys.argv]), "rounds": rounds}  # fmt: skip
+           "command": command_line("benchmarks.rpc_split"), "rounds": rounds}  # fmt: skip
     record["runs"].append(entry)
     args.json.write_text(json.dumps(record, indent=1) + "\n")
     args.json.with_suffix(".md").write_text(report(record))
