@@ -5,7 +5,7 @@ stays flat: the server reuses the conversation's cached prefix, and the client s
 exactly as it received it.
 
 Usage (inside quill's venv; the machine otherwise idle):
-  python benchmarks/chat_endpoint.py --model PATH.gguf [--turns 8] [--words 220] [--threads 2]
+  python -m benchmarks.chat_endpoint --model PATH.gguf [--turns 8] [--words 220] [--threads 2]
 
 The user messages are serve_multiturn.py's (~300 tokens each with the template); replies are
 greedy, up to --reply tokens. Prints a Markdown table; --json FILE writes the numbers.
@@ -18,33 +18,13 @@ import json
 import os
 import re
 import subprocess
-import sys
 import tempfile
-import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from serve_multiturn import message
+from benchmarks.harness import QUILL, serving
+from benchmarks.serve_multiturn import message
 
 TTFT = re.compile(r"TTFT (\d+) ms")
-QUILL = str(Path(sys.executable).with_name("quill"))
-
-
-def start_server(model: str, threads: int, ctx: int, home: str) -> tuple[subprocess.Popen, str]:
-    ready = Path(home) / "port"
-    process = subprocess.Popen(
-        [QUILL, "serve", "-m", model, "--port", "0", "--parallel", "1", "--ctx", str(ctx),
-         "--threads", str(threads)],
-        env=dict(os.environ, QUILL_HOME=home, QUILL_SERVE_READY_FILE=str(ready)),
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    deadline = time.monotonic() + 300
-    while not ready.exists() or not ready.read_text():
-        if process.poll() is not None or time.monotonic() > deadline:
-            process.kill()
-            raise SystemExit(f"quill serve did not start: {process.stderr.read()}")
-        time.sleep(0.2)
-    return process, f"http://127.0.0.1:{ready.read_text()}/v1"
 
 
 def main() -> None:
@@ -58,18 +38,16 @@ def main() -> None:
     parser.add_argument("--json", dest="json_out")
     args = parser.parse_args()
     home = tempfile.mkdtemp(prefix="quill-bench-home-")
-    process, url = start_server(args.model, args.threads, args.ctx, home)
-    try:
+    server = [QUILL, "serve", "-m", args.model, "--parallel", "1", "--ctx", str(args.ctx),
+              "--threads", str(args.threads)]  # fmt: skip
+    with serving(server, dict(os.environ, QUILL_HOME=home)) as (_, url):
         lines = "".join(message(turn, args.words) + "\n" for turn in range(args.turns))
         done = subprocess.run(
-            [QUILL, "chat", "--endpoint", url, "-n", str(args.reply), "--temperature", "0",
+            [QUILL, "chat", "--endpoint", f"{url}/v1", "-n", str(args.reply), "--temperature", "0",
              "-s", "You are a concise assistant."],
             input=lines, capture_output=True, text=True,
             env=dict(os.environ, QUILL_HOME=home), check=False,
         )  # fmt: skip
-    finally:
-        process.terminate()
-        process.wait(timeout=60)
     if done.returncode != 0:
         raise SystemExit(f"quill chat failed ({done.returncode}): {done.stderr[-2000:]}")
     ttfts = [int(found) for found in TTFT.findall(done.stderr)]

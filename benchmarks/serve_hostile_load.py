@@ -2,10 +2,10 @@
 connections, a long run of requests in a row, and SIGTERM with streams in flight.
 
 Usage (inside quill's venv; traffic goes to 127.0.0.1 only, bounded in count and time):
-    python benchmarks/serve_hostile_load.py [--bursts 100,300] [--slowloris 200]
+    python -m benchmarks.serve_hostile_load [--bursts 100,300] [--slowloris 200]
         [--in-a-row 1000] [--parallel 4] [--max-queue 16] > result.md
 
-Starts `quill serve --port 0` and measures, printing a Markdown report:
+Starts `quill serve` on a free port and measures, printing a Markdown report:
 
 - burst N: N threads each open a connection at once and send one streaming request (16 tokens).
   Every client must get an HTTP answer: 200 with a stream that ends in [DONE], or 429 (queue
@@ -25,47 +25,26 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import signal
 import socket
 import statistics
 import subprocess
-import sys
-import tempfile
 import threading
 import time
-from pathlib import Path
 
 import httpx2 as httpx
+
+from benchmarks.harness import QUILL, rss_mib, start_server, stop_server
 
 PROMPT = "Write a short story about a lighthouse."
 
 
 def start(args: argparse.Namespace, *extra: str) -> tuple[subprocess.Popen, str]:
-    ready = Path(tempfile.mkdtemp()) / "port"
-    quill = str(Path(sys.executable).with_name("quill"))
-    command = [quill, "serve", args.model, "--port", "0", "--parallel", str(args.parallel),
-               "--ctx", "512", "--max-queue", str(args.max_queue), *extra]  # fmt: skip
+    command = [QUILL, "serve", args.model, "--parallel", str(args.parallel), "--ctx", "512",
+               "--max-queue", str(args.max_queue), *extra]  # fmt: skip
     if args.threads:
         command += ["--threads", str(args.threads)]
-    server = subprocess.Popen(
-        command,
-        env=dict(os.environ, QUILL_SERVE_READY_FILE=str(ready)),
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    while not ready.exists() or not ready.read_text():
-        if server.poll() is not None:
-            sys.exit(f"quill serve did not start: {server.stderr.read()}")
-        time.sleep(0.1)
-    return server, f"http://127.0.0.1:{ready.read_text()}"
-
-
-def rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
+    return start_server(command)
 
 
 class HealthWatch(threading.Thread):
@@ -97,11 +76,15 @@ class HealthWatch(threading.Thread):
                 self.stop.wait(0.25)
 
 
-def stream_once(url: str, max_tokens: int, timeout: float = 300) -> str:
-    """One streaming request: '200' (ended in [DONE]), '200 unfinished', '429', another status,
-    or the name of the client-side failure (a reset, a timeout)."""
+def stream_once(
+    url: str, max_tokens: int, timeout: float = 300, on_data: threading.Event | None = None
+) -> str:
+    """One streaming request: its last `data:` line ('[DONE]' where the stream ended), the
+    status where it was not 200 ('429'), or the name of the client-side failure (a reset, a
+    timeout). on_data is set at the first data line."""
     body = {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": max_tokens,
             "temperature": 0, "ignore_eos": True, "stream": True}  # fmt: skip
+    last = ""
     try:
         with (
             httpx.Client(timeout=timeout) as client,
@@ -110,11 +93,12 @@ def stream_once(url: str, max_tokens: int, timeout: float = 300) -> str:
             if response.status_code != 200:
                 response.read()
                 return str(response.status_code)
-            last = ""
             for line in response.iter_lines():
                 if line.startswith("data: "):
                     last = line[6:]
-            return "200" if last == "[DONE]" else "200 unfinished"
+                    if on_data:
+                        on_data.set()
+            return last
     except httpx.HTTPError as error:
         cause = error.__cause__ or error.__context__
         return type(cause).__name__ if isinstance(cause, OSError) else type(error).__name__
@@ -127,7 +111,8 @@ def burst(url: str, clients: int) -> dict:
 
     def client() -> None:
         gate.wait()
-        outcome = stream_once(url, 16)
+        last = stream_once(url, 16)
+        outcome = ("200" if last == "[DONE]" else "200 unfinished") if last[:1] in "[{" else last
         with lock:
             outcomes.append(outcome)
 
@@ -221,17 +206,7 @@ def sigterm(args: argparse.Namespace) -> dict:
     first = [threading.Event() for _ in range(args.parallel)]
 
     def client(index: int) -> None:
-        body = {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": 480,
-                "temperature": 0, "ignore_eos": True, "stream": True}  # fmt: skip
-        last = ""
-        try:
-            with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=120) as r:
-                for line in r.iter_lines():
-                    if line.startswith("data: "):
-                        last = line[6:]
-                        first[index].set()
-        except httpx.HTTPError as error:
-            last = f"client error {error!r}"
+        last = stream_once(url, 480, timeout=120, on_data=first[index])
         first[index].set()
         if last == "[DONE]":
             outcomes[index] = "[DONE]"
@@ -286,8 +261,7 @@ def main() -> None:
     finally:
         watch.stop.set()
         watch.join(timeout=15)
-        server.terminate()
-        server.wait(timeout=60)
+        stop_server(server)
     stderr = server.stderr.read()
     drained = sigterm(args)
 

@@ -3,7 +3,7 @@ included) and for a warm one, quill serve --any-model against llama-server's rou
 (--models-dir) built from the same sdist, over the same two files.
 
 Usage (inside quill's venv, under the benchmark lock, OMP_WAIT_POLICY unset):
-  flock /work/notes/bench.lock python benchmarks/serve_models.py --home QUILL_HOME [--rounds 8]
+  flock /work/notes/bench.lock python -m benchmarks.serve_models --home QUILL_HOME [--rounds 8]
       [--threads 2] [--ctx 4096] [--out benchmarks/results/serve-models-DATE.md]
 
 --home is a quill home whose store holds smollm2-135m:q4_1 and smollm2-135m:q8_0 (made with
@@ -20,16 +20,16 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
-import platform
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import openai
-from serve_multiturn import DEFAULT_LLAMA_SERVER, free_port, wait_ready
+
+from benchmarks.harness import QUILL, command_line, machine_line, serving, turned
+from benchmarks.serve_multiturn import DEFAULT_LLAMA_SERVER
 
 MODELS = {"q4_1": "smollm2-135m:q4_1", "q8_0": "smollm2-135m:q8_0"}  # quill's names
 QUESTIONS = ["Name a large city in Europe and say why it is known.",
@@ -38,7 +38,6 @@ QUESTIONS = ["Name a large city in Europe and say why it is known.",
 
 
 def quill_files(home: Path) -> dict[str, Path]:
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     os.environ["QUILL_HOME"] = str(home)
     from cli.store.models import list_local
     from cli.store.registry import load_registry
@@ -50,26 +49,18 @@ def quill_files(home: Path) -> dict[str, Path]:
     return {short: found[name] for short, name in MODELS.items()}
 
 
-def start_quill(home: Path, args) -> tuple[subprocess.Popen, str, dict[str, str]]:
-    port = free_port()
-    quill = str(Path(sys.executable).with_name("quill"))
-    process = subprocess.Popen(
-        [quill, "serve", "--any-model", "--port", str(port), "--parallel", "1",
-         "--ctx", str(args.ctx), "--threads", str(args.threads)],
-        env=dict(os.environ, QUILL_HOME=str(home)), stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    return process, f"http://127.0.0.1:{port}", MODELS
+def quill_server(home: Path, args) -> tuple[list[str], dict[str, str], dict[str, str]]:
+    """quill serve --any-model: its command, environment and the names it knows the models by."""
+    command = [QUILL, "serve", "--any-model", "--parallel", "1", "--ctx", str(args.ctx),
+               "--threads", str(args.threads)]  # fmt: skip
+    return command, dict(os.environ, QUILL_HOME=str(home)), MODELS
 
 
-def start_router(folder: Path, args) -> tuple[subprocess.Popen, str, dict[str, str]]:
-    port = free_port()
-    process = subprocess.Popen(
-        [args.llama_server, "--models-dir", str(folder), "--models-max", "2", "--port",
-         str(port), "-t", str(args.threads), "-c", str(args.ctx), "-np", "1"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True,
-    )  # fmt: skip
-    return process, f"http://127.0.0.1:{port}", {short: f"smollm2-{short}" for short in MODELS}
+def router(folder: Path, args) -> tuple[list[str], None, dict[str, str]]:
+    """llama-server in router mode over folder (a process per model), as quill_server."""
+    command = [args.llama_server, "--models-dir", str(folder), "--models-max", "2",
+               "-t", str(args.threads), "-c", str(args.ctx), "-np", "1"]  # fmt: skip
+    return command, None, {short: f"smollm2-{short}" for short in MODELS}
 
 
 def ttft(url: str, model: str, question: str) -> float:
@@ -88,19 +79,15 @@ def ttft(url: str, model: str, question: str) -> float:
     return first
 
 
-def one_round(start, round_number: int) -> dict[str, float]:
-    process, url, names = start()
-    try:
-        wait_ready(url, process)
+def one_round(server: tuple, round_number: int) -> dict[str, float]:
+    command, env, names = server
+    with serving(command, env, stderr=subprocess.DEVNULL) as (_, url):
         times = {}
         for index, (short, name) in enumerate(names.items()):
             base = (round_number + index) % len(QUESTIONS)
             times[f"{short} cold"] = ttft(url, name, QUESTIONS[base])
             times[f"{short} warm"] = ttft(url, name, QUESTIONS[(base + 2) % len(QUESTIONS)])
         return times
-    finally:
-        process.terminate()
-        process.wait(timeout=60)
 
 
 def main() -> None:
@@ -119,13 +106,12 @@ def main() -> None:
     for short, path in files.items():
         (folder / f"smollm2-{short}.gguf").symlink_to(path)
     servers = {
-        "quill serve": lambda: start_quill(home, args),
-        "llama-server router": lambda: start_router(folder, args),
+        "quill serve": quill_server(home, args),
+        "llama-server router": router(folder, args),
     }
     rounds: dict[str, list[dict[str, float]]] = {name: [] for name in servers}
     for round_number in range(args.rounds):
-        order = list(servers) if round_number % 2 == 0 else list(reversed(servers))
-        for name in order:
+        for name in turned(list(servers), round_number):
             rounds[name].append(one_round(servers[name], round_number))
             print(name, {k: f"{v * 1000:.0f}" for k, v in rounds[name][-1].items()}, flush=True)
     keys = list(rounds["quill serve"][0])
@@ -133,9 +119,8 @@ def main() -> None:
     lines = [
         f"# Two models on one server: cold and warm time to first token ({today})",
         "",
-        f"`python benchmarks/serve_models.py --rounds {args.rounds} --threads {args.threads} "
-        f"--ctx {args.ctx}` under the benchmark lock, OMP_WAIT_POLICY unset; "
-        f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs. SmolLM2-135M "
+        f"`{command_line('benchmarks.serve_models')}` under the benchmark lock, "
+        f"OMP_WAIT_POLICY unset; {machine_line()}. SmolLM2-135M "
         "Instruct Q4_1 and a Q8_0 quantized from it, the same files for both servers; one slot of "
         f"{args.ctx} tokens, {args.threads} threads; quill serve --any-model against llama-server "
         "--models-dir (router mode, a process per model). Each round starts each server afresh "

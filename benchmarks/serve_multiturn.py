@@ -3,7 +3,7 @@ quill serve with its prefix cache, quill serve told not to reuse it ("cache_prom
 every request cost before), and llama-server built from the same sdist, with its defaults.
 
 Usage (inside quill's venv; the machine otherwise idle):
-  python benchmarks/serve_multiturn.py --model PATH.gguf [--turns 8] [--words 220] [--threads 2]
+  python -m benchmarks.serve_multiturn --model PATH.gguf [--turns 8] [--words 220] [--threads 2]
       [--rounds 3] [--skip-no-reuse]
       [--llama-server benchmarks/.build/llama-cpp-python-0.3.36/build/bin/llama-server]
 
@@ -18,17 +18,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import openai
 
-ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_LLAMA_SERVER = ROOT / "benchmarks/.build/llama-cpp-python-0.3.36/build/bin/llama-server"
+from benchmarks.harness import QUILL, TOOLS, serving, turned
+
+DEFAULT_LLAMA_SERVER = TOOLS / "llama-server"
 TOPICS = ["harbours", "lighthouses", "tides", "ferries", "storms", "fishing", "maps", "islands"]
 
 
@@ -40,51 +38,6 @@ def message(turn: int, words: int) -> str:
         for i in range(words // 14 + 1)
     )
     return f"Here are my notes about {topic}. {filler} Summarize them in two sentences."
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def wait_ready(url: str, process: subprocess.Popen, timeout: float = 300) -> None:
-    import urllib.request
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise SystemExit(
-                f"the server exited: {process.stderr.read() if process.stderr else ''}"
-            )
-        try:
-            with urllib.request.urlopen(f"{url}/v1/models", timeout=2):
-                return
-        except OSError:
-            time.sleep(0.5)
-    raise SystemExit(f"{url} did not come up in {timeout} s")
-
-
-def start_quill(model: str, threads: int, ctx: int, home: str) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    quill = str(Path(sys.executable).with_name("quill"))
-    process = subprocess.Popen(
-        [quill, "serve", "-m", model, "--port", str(port), "--parallel", "1",
-         "--ctx", str(ctx), "--threads", str(threads)],
-        env=dict(os.environ, QUILL_HOME=home), stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    return process, f"http://127.0.0.1:{port}"
-
-
-def start_llama_server(binary: str, model: str, threads: int, ctx: int) -> tuple:
-    port = free_port()
-    process = subprocess.Popen(
-        [binary, "-m", model, "--port", str(port), "-t", str(threads), "-c", str(ctx),
-         "-np", "1"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    return process, f"http://127.0.0.1:{port}"
 
 
 def conversation(
@@ -121,18 +74,13 @@ def conversation(
     return rows
 
 
-def measure(name: str, start, args, extra: dict) -> list[dict]:
-    process, url = start()
-    try:
-        wait_ready(url, process)
+def measure(command: list[str], env: dict[str, str] | None, args, extra: dict) -> list[dict]:
+    with serving(command, env) as (_, url):
         # Warm-up: another conversation (its system prompt differs from the first token on).
         conversation(url, 2, args.words, args.reply, extra, "Warm up.")
         return conversation(
             url, args.turns, args.words, args.reply, extra, "You are a concise assistant."
         )
-    finally:
-        process.terminate()
-        process.wait(timeout=60)
 
 
 def main() -> None:
@@ -150,26 +98,22 @@ def main() -> None:
     parser.add_argument("--json", dest="json_out")
     args = parser.parse_args()
     home = tempfile.mkdtemp(prefix="quill-bench-home-")
-    servers = {
-        "quill serve": (lambda: start_quill(args.model, args.threads, args.ctx, home), {}),
-    }
+    quill = [QUILL, "serve", "-m", args.model, "--parallel", "1", "--ctx", str(args.ctx),
+             "--threads", str(args.threads)]  # fmt: skip
+    quill_env = dict(os.environ, QUILL_HOME=home)
+    servers = {"quill serve": (quill, quill_env, {})}
     if not args.skip_no_reuse:
-        servers["quill serve, no reuse"] = (
-            lambda: start_quill(args.model, args.threads, args.ctx, home),
-            {"cache_prompt": False},
-        )
+        servers["quill serve, no reuse"] = (quill, quill_env, {"cache_prompt": False})
     if not args.skip_llama_server and Path(args.llama_server).exists():
-        servers["llama-server"] = (
-            lambda: start_llama_server(args.llama_server, args.model, args.threads, args.ctx),
-            {},
-        )
+        llama_server = [args.llama_server, "-m", args.model, "-t", str(args.threads),
+                        "-c", str(args.ctx), "-np", "1"]  # fmt: skip
+        servers["llama-server"] = (llama_server, None, {})
     rounds: dict[str, list[list[dict]]] = {name: [] for name in servers}
     for round_number in range(args.rounds):
         # Interleaved, the order turned each round: a slow spell of the machine hits each.
-        order = list(servers) if round_number % 2 == 0 else list(reversed(servers))
-        for name in order:
-            start, extra = servers[name]
-            rounds[name].append(measure(name, start, args, extra))
+        for name in turned(list(servers), round_number):
+            command, env, extra = servers[name]
+            rounds[name].append(measure(command, env, args, extra))
     runs = {name: median_rows(conversations) for name, conversations in rounds.items()}
     names = list(runs)
     print(f"median of {args.rounds} conversation(s) per server")
