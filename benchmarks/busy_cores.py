@@ -7,8 +7,8 @@ the script ends). Decode tokens/s come from quill's own JSON; the medians over t
 compared. Target: beside the busy core, the default >= 0.9x the better of -t 1 and -t 2; idle,
 the default unchanged (it picks every physical core, as before).
 
-    python benchmarks/busy_cores.py                 # 5 rounds, about 2 minutes on 2 cores
-    python benchmarks/busy_cores.py -r 3 -n 96
+    python -m benchmarks.busy_cores                 # 5 rounds, about 2 minutes on 2 cores
+    python -m benchmarks.busy_cores -r 3 -n 96
 
 Bounded: every quill run has a timeout, the spinner a deadline of its own.
 """
@@ -18,31 +18,17 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
 
-QUILL = str(Path(sys.executable).with_name("quill"))
+from benchmarks.harness import QUILL, RESULTS, busy_core, machine_load, turned
+
 PROMPT = "Write a long story about a lighthouse keeper and the sea."
-RESULTS = Path(__file__).parent / "results"
-SPIN = "import time\nend = time.monotonic() + {seconds}\nwhile time.monotonic() < end:\n    pass\n"
-
-
-@contextlib.contextmanager
-def busy_core(deadline_s: float) -> Iterator[subprocess.Popen]:
-    spinner = subprocess.Popen([sys.executable, "-c", SPIN.format(seconds=deadline_s)])
-    try:
-        time.sleep(0.5)
-        yield spinner
-    finally:
-        spinner.kill()
-        spinner.wait()
 
 
 def quill_run(model: str, tokens: int, threads: int | None) -> dict:
@@ -58,12 +44,10 @@ def quill_run(model: str, tokens: int, threads: int | None) -> dict:
     return json.loads(done.stdout)
 
 
-def machine_load(seconds: float = 2.0) -> dict:
-    """How busy the machine was before the measurement (other sessions share it)."""
-    return {
-        "cpu_percent_over_2s": psutil.cpu_percent(interval=seconds),
-        "loadavg_1_5_15": list(os.getloadavg()),
-    }
+def load_now() -> dict:
+    """How busy the machine was (other sessions share it), as the results files name it."""
+    cpu_percent, loadavg = machine_load()
+    return {"cpu_percent_over_2s": cpu_percent, "loadavg_1_5_15": loadavg}
 
 
 def main() -> None:
@@ -81,7 +65,7 @@ def main() -> None:
         return
 
     configs: list[tuple[str, int | None]] = [("default", None), ("-t 1", 1), ("-t 2", 2)]
-    before = machine_load()
+    before = load_now()
     samples: dict[str, dict[str, list[dict]]] = {"idle": {}, "busy": {}}
     quill_run(args.model, 8, None)  # warm the page cache: the model file is read once
     for condition in ("idle", "busy"):
@@ -92,8 +76,7 @@ def main() -> None:
         )
         with context:
             for round_number in range(args.rounds):
-                shift = round_number % len(configs)
-                for label, threads in configs[shift:] + configs[:shift]:
+                for label, threads in turned(configs, round_number):
                     result = quill_run(args.model, args.tokens, threads)
                     samples[condition].setdefault(label, []).append(
                         {
@@ -108,7 +91,7 @@ def main() -> None:
                         f"busy cores {result['busy_cores']}",
                         file=sys.stderr,
                     )
-    after = machine_load()
+    after = load_now()
 
     summary: dict[str, dict] = {}
     for condition, by_config in samples.items():
@@ -149,7 +132,7 @@ def render(report: dict) -> str:
     lines = [
         f"# Default threads beside a busy core ({report['date']})",
         "",
-        f"`python benchmarks/busy_cores.py -r {report['rounds']} -n {report['tokens']}`: "
+        f"`python -m benchmarks.busy_cores -r {report['rounds']} -n {report['tokens']}`: "
         f"{report['model']}, {report['cpu']} CPUs ({report['physical_cores']} physical), median "
         f"decode tokens/s over {report['rounds']} rounds. Machine load before: "
         f"{before['cpu_percent_over_2s']:.0f}% CPU, load average "

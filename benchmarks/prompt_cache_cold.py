@@ -1,7 +1,7 @@
 """What the automatic prompt cache costs a run that misses it, and what it saves one that hits.
 
 Usage (inside quill's venv, OpenMP as users have it, the lock held):
-  flock /work/notes/bench.lock python benchmarks/prompt_cache_cold.py \
+  flock /work/notes/bench.lock python -m benchmarks.prompt_cache_cold \
       [--model /work/shapes/llama-3.2-1b-shape.Q4_K_M.gguf] [--rounds 7] [--words 720] \
       [--baseline DIR] [--json FILE] [--md FILE]
 
@@ -37,12 +37,13 @@ from pathlib import Path
 
 import llama_cpp as llama
 
+from benchmarks.harness import QUILL, median_ms
 from cli.engine.engine import Engine, LoadOptions
 from cli.store.promptcache import PromptCacheStore, cache_dir, engine_key, model_sha256
 from quant.partfiles import write_replacing
 
 MODEL = "/work/shapes/llama-3.2-1b-shape.Q4_K_M.gguf"
-QUILL = str(Path(sys.executable).with_name("quill"))
+
 QUESTION = "Summarize the text above."
 FIRST, BASELINE = 1_000_000, 2_000_000  # the seeds of the first run's and the baseline's texts
 
@@ -137,20 +138,6 @@ def rounds(args: argparse.Namespace) -> dict:
     return {"first": first, "samples": samples, "files_kept": files_kept}
 
 
-def median_of(values: list[float]) -> float:
-    return statistics.median(values)
-
-
-def timed(action, repeat: int) -> tuple[float, object]:
-    """The median milliseconds of repeat calls, and the last result."""
-    times, result = [], None
-    for _ in range(repeat):
-        started = time.perf_counter()
-        result = action()
-        times.append((time.perf_counter() - started) * 1000)
-    return median_of(times), result
-
-
 def steps(args: argparse.Namespace) -> dict:
     """Each step of one save, timed in this process on a prefilled document (medians of 5)."""
     work = Path(tempfile.mkdtemp(prefix="quill-cold-steps-"))
@@ -160,14 +147,14 @@ def steps(args: argparse.Namespace) -> dict:
         with Engine(Path(args.model), LoadOptions(n_ctx=4096, threads=args.threads)) as engine:
             tokens = engine.tokenize(document(0, args.words) + "\n" + QUESTION)
             engine.prefill(tokens)
-            found["model sha256, first run of a model file"], _ = timed(
+            found["model sha256, first run of a model file"], _ = median_ms(
                 lambda: model_sha256(engine.path, work / f"memo-{time.time_ns()}"), 1
             )
             store = PromptCacheStore(cache_dir(), engine_key(engine))
-            found["key, the model's hash remembered"], _ = timed(lambda: engine_key(engine), 5)
+            found["key, the model's hash remembered"], _ = median_ms(lambda: engine_key(engine), 5)
             for seed in range(1, 6):  # some files to look through, as a pipeline's cache holds
                 store.keep([*tokens[:-1], seed + 1], engine.sequence_state(0))
-            found["find on a miss (5 files)"], _ = timed(lambda: store.find(tokens[::-1]), 5)
+            found["find on a miss (5 files)"], _ = median_ms(lambda: store.find(tokens[::-1]), 5)
 
             def old_state() -> bytes:
                 size = llama.llama_state_seq_get_size(engine._ctx, 0)
@@ -175,25 +162,27 @@ def steps(args: argparse.Namespace) -> dict:
                 written = llama.llama_state_seq_get_data(engine._ctx, buffer, size, 0)
                 return ctypes.string_at(buffer, written)
 
-            found["state out of llama.cpp, before (a zeroed buffer, copied)"], _ = timed(
+            found["state out of llama.cpp, before (a zeroed buffer, copied)"], _ = median_ms(
                 old_state, 5
             )
-            found["state out of llama.cpp, now (sequence_state)"], state = timed(
+            found["state out of llama.cpp, now (sequence_state)"], state = median_ms(
                 lambda: engine.sequence_state(0), 5
             )
-            found["sha256 of the state"], _ = timed(lambda: hashlib.sha256(state).hexdigest(), 5)
+            found["sha256 of the state"], _ = median_ms(
+                lambda: hashlib.sha256(state).hexdigest(), 5
+            )
             as_bytes = bytes(state)  # what the state was before: bytes, joined to its header
-            found["header + state joined in one bytes (before)"], joined = timed(
+            found["header + state joined in one bytes (before)"], joined = median_ms(
                 lambda: b"header" + as_bytes, 5
             )
             target = work / "timed.kv"
-            found["write + fsync + rename (before)"], _ = timed(
+            found["write + fsync + rename (before)"], _ = median_ms(
                 lambda: write_replacing(target, joined), 5
             )
-            found["write + rename, no fsync (now)"], _ = timed(
+            found["write + rename, no fsync (now)"], _ = median_ms(
                 lambda: write_replacing(target, b"header", state, sync=False), 5
             )
-            found["keep: the whole save, now"], _ = timed(
+            found["keep: the whole save, now"], _ = median_ms(
                 lambda: store.keep(engine.cached(0), engine.sequence_state(0)), 5
             )
             found["state MB"] = len(state) / 1e6
@@ -209,7 +198,7 @@ def markdown(result: dict) -> str:
         samples = result["samples"]
         metrics = ("last_byte_s", "exit_s", "after_s")
         medians = {
-            kind: {m: median_of([r[m] for r in runs]) for m in metrics}
+            kind: {m: statistics.median([r[m] for r in runs]) for m in metrics}
             for kind, runs in samples.items()
         }
         base = medians["no-cache"]
@@ -223,7 +212,7 @@ def markdown(result: dict) -> str:
             "|---|---|---|---|---|---|---|",
         ]
         for kind, m in medians.items():
-            cached = median_of([r["cached_tokens"] for r in samples[kind]])
+            cached = statistics.median([r["cached_tokens"] for r in samples[kind]])
             lines.append(
                 f"| {kind} | {m['last_byte_s']:.3f} | {m['exit_s']:.3f} | {m['after_s']:.3f} | "
                 f"{m['last_byte_s'] / base['last_byte_s'] - 1:+.1%} | "

@@ -14,7 +14,7 @@ and running one pp512 and one tg128. Before the speed process both files are wri
 large writes so that they sit alike in the page cache (set_page_cache says why). OpenMP as users
 have it (OMP_WAIT_POLICY unset), threads fixed.
 
-    flock /work/notes/bench.lock python benchmarks/replica_fidelity.py smollm2-q4_1 -r 30
+    flock /work/notes/bench.lock python -m benchmarks.replica_fidelity smollm2-q4_1 -r 30
 
 Models (real file, replica written beside it in --dir): smollm2-q4_1 (the registry's file),
 smollm2-q4_0 and smollm2-f16 (made from it by quant.quantize), gemma3-q4_k_m (the registry's).
@@ -37,12 +37,11 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import psutil
+from benchmarks.harness import RESULTS, ROOT, busy_seconds, turned, users_env, wait_quiet
 
 if TYPE_CHECKING:
     from cli.engine.engine import Engine
 
-RESULTS = Path(__file__).parent / "results"
 STAMP = "2026-12-01"
 JSON_OUT, MD_OUT = (RESULTS / f"replica-fidelity-{STAMP}.{ext}" for ext in ("json", "md"))
 MODELS = ("smollm2-q4_1", "smollm2-q4_0", "smollm2-f16", "gemma3-q4_k_m")
@@ -77,17 +76,17 @@ def speed(paths: dict[str, Path], threads: int, rounds: int) -> list[dict[str, d
     rng = random.Random(0)
     options = LoadOptions(n_ctx=1024, n_batch=512, threads=threads, repack=True)
     engines = {kind: Engine(path, options) for kind, path in paths.items()}
-    ours = psutil.Process()
     for engine in engines.values():
         one_round(engine, rng)  # warm-up
     results = []
     for round_ in range(rounds):
-        wait_quiet()
+        # A round is a few seconds, and one taken beside another's burst is noise, not a ratio.
+        wait_quiet(QUIET_CORES / 3, window=2.0, limit=60.0)
         figures = {}
-        for kind in KINDS if round_ % 2 == 0 else KINDS[::-1]:
-            busy, own, started = _busy_s(), sum(ours.cpu_times()[:2]), time.perf_counter()
+        for kind in turned(KINDS, round_):
+            busy, started = busy_seconds(), time.perf_counter()
             figures[kind] = one_round(engines[kind], rng)
-            others = (_busy_s() - busy) - (sum(ours.cpu_times()[:2]) - own)
+            others = busy_seconds() - busy
             figures[kind]["others_cores"] = max(0.0, others / (time.perf_counter() - started))
         print(round_, figures, file=sys.stderr, flush=True)
         results.append(figures)
@@ -106,23 +105,6 @@ def peak_rss(path: Path, threads: int) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def _busy_s() -> float:
-    times = psutil.cpu_times()
-    return sum(times) - times.idle - getattr(times, "iowait", 0.0)
-
-
-def wait_quiet(window: float = 2.0, limit: float = 60.0) -> None:
-    """Until other processes take under QUIET_CORES / 3 over a window (at most limit s): a
-    round is a few seconds, and one taken beside another's burst is noise, not a ratio."""
-    deadline = time.monotonic() + limit
-    while time.monotonic() < deadline:
-        busy, own = _busy_s(), sum(psutil.Process().cpu_times()[:2])
-        time.sleep(window)
-        others = (_busy_s() - busy) - (sum(psutil.Process().cpu_times()[:2]) - own)
-        if others < QUIET_CORES / 3 * window:
-            return
-
-
 def set_page_cache(path: Path) -> None:
     """Write path again in large writes. How a file came into the page cache decides its
     physical layout there (large folios, or scattered 4 KiB pages as a download or pip's
@@ -138,10 +120,9 @@ def set_page_cache(path: Path) -> None:
 
 
 def in_subprocess(*args: str) -> str:
-    env = dict(os.environ)
-    env.pop("OMP_WAIT_POLICY", None)  # as users have it: OpenMP threads spin a while
-    command = [sys.executable, __file__, *args]
-    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=1800)
+    command = [sys.executable, "-m", "benchmarks.replica_fidelity", *args]
+    result = subprocess.run(command, env=users_env(), cwd=ROOT, capture_output=True, text=True,
+                            timeout=1800)  # fmt: skip
     if result.returncode != 0:
         raise SystemExit(f"{' '.join(args)} failed:\n{result.stderr[-3000:]}")
     return result.stdout.strip().splitlines()[-1]
@@ -209,7 +190,7 @@ def compare(model: str, args: argparse.Namespace) -> dict:
     }
     rss: dict[str, list[float]] = {kind: [] for kind in KINDS}
     for round_ in range(RSS_ROUNDS):
-        for kind in KINDS if round_ % 2 == 0 else KINDS[::-1]:
+        for kind in turned(KINDS, round_):
             rss[kind].append(float(in_subprocess("--rss", str(paths[kind]), *_common(args))))
     summary["peak_rss_mib"] = summarize(rss["real"], rss["replica"])
     return {

@@ -28,7 +28,7 @@ replay ratio is what the policy would measure on a machine without noise; benchm
 speculative.py measures the real thing.
 
 Usage (inside quill's venv, on an idle machine):
-  python benchmarks/speculative_bound.py [--model NAME] [--targets model,f16] [-n 120]
+  python -m benchmarks.speculative_bound [--model NAME] [--targets model,f16] [-n 120]
       [-t THREADS] [--tasks rewrite,extract,summarise,chat] [--json OUT] [--costs EARLIER.json]
 
 --costs replays on the batch costs an earlier --json run measured (same targets and tasks), so
@@ -45,10 +45,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-
-from speculative import TASKS, f16_target, model_path  # noqa: E402
+from benchmarks.speculative import TASKS, f16_target, model_path
 
 BATCH_SIZES = range(1, 18)
 COST_ROUNDS = 9

@@ -1,7 +1,7 @@
 """How long quill takes to start: `quill --help`, `quill list` with ten models on disk and
 `quill inspect`, against `python -c "import typer"` on the same machine (best of N runs each).
 
-Usage: python benchmarks/startup.py [--runs 5] [--model PATH.gguf] [--quill PATH/TO/quill]
+Usage: python -m benchmarks.startup [--runs 5] [--model PATH.gguf] [--quill PATH/TO/quill]
 
 A two-command Typer app is timed too: what Typer itself costs to parse and run one command.
 The ten models are hard links (or copies, across file systems) of one GGUF, recorded in the
@@ -60,7 +60,6 @@ def best_of(command: list[str], runs: int, env: dict[str, str]) -> tuple[float, 
 
 
 def default_model() -> Path:
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     from cli.store.models import list_local
     from cli.store.registry import load_registry
 

@@ -9,7 +9,7 @@ decode speed is its eval runs over its eval time plus its sampling time: llama.c
 grammar's cost apart, in the sampler's time, where quill's decode figure holds it.
 
     . .venv/bin/activate
-    python benchmarks/structured_decode.py --rounds 7 --threads 2
+    python -m benchmarks.structured_decode --rounds 7 --threads 2
 
 Targets (issue 17): quill's ratio (with / without) >= 0.9, and >= llama.cpp's ratio.
 """
@@ -21,21 +21,14 @@ import json
 import re
 import statistics
 import subprocess
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from benchmarks.harness import TOOLS
+from cli.engine.engine import Engine
+from cli.engine.options import LoadOptions
+from cli.engine.sampling import SamplingParams
+from cli.engine.structured import schema_constraint
 
-from cli.engine.engine import Engine  # noqa: E402
-from cli.engine.options import LoadOptions  # noqa: E402
-from cli.engine.sampling import SamplingParams  # noqa: E402
-from cli.engine.structured import schema_constraint  # noqa: E402
-
-# llama.cpp's tools built from quill's own sdist (benchmarks/build_llama_bench.sh); a worktree
-# uses the main checkout's build.
-BUILD = Path("benchmarks") / ".build" / "llama-cpp-python-0.3.36" / "build" / "bin"
-TOOLS = next((p for p in (ROOT / BUILD, ROOT.parent / "main" / BUILD) if p.exists()), ROOT / BUILD)
 SCHEMA = {
     "type": "object",
     "properties": {

@@ -3,7 +3,7 @@ output cap) add to it: per published template in tests/data/templates, the media
 a fixed conversation (system, user, assistant, user; with tools where the template takes them)
 with quill's renderer and with a plain Jinja sandbox set up as transformers sets it up.
 
-Usage: python benchmarks/template_render.py [--repeat 200]
+Usage: python -m benchmarks.template_render [--repeat 200]
 The time is part of every request's TTFT (the prompt is rendered before prefill).
 """
 
@@ -11,15 +11,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from cli.engine.templates import render_jinja  # noqa: E402
+from benchmarks.harness import ROOT, median_ms
+from cli.engine.templates import render_jinja
 
 CONVERSATION = [
     {"role": "system", "content": "You are terse."},
@@ -62,15 +57,6 @@ def plain_environment():
     return env
 
 
-def median_ms(function, repeat: int) -> float:
-    times = []
-    for _ in range(repeat):
-        started = time.perf_counter()
-        function()
-        times.append((time.perf_counter() - started) * 1000)
-    return statistics.median(times)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeat", type=int, default=200)
@@ -96,7 +82,7 @@ def main() -> None:
             )
 
         quill()  # compile once, as a server does
-        ours, theirs = median_ms(quill, args.repeat), median_ms(plain, args.repeat)
+        (ours, _), (theirs, _) = median_ms(quill, args.repeat), median_ms(plain, args.repeat)
         print(f"{path.stem[:50]:50} {ours:9.3f} {theirs:9.3f} {ours / theirs:6.2f}")
 
 

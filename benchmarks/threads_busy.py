@@ -12,8 +12,8 @@ median over the rounds of auto's figure over the best fixed count's of the same 
 sessions' load on a shared machine changes from round to round). quill runs with the environment
 as a user has it (OMP_WAIT_POLICY unset).
 
-    python benchmarks/threads_busy.py                 # 5 rounds, about 10 minutes on 2 cores
-    python benchmarks/threads_busy.py -r 3 -n 200
+    python -m benchmarks.threads_busy                 # 5 rounds, about 10 minutes on 2 cores
+    python -m benchmarks.threads_busy -r 3 -n 200
 
 Bounded: every chat and server has a timeout, and `yes` is killed when each one ends.
 """
@@ -21,9 +21,7 @@ Bounded: every chat and server has a timeout, and `yes` is killed when each one 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import os
 import re
 import statistics
 import subprocess
@@ -31,13 +29,21 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
 
-QUILL = str(Path(sys.executable).with_name("quill"))
-RESULTS = Path(__file__).parent / "results"
+from benchmarks.harness import (
+    QUILL,
+    RESULTS,
+    busy_core,
+    command_line,
+    machine_load,
+    serving,
+    turned,
+    users_env,
+)
+
 MESSAGES = [
     "Write a long story about a lighthouse keeper and the sea.",
     "Tell the same story again from the point of view of the sea.",
@@ -48,23 +54,6 @@ MESSAGES = [
 TURN = re.compile(r"decode (\d+) tok, ([\d.]+) tok/s .* threads (\d+)")
 TIMEOUT_S = 300
 LOAD_FIGURES = (("cpu_percent", 0), ("loadavg", 2))  # machine_load's, and the digits shown
-
-
-def environment() -> dict[str, str]:
-    env = dict(os.environ)
-    env.pop("OMP_WAIT_POLICY", None)  # the default a user has: OpenMP's threads spin a while
-    return env
-
-
-@contextlib.contextmanager
-def busy_core() -> Iterator[None]:
-    """`yes > /dev/null`: the issue's busy process, one core."""
-    process = subprocess.Popen(["yes"], stdout=subprocess.DEVNULL)
-    try:
-        yield
-    finally:
-        process.kill()
-        process.wait()
 
 
 def chat_turns(model: str, threads: int | None, tokens: int, pause_s: float) -> list[dict]:
@@ -79,7 +68,7 @@ def chat_turns(model: str, threads: int | None, tokens: int, pause_s: float) -> 
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,
-            env=environment(),
+            env=users_env(),
         )
         deadline = time.monotonic() + TIMEOUT_S
         assert chat.stdin is not None and chat.stderr is not None
@@ -109,40 +98,24 @@ def chat_turns(model: str, threads: int | None, tokens: int, pause_s: float) -> 
 
 def serve_turns(model: str, threads: int | None, tokens: int) -> list[dict]:
     """The first request, then those after the busy core started (one after another, no pause)."""
-    with tempfile.TemporaryDirectory() as folder:
-        ready = Path(folder) / "port"
-        command = [QUILL, "serve", model, "--port", "0"]
-        command += ["-t", str(threads)] if threads else []
-        env = environment() | {"QUILL_SERVE_READY_FILE": str(ready)}
-        server = subprocess.Popen(
-            command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env
-        )
-        try:
-            deadline = time.monotonic() + 60
-            while not (ready.exists() and ready.read_text()):
-                if server.poll() is not None or time.monotonic() > deadline:
-                    raise SystemExit("quill serve did not start")
-                time.sleep(0.1)
-            url = f"http://127.0.0.1:{ready.read_text()}"
+    command = [QUILL, "serve", model, *(["-t", str(threads)] if threads else [])]
+    with serving(command, users_env(), stderr=subprocess.DEVNULL, timeout=60) as (_, url):
 
-            def request(message: str) -> dict:
-                body = {
-                    "messages": [{"role": "user", "content": message}],
-                    "max_tokens": tokens,
-                    "temperature": 0,
-                    "ignore_eos": True,
-                }
-                timings = fetch(f"{url}/v1/chat/completions", body)["timings"]
-                used = fetch(f"{url}/health")["threads"]
-                seconds = timings["predicted_ms"] / 1000
-                return {"tokens": timings["predicted_n"], "seconds": seconds, "threads": used}
+        def request(message: str) -> dict:
+            body = {
+                "messages": [{"role": "user", "content": message}],
+                "max_tokens": tokens,
+                "temperature": 0,
+                "ignore_eos": True,
+            }
+            timings = fetch(f"{url}/v1/chat/completions", body)["timings"]
+            used = fetch(f"{url}/health")["threads"]
+            seconds = timings["predicted_ms"] / 1000
+            return {"tokens": timings["predicted_n"], "seconds": seconds, "threads": used}
 
-            first = request(MESSAGES[0])
-            with busy_core():
-                return [first, *(request(message) for message in MESSAGES[1:])]
-        finally:
-            server.terminate()
-            server.wait(timeout=30)
+        first = request(MESSAGES[0])
+        with busy_core():
+            return [first, *(request(message) for message in MESSAGES[1:])]
 
 
 def fetch(url: str, body: dict | None = None) -> dict:
@@ -158,9 +131,10 @@ def rate(turns: list[dict]) -> float:
     return sum(t["tokens"] for t in turns) / sum(t["seconds"] for t in turns)
 
 
-def machine_load(seconds: float = 2.0) -> dict:
-    """How busy other sessions kept the machine (it is shared)."""
-    return {"cpu_percent": psutil.cpu_percent(interval=seconds), "loadavg": os.getloadavg()[0]}
+def load_now() -> dict:
+    """How busy other sessions kept the machine (it is shared), as the results files name it."""
+    cpu_percent, loadavg = machine_load()
+    return {"cpu_percent": cpu_percent, "loadavg": loadavg[0]}
 
 
 def main() -> None:
@@ -174,11 +148,10 @@ def main() -> None:
 
     physical = psutil.cpu_count(logical=False) or 1
     settings: list[int | None] = [None, *range(1, physical + 1)]
-    before = machine_load()
+    before = load_now()
     samples: dict[str, dict[str, list[dict]]] = {"chat": {}, "serve": {}}
     for round_number in range(args.rounds):
-        shift = round_number % len(settings)
-        for threads in settings[shift:] + settings[:shift]:
+        for threads in turned(settings, round_number):
             label = f"-t {threads}" if threads else "auto"
             for kind in ("chat", "serve"):
                 if kind == "chat":
@@ -193,7 +166,7 @@ def main() -> None:
                     file=sys.stderr,
                 )
     report = {
-        "command": " ".join(["python benchmarks/threads_busy.py", *sys.argv[1:]]),
+        "command": command_line("benchmarks.threads_busy"),
         "model": args.model,
         "tokens": args.tokens,
         "rounds": args.rounds,
@@ -201,7 +174,7 @@ def main() -> None:
         "cpus": psutil.cpu_count(logical=True),
         "physical_cores": physical,
         "load_before": before,
-        "load_after": machine_load(),
+        "load_after": load_now(),
         "date": time.strftime("%Y-%m-%d %H:%M"),
         "samples": samples,
     }
