@@ -245,15 +245,21 @@ def send_concurrently(
             with lock:
                 replies.append(reply)
 
+    wall = in_threads(client, clients)
+    if len(replies) != requests:
+        raise SystemExit(f"{url}: {requests - len(replies)} requests failed")
+    return replies, wall
+
+
+def in_threads(client: Callable[[], None], count: int) -> float:
+    """client run in count threads at once, until all end: the wall seconds."""
     started = time.perf_counter()
-    threads = [threading.Thread(target=client) for _ in range(clients)]
+    threads = [threading.Thread(target=client) for _ in range(count)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
-    if len(replies) != requests:
-        raise SystemExit(f"{url}: {requests - len(replies)} requests failed")
-    return replies, time.perf_counter() - started
+    return time.perf_counter() - started
 
 
 # --- ratios -------------------------------------------------------------------------------------

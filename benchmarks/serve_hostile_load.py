@@ -34,7 +34,7 @@ import time
 
 import httpx2 as httpx
 
-from benchmarks.harness import QUILL, rss_mib, start_server, stop_server
+from benchmarks.harness import QUILL, in_threads, rss_mib, start_server, stop_server
 
 PROMPT = "Write a short story about a lighthouse."
 
@@ -116,14 +116,9 @@ def burst(url: str, clients: int) -> dict:
         with lock:
             outcomes.append(outcome)
 
-    started = time.perf_counter()
-    threads = [threading.Thread(target=client) for _ in range(clients)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    wall = in_threads(client, clients)
     counts = {key: outcomes.count(key) for key in sorted(set(outcomes))}
-    return {"clients": clients, "counts": counts, "wall_s": time.perf_counter() - started}
+    return {"clients": clients, "counts": counts, "wall_s": wall}
 
 
 def slowloris(url: str, connections: int, normal_requests: int) -> dict:
