@@ -2,9 +2,10 @@
 llama-bench's own `test_gen` loop (a 1-token warm-up, the cells cleared, then N decodes of one
 random token each, no sampling), with quill's AMX-guarded load and nothing else of quill's. Set
 beside `quill run` and `llama-bench -p 0 -n 128` in interleaved rounds, it tells a gap in quill's
-loop from one that any Python process driving llama.cpp has (benchmarks/README.md, at scale).
+loop from one that any Python process driving llama.cpp has
+(benchmarks/results/log-at-scale-2026-12-02.md).
 
-  python benchmarks/bare_python_tg.py /work/shapes/llama-3-8b-shape.Q4_K_M.gguf -t 2
+  python -m benchmarks.bare_python_tg /work/shapes/llama-3-8b-shape.Q4_K_M.gguf -t 2
 prints decode tokens/s.
 """
 

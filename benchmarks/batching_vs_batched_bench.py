@@ -1,7 +1,7 @@
 """quill's continuous-batching scheduler against llama.cpp's llama-batched-bench.
 
 Usage (inside quill's venv; builds llama-batched-bench from the same sdist on first use):
-    python benchmarks/batching_vs_batched_bench.py [--npl 1,2,4,8] [--rounds 3]
+    python -m benchmarks.batching_vs_batched_bench [--npl 1,2,4,8] [--rounds 3]
 
 The shape llama-batched-bench measures: B sequences, each a prompt of 32 tokens then 64
 generated tokens, all started together; S t/s is all prompt and generated tokens over the wall

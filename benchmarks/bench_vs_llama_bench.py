@@ -11,7 +11,7 @@ do not. The machine's speed drifts, so the two alternate: each round measures qu
 runs `llama-bench -r 1`, and every round gives one paired ratio.
 
 Usage (inside quill's venv):
-  python benchmarks/bench_vs_llama_bench.py [--model NAME] [-d 0,1024] [--kv-type f16,q8_0] [-r 6]
+  python -m benchmarks.bench_vs_llama_bench [--model NAME] [-d 0,1024] [--kv-type f16,q8_0] [-r 6]
 """
 
 from __future__ import annotations

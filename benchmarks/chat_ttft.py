@@ -1,6 +1,6 @@
 """Time to first token, turn by turn, in a chat: with the KV prefix cache and without it.
 
-Usage (inside quill's venv): python benchmarks/chat_ttft.py [--turns 10] [--model smollm2-135m]
+Usage (inside quill's venv): python -m benchmarks.chat_ttft [--turns 10] [--model smollm2-135m]
 
 Both runs send the same ten messages with greedy sampling, so the histories are identical. "cached"
 is quill chat as it runs; "no cache" clears the KV cache before each turn, which is what a tool

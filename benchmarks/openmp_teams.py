@@ -9,7 +9,7 @@ idle one (its thread stays, as before), `ended` keeps it. Interleaved rounds, th
 the busy model's aggregate tokens/s, and the context switches of its compute thread.
 
 Usage (inside quill's venv, under the benchmark lock, OMP_WAIT_POLICY unset):
-  flock /work/notes/bench.lock python benchmarks/openmp_teams.py [--model FILE] [--rounds 4]
+  flock /work/notes/bench.lock python -m benchmarks.openmp_teams [--model FILE] [--rounds 4]
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """quill perplexity against llama.cpp's llama-perplexity: same model files, text, window, threads.
 
 Usage (inside quill's venv; builds llama-perplexity on first use, about 5 minutes):
-    python benchmarks/ppl_vs_llama_perplexity.py [--text FILE] [--ctx 512] [--types f16,q8_0,q4_0]
+    python -m benchmarks.ppl_vs_llama_perplexity [--text FILE] [--ctx 512] [--types f16,q8_0,q4_0]
 
 Makes SmolLM2's F16 (dequantized from its Q4_1) and the other types with `quill quantize`, then
 scores the text with both tools and prints a Markdown table: both perplexities, their ratio, and

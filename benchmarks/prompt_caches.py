@@ -1,7 +1,7 @@
 """Caches that outlive a process: what they save and what they take.
 
 Usage (inside quill's venv; the machine otherwise idle):
-  python benchmarks/prompt_caches.py --model PATH.gguf [--tokens 3000] [--threads 2]
+  python -m benchmarks.prompt_caches --model PATH.gguf [--tokens 3000] [--threads 2]
 
 1. Repeated pipeline: the same ~3,000-token file piped into `quill run` twice (a fresh
    QUILL_HOME): TTFT of each run from `--json`, and the second's share of the first.

@@ -6,7 +6,7 @@
   plain       extra buffer types off, nothing repacked (llama.cpp's --no-repack)
 
 Rounds are interleaved (one of each path, then again) so that a busy moment hits all paths.
-Usage: python benchmarks/repack_paths.py MODEL.gguf [--rounds 5] [--threads 2] [-p 512] [-n 64]
+Usage: python -m benchmarks.repack_paths MODEL.gguf [--rounds 5] [--threads 2] [-p 512] [-n 64]
 MODEL should be Q4_0 or Q4_K (`quill quantize smollm2-135m:f16 --to q4_0`): Q4_1, the default
 model's type, has no repacked layout, so all paths run the same kernels on it.
 """

@@ -3,7 +3,7 @@ measuring at their scale (issue 27): speed and memory depend on shapes and weigh
 the trained values.
 
 Usage (inside quill's venv):
-  python benchmarks/shapes.py [NAME ...] [--out /work/shapes] [--type q4_k_m] [--threads 2]
+  python -m benchmarks.shapes [NAME ...] [--out /work/shapes] [--type q4_k_m] [--threads 2]
 
 Each NAME (default: all, smallest first) is written as F16 with the gguf package's writer, one
 tensor at a time (normal values scaled by 1/sqrt(row length), as a trained layer's are about;

@@ -19,7 +19,7 @@ the first over the time since the first); the llama.cpp tools print theirs over 
 Every speculative quill reply is checked to be the plain reply's text (greedy output unchanged).
 
 Usage (inside quill's venv, on an idle machine):
-  python benchmarks/speculative.py [--rounds 3] [-n 200] [-t THREADS] [--tools DIR]
+  python -m benchmarks.speculative [--rounds 3] [-n 200] [-t THREADS] [--tools DIR]
       [--tasks rewrite,extract,summarise,chat] [--pairs ngram,draft] [--json OUT]
 """
 
