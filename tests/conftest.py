@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,6 +25,13 @@ from cli.store.registry import load_registry
 from neartie import uses_the_comparator
 from pipindex import build_wheel, pip_environment
 from tinymodel import write_tiny_llama
+
+# The checkout's root, for the tests of benchmarks/ and scripts/ (imported as benchmarks.NAME and
+# scripts.NAME). Appended, not prepended: quill itself must come from the installed package, as
+# the README installs it, and not from the source tree beside it.
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.append(str(ROOT))
 
 SMOLLM2 = "smollm2-135m"
 # The GPL-3 text (verbatim copying is permitted): ~7,600 SmolLM2 tokens of English prose.

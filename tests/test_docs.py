@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import re
 import shlex
-import sys
 from pathlib import Path
 
 import pytest
@@ -228,8 +227,7 @@ def test_an_edited_example_fails(decoders):
 
 
 def test_pasted_help_is_current():
-    sys.path.insert(0, str(ROOT / "scripts"))
-    from refresh_docs import current_help, help_blocks
+    from scripts.refresh_docs import current_help, help_blocks
 
     stale = []
     for path in DOCS:

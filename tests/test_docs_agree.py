@@ -6,13 +6,11 @@ from __future__ import annotations
 
 import re
 import shutil
-import sys
 from pathlib import Path
 
 from test_docs import DOCS, ROOT, quill_commands, shown_reply
 
-sys.path.insert(0, str(ROOT / "scripts"))
-from refresh_docs import MACHINE_PREFIX
+from scripts.refresh_docs import MACHINE_PREFIX
 
 # The same command line, shown twice on purpose in two different states.
 STATEFUL = {"quill pull smollm2-135m": "the first pull downloads the model, the second finds it"}

@@ -74,8 +74,7 @@ def page_home(tmp_path_factory, smollm2_path, quill_home) -> Path:
 def run_page(page: str, home: Path, long: bool, workdir: Path) -> list[str]:
     """The files the page uses are made as scripts/refresh_docs.py makes them when it pastes the
     page's output: its FIXTURES, and the files the page shows with `$ cat FILE`."""
-    sys.path.insert(0, str(ROOT / "scripts"))
-    from refresh_docs import make_fixtures, make_page_files
+    from scripts.refresh_docs import make_fixtures, make_page_files
 
     make_page_files(page, workdir, home)
     raw = (ROOT / "docs" / page if page != "README.md" else ROOT / page).read_text()

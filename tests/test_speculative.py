@@ -505,14 +505,8 @@ def test_default_speculation_may_pause_and_keeps_the_text(tiny_path, tiny_refere
 def test_speculative_bound_is_the_cheapest_path_over_held_guesses():
     """benchmarks/speculative_bound.py's bound: each position a plain step or a check of up to
     the guesses that hold there, the cheapest way through the reply."""
-    import importlib
-    import sys
+    from benchmarks.speculative_bound import bound
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-    try:
-        bound = importlib.import_module("speculative_bound").bound
-    finally:
-        sys.path.pop(0)
     cost = {1: 1.0, 2: 1.5, 3: 1.8, 4: 2.0}
     # Five tokens, four steps. From the first, three guesses hold: one check of 4 positions
     # (cost 2.0) reaches the end, against 4.0 for plain steps.
