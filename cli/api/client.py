@@ -250,10 +250,14 @@ def _legacy_content(logprobs: dict) -> list[dict[str, Any]]:
 def _candidate(item: Any) -> Candidate | None:
     if not isinstance(item, dict) or not isinstance(item.get("logprob"), (int, float)):
         return None
-    token = item.get("token") if isinstance(item.get("token"), str) else ""
+    token = item.get("token")
+    if not isinstance(token, str):
+        token = ""
     raw = item.get("bytes")
-    valid = isinstance(raw, list) and all(isinstance(b, int) and 0 <= b < 256 for b in raw)
-    piece = bytes(raw) if valid else token.encode("utf-8", "replace")
+    if isinstance(raw, list) and all(isinstance(b, int) and 0 <= b < 256 for b in raw):
+        piece = bytes(raw)
+    else:
+        piece = token.encode("utf-8", "replace")
     return Candidate(-1, piece, float(item["logprob"]))
 
 

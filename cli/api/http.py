@@ -24,7 +24,6 @@ import socket
 import sys
 import time
 import uuid
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any
@@ -39,6 +38,7 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
+from starlette.types import Message, Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from cli.api.pool import ModelPool, PooledModel, parse_duration
@@ -67,10 +67,6 @@ ROUTE_METHODS = {
     "/api/ps": "GET, HEAD, OPTIONS",
     "/models/unload": "POST, OPTIONS",
 }
-Scope = dict[str, Any]
-Message = dict[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
 
 
 @dataclass(frozen=True)
@@ -229,7 +225,7 @@ class QuillApp:
         # ApiError and HTTPException are answered where raised; any other exception is then
         # raised on to __call__, which logs it.
         handlers = dict.fromkeys((ApiError, HTTPException, Exception), self._error)
-        self.routes = Starlette(routes=routes, exception_handlers=handlers)  # type: ignore[arg-type]
+        self.routes = Starlette(routes=routes, exception_handlers=handlers)
         inner: Any = self.routes
         if limits.cors_origins:
             inner = CORSMiddleware(
@@ -622,8 +618,12 @@ def _host_name(host: str) -> str:
 class DrainingServer(uvicorn.Server):
     """uvicorn's server, telling the application when shutdown begins."""
 
+    def __init__(self, config: uvicorn.Config, app: QuillApp) -> None:
+        super().__init__(config)
+        self.quill_app = app  # config.app, typed: uvicorn's Config takes any ASGI app
+
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
-        self.config.app.begin_drain()
+        self.quill_app.begin_drain()
         await super().shutdown(sockets)
 
 
@@ -650,8 +650,9 @@ def run_server(
 ) -> str | None:
     """Serve until SIGTERM or SIGINT, drain, return the signal's name (None if none came)."""
     _quiet_logs(verbose)
+    app = QuillApp(state, limits)
     config = uvicorn.Config(
-        QuillApp(state, limits),
+        app,
         loop="asyncio",
         http=make_protocol(limits),
         ws="none",
@@ -667,7 +668,7 @@ def run_server(
         timeout_graceful_shutdown=int(limits.drain_timeout_s) + 5,
         h11_max_incomplete_event_size=MAX_HEADER_BYTES,
     )
-    server = DrainingServer(config)
+    server = DrainingServer(config, app)
     received: list[str] = []
 
     def note(number: int, _frame: object) -> None:

@@ -218,12 +218,12 @@ def parse_request(body: dict, engine: Engine, limits: ServerLimits, chat: bool) 
         pairs = [_message(message, index) for index, message in enumerate(messages)]
         reply, prompt, grammar = _chat_prompt(body, engine, pairs)
     else:
-        prompt = body.get("prompt")
-        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-            prompt = prompt[0]
-        if not isinstance(prompt, str) or not prompt:
+        given = body.get("prompt")
+        if isinstance(given, list) and len(given) == 1 and isinstance(given[0], str):
+            given = given[0]
+        if not isinstance(given, str) or not given:
             raise bad_request("'prompt' must be a non-empty string", "prompt")
-        _text(prompt, "'prompt'", "prompt")
+        prompt = _text(given, "'prompt'", "prompt")
     if _typed(body, "n", int, 1) != 1:
         raise bad_request("only n=1 is supported", "n")
     _typed(body, "stream", bool, False)  # read by cli/api/http.py, which trusts it checked

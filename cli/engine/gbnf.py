@@ -41,6 +41,13 @@ _ESCAPES = {"t": 9, "r": 13, "n": 10, "\\": 92, '"': 34, "[": 91, "]": 93, "-": 
 _OPERATORS = {"*": (0, None), "+": (1, None), "?": (0, 1)}
 
 
+def _match_end(pattern: re.Pattern[str], text: str, pos: int) -> int:
+    """Where pattern, matched at pos, ends."""
+    match = pattern.match(text, pos)
+    assert match is not None  # the patterns above are all starred: they match the empty string
+    return match.end()
+
+
 class GrammarError(UsageError):
     """A grammar llama.cpp cannot take, or that quill refuses before llama.cpp sees it."""
 
@@ -78,10 +85,10 @@ class _Parser:
         return GrammarError(f"the grammar is not GBNF llama.cpp reads: {message} at {where!r}")
 
     def space(self, pos: int, newline_ok: bool) -> int:
-        return (_SPACE_NEWLINES if newline_ok else _SPACE).match(self.src, pos).end()
+        return _match_end(_SPACE_NEWLINES if newline_ok else _SPACE, self.src, pos)
 
     def name(self, pos: int) -> int:
-        end = _WORD.match(self.src, pos).end()
+        end = _match_end(_WORD, self.src, pos)
         if end == pos:
             raise self.fail("expecting a name", pos)
         return end
@@ -167,13 +174,13 @@ class _Parser:
                 pos += 1 + negated
                 ranges = []
                 while self.more(pos, "]"):
-                    low, pos = self.char(pos)
-                    high = low
+                    first, pos = self.char(pos)
+                    last = first
                     if src[pos] == "-" and src[pos + 1] != "]":
                         if src[pos + 1] == "\0":
                             raise self.fail("unexpected end of input", pos)
-                        high, pos = self.char(pos + 1)
-                    ranges.append((low, high))
+                        last, pos = self.char(pos + 1)
+                    ranges.append((first, last))
                 # [] and [^] add no element in llama.cpp: they match the empty string.
                 items.append(Item("cls", negated=negated, ranges=ranges) if ranges else Item("lit"))
                 pos += 1
@@ -192,7 +199,7 @@ class _Parser:
                         raise self.fail("the token id is too big", pos)
                 items.append(Item("tok", raw=src[start : end + 1]))
                 pos = end + 1
-            elif (end := _WORD.match(src, pos).end()) > pos:
+            elif (end := _match_end(_WORD, src, pos)) > pos:
                 self.referenced[src[pos:end]] = None
                 items.append(Item("ref", name=src[pos:end]))
                 pos = end
@@ -251,7 +258,7 @@ class _Parser:
         return low, high, pos + 1
 
     def integer(self, pos: int) -> tuple[int, int]:
-        end = _DIGITS.match(self.src, pos).end()
+        end = _match_end(_DIGITS, self.src, pos)
         if end == pos:
             raise self.fail("expecting an int", pos)
         if end - pos > 19:

@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import ctypes
 import functools
+from collections.abc import Mapping
 from pathlib import Path
 
 import llama_cpp as llama
 from llama_cpp._ctypes_extensions import load_shared_library
 
 LIBS = Path(llama.__file__).parent / "lib"
+
+# A C function's argument types and result type (None: void), as ctypes takes them.
+Signature = tuple[list[type], type | None]
 
 
 @functools.cache
@@ -28,7 +32,7 @@ def ggml_library(name: str) -> ctypes.CDLL:
     return load_shared_library(name, LIBS)
 
 
-def declare(lib: ctypes.CDLL, signatures: dict[str, tuple[list, object]]) -> ctypes.CDLL:
+def declare(lib: ctypes.CDLL, signatures: Mapping[str, Signature]) -> ctypes.CDLL:
     """lib, its functions given their (argument types, result type)."""
     for name, (argtypes, restype) in signatures.items():
         function = getattr(lib, name)

@@ -179,7 +179,7 @@ _SECOND_BYTE = {0xE0: (0xA0, 0xBF), 0xED: (0x80, 0x9F), 0xF0: (0x90, 0xBF), 0xF4
 _utf8_tables: dict[tuple[int, int, bytes], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
 
 
-def _piece(vocab: object, token: int, buffer: ctypes.Array) -> bytes:
+def _piece(vocab: llama.llama_vocab_p, token: int, buffer: ctypes.Array) -> bytes:
     n = llama.llama_token_to_piece(vocab, token, buffer, len(buffer), 0, False)
     if n < 0:
         buffer = ctypes.create_string_buffer(-n)
@@ -187,7 +187,9 @@ def _piece(vocab: object, token: int, buffer: ctypes.Array) -> bytes:
     return buffer.raw[:n]
 
 
-def utf8_tables(vocab: object, n_vocab: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def utf8_tables(
+    vocab: llama.llama_vocab_p, n_vocab: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per token: whether its bytes can never be valid UTF-8, its first and last byte (-1: none)."""
     buffer = ctypes.create_string_buffer(64)
     probe = b"".join(_piece(vocab, t, buffer) for t in range(0, n_vocab, max(n_vocab // 16, 1)))
@@ -210,7 +212,9 @@ class GrammarGate:
 
     SHORTLIST = 512  # logits masked before the whole vocabulary (0: always the whole)
 
-    def __init__(self, vocab: object, grammar: str, n_vocab: int, top_k: int | None = None) -> None:
+    def __init__(
+        self, vocab: llama.llama_vocab_p, grammar: str, n_vocab: int, top_k: int | None = None
+    ) -> None:
         """top_k: the tokens the chain keeps after the mask (1 when greedy), None when the
         chain may keep more or reorders logits (penalties): then no shortlist."""
         self._sampler = grammar_sampler(vocab, grammar)
@@ -236,7 +240,8 @@ class GrammarGate:
         candidates = self._candidates[: len(ids)]
         candidates["id"], candidates["logit"], candidates["p"] = ids, logits, 0.0
         array = self._array
-        array.data = candidates.ctypes.data_as(llama.llama_token_data_p)
+        # llama-cpp-python annotates data as an array; its ctypes field is a pointer.
+        array.data = candidates.ctypes.data_as(llama.llama_token_data_p)  # type: ignore[assignment]
         array.size, array.selected, array.sorted = len(ids), -1, False
         return candidates
 
@@ -262,8 +267,8 @@ class GrammarGate:
         refused = self._refused()
         if one["logit"][0] == -np.inf or refused[token]:
             self.resampled += 1
-            token = self._shortlisted(chain, ctx, output, refused)
-            if token is None:
+            shortlisted = self._shortlisted(chain, ctx, output, refused)
+            if shortlisted is None:
                 candidates = self._fill(self._ids, self._logits(ctx, output))
                 llama.llama_sampler_apply(self._sampler, ctypes.byref(self._array))
                 candidates["logit"][refused] = -np.inf  # the ids are 0..n_vocab-1
@@ -276,6 +281,8 @@ class GrammarGate:
                     )
                 llama.llama_sampler_apply(chain, ctypes.byref(self._array))
                 token = self._chosen()
+            else:
+                token = shortlisted
         llama.llama_sampler_accept(self._sampler, token)
         self._lead = int(self._last[token]) if self._last[token] >= 0 else self._lead
         took = time.perf_counter() - started

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import llama_cpp as llama
 
-from cli.engine.ggmllib import declare, ggml_library
+from cli.engine.ggmllib import Signature, declare, ggml_library
 from cli.engine.hardware import GGML_DEVICE_CPU, cpu_has_amx
 from cli.engine.rpc import attach as rpc_devices
 from quant.gguf import GGUFError, read_header
@@ -97,7 +97,7 @@ def repack_layout(ggml_type: int, rows: int, features: dict[str, str]) -> str | 
 
 @functools.cache
 def _ggml_base() -> ctypes.CDLL:
-    signatures = {
+    signatures: dict[str, Signature] = {
         "ggml_type_name": ([ctypes.c_int], ctypes.c_char_p),
         "ggml_backend_dev_backend_reg": ([ctypes.c_void_p], ctypes.c_void_p),
         "ggml_backend_reg_get_proc_address": ([ctypes.c_void_p, ctypes.c_char_p], ctypes.c_void_p),

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 
 from cli.engine.backend import Backend
 from cli.engine.events import StreamEvent
@@ -125,7 +125,7 @@ def split_reasoning(events: Iterator[StreamEvent], prompt: str) -> Iterator[Stre
 def think_within_budget(
     engine: Backend,
     prompt: str,
-    events: Iterator[StreamEvent],
+    events: Generator[StreamEvent, None, None],
     budget: int,
     max_tokens: int,
     sampling: SamplingParams,

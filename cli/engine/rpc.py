@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import llama_cpp as llama
 
-from cli.engine.ggmllib import declare, ggml_library
+from cli.engine.ggmllib import Signature, declare, ggml_library
 from cli.engine.hardware import ANY_GPU, GGML_DEVICE_CPU
 from cli.engine.rpcrelay import (
     CAPS_SIZE,
@@ -127,7 +127,7 @@ def probe(endpoint: str, timeout_s: float = PROBE_TIMEOUT_S) -> list[RpcDevice]:
 
 @functools.cache
 def _ggml() -> ctypes.CDLL:
-    signatures = {
+    signatures: dict[str, Signature] = {
         "ggml_backend_reg_by_name": ([ctypes.c_char_p], ctypes.c_void_p),
         "ggml_backend_reg_get_proc_address": ([ctypes.c_void_p, ctypes.c_char_p], ctypes.c_void_p),
         "ggml_backend_register": ([ctypes.c_void_p], None),

@@ -88,7 +88,9 @@ def guard(
                 waiting[conn] = (time.monotonic() + HELLO_TIMEOUT_S, bytearray(), peer)
                 selector.register(conn, selectors.EVENT_READ)
                 continue
-            conn = key.fileobj
+            fileobj = key.fileobj
+            assert isinstance(fileobj, socket.socket)  # only the listener and its accepts register
+            conn = fileobj
             _, hello, peer = waiting[conn]
             try:
                 data = conn.recv(HELLO_SIZE - len(hello))

@@ -352,9 +352,10 @@ class _PatternReader:
             high = low
             if self.peek() == "-" and self.peek(2)[1:] not in ("]", ""):
                 self.at += 1
-                high = self.set_char()
-                if isinstance(high, list):
+                upper = self.set_char()
+                if isinstance(upper, list):
                     raise _Unexpressible
+                high = upper
             ranges.append((low, high))
         self.at += 1
         if negated:

@@ -168,7 +168,9 @@ def _refuse_deep(schema: Any) -> None:
         if isinstance(node, dict):
             properties = node.get("properties")
             if isinstance(properties, dict) and len(properties) > MAX_OPTIONAL_PROPERTIES:
-                required = node.get("required") if isinstance(node.get("required"), list) else []
+                required = node.get("required")
+                if not isinstance(required, list):
+                    required = []
                 optional = len(set(properties) - set(required))
                 if optional > MAX_OPTIONAL_PROPERTIES:
                     raise SchemaError(

@@ -165,8 +165,11 @@ def check_tools(tools: Any, tool_choice: Any) -> tuple[list[dict] | None, str | 
     names = []
     for index, tool in enumerate(tools):
         function = tool.get("function") if isinstance(tool, dict) else None
-        named = isinstance(function, dict) and isinstance(function.get("name"), str)
-        if not named or tool.get("type", "function") != "function":
+        if (
+            not isinstance(function, dict)
+            or not isinstance(function.get("name"), str)
+            or tool.get("type", "function") != "function"
+        ):
             raise ToolsError(
                 f'tools[{index}] must be an object with type "function" and a function '
                 "object that has a name",

@@ -264,8 +264,10 @@ def _hub_unresolvable() -> str | None:
     host = endpoint.hostname or ""
     try:
         socket.getaddrinfo(host, endpoint.port or (443 if endpoint.scheme == "https" else 80))
-    except (socket.gaierror, UnicodeError) as error:
+    except socket.gaierror as error:
         return f"cannot resolve {host} ({error.strerror or error}); no network?"
+    except UnicodeError as error:  # IDNA refuses the name (a label over 63 characters): no lookup
+        return f"cannot resolve {host} (not a valid host name: {error})"
     return None
 
 

@@ -22,7 +22,7 @@ import struct
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeGuard
 
 from cli.sequence import common_prefix
 from cli.store.home import quill_home
@@ -158,12 +158,12 @@ def read_header(path: Path) -> CacheEntry:
     return CacheEntry(path, key, tokens, state_bytes, state_sha256, stat.st_size, stat.st_mtime)
 
 
-def _int_in(value: object, low: int, high: int) -> bool:
+def _int_in(value: object, low: int, high: int) -> TypeGuard[int]:
     # bool is an int to Python, and JSON's 1.0 is a float: neither counts bytes or is a token.
     return type(value) is int and low <= value <= high
 
 
-def _valid_key(key: object) -> bool:
+def _valid_key(key: object) -> TypeGuard[dict[str, int | str]]:
     """A key as engine_key writes one: a small map of short names to short values."""
     if not isinstance(key, dict) or len(key) > 64:
         return False
