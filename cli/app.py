@@ -14,7 +14,11 @@ from typer.models import CommandInfo
 try:  # recent typer vendors click; earlier releases use click itself
     from typer._click.exceptions import ClickException, NoArgsIsHelpError
 except ImportError:  # pragma: no cover
-    from click.exceptions import ClickException, NoArgsIsHelpError
+    # The same classes from the other module: the type checker sees the installed typer's.
+    from click.exceptions import (  # type: ignore[assignment]
+        ClickException,
+        NoArgsIsHelpError,
+    )
 
 from cli import __version__
 from cli.errors import EXIT_INTERRUPTED, EXIT_USAGE, QuillError, exit_codes_help
@@ -187,7 +191,8 @@ def main() -> None:
     except ClickException as error:
         from cli.ui.render import error_line
 
-        where = error.ctx.command_path if getattr(error, "ctx", None) else "quill"
+        context = getattr(error, "ctx", None)  # a UsageError's; other ClickExceptions have none
+        where = context.command_path if context else "quill"
         error_line(f"{error.format_message()} (see {where} --help)")
         sys.exit(error.exit_code)
     except typer.Abort:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import inspect
 
 import typer
+from typer.core import TyperGroup
 
 HEADER = """\
 # Command reference
@@ -25,6 +26,7 @@ def reference_markdown() -> str:
 
     click = __import__("typer._click", fromlist=["Context"])
     group = typer.main.get_command(app)
+    assert isinstance(group, TyperGroup)  # an app of several commands
     root = click.Context(group, info_name="quill")
     lines = [HEADER]
     commands = group.list_commands(root)
@@ -32,6 +34,7 @@ def reference_markdown() -> str:
     lines.append("")
     for name in commands:
         command = group.get_command(root, name)
+        assert command is not None  # one list_commands named
         context = click.Context(command, info_name=name, parent=root)
         usage = " ".join(command.collect_usage_pieces(context))
         lines += [f"## quill {name}", "", "```text", f"quill {name} {usage}", "```", ""]

@@ -110,6 +110,10 @@ class NotOwnedError(UsageError):
     """quill refuses to delete a file it did not download or make."""
 
 
+class NotOursError(UsageError):
+    """A setting a server's model keeps for itself (its threads): quill cannot change it here."""
+
+
 class RegistryError(UsageError):
     """models.yaml is malformed: the message names the entry and the field."""
 

@@ -15,7 +15,7 @@ from collections import Counter
 from collections.abc import Callable, Collection
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 
 class GGUFError(ValueError):
@@ -178,6 +178,10 @@ class GGUFHeader:
             raise refused(self.where, f"{key} is a string of {length} bytes, past quill's 1 MiB")
         return value
 
+    @overload
+    def integer(self, key: str, default: int, limit: Limit = UINT32) -> int: ...
+    @overload
+    def integer(self, key: str, default: None = None, limit: Limit = UINT32) -> int | None: ...
     def integer(self, key: str, default: int | None = None, limit: Limit = UINT32) -> int | None:
         """A whole number from 0 to limit.most (default where absent); GGUFError naming the field
         for a value of another type or out of range."""
@@ -200,7 +204,7 @@ class GGUFHeader:
             raise refused(self.where, f"{key} is {described(value)}, not a string")
         return value
 
-    def per_layer(self, key: str, n_layers: int, default: int) -> int | list[int]:
+    def per_layer(self, key: str, n_layers: int, default: int | None) -> int | list[int] | None:
         """A count for every layer, or a list of one per layer (llama.cpp's get_key_or_arr:
         an array as long as block_count, of whole numbers)."""
         value = self._present(key, f"one count a layer, {n_layers}")
@@ -387,9 +391,11 @@ def read_header(
             raise refused(where, f"{shown(key)} is in its header twice")
         kind = cursor.take("I")
         fields[key], length = cursor.value(kind, key, key in arrays)
-        if kind == _ARRAY:
+        if length is None:  # a scalar
+            pass
+        elif kind == _ARRAY:
             header.array_lengths[key] = length
-        elif kind == _STRING and fields[key] is None:
+        elif fields[key] is None:  # a string too long to keep
             header.string_lengths[key] = length
         if wanted is not None:
             wanted.discard(key)
@@ -535,8 +541,8 @@ class GGUFInfo:
     parameters: int
     layers: int | None
     embedding_length: int | None
-    heads: int | None
-    kv_heads: int | list[int] | None  # a list when layers differ
+    heads: int | list[int] | None  # a list when layers differ
+    kv_heads: int | list[int] | None
     head_dim: int | None
     context_length: int | None
     sliding_window: int | None

@@ -58,7 +58,7 @@ def remove_stale_parts(target: Path) -> list[Path]:
     """Delete target's part files whose writing process is gone (SIGKILL, power loss); a part
     file of a live process is left alone. Returns what was removed."""
     pattern = re.compile(rf"^\.{re.escape(target.name)}\.(\d+)\.part$")
-    removed = []
+    removed: list[Path] = []
     try:
         names = os.listdir(target.parent)
     except OSError:

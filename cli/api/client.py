@@ -20,6 +20,7 @@ from cli.errors import (
     EndpointError,
     MissingEndpointError,
     ModelNotFoundError,
+    NotOursError,
     QuillError,
     UsageError,
 )
@@ -77,6 +78,9 @@ class RemoteModel:
 
     def clear_cache(self) -> None:
         pass
+
+    def set_threads(self, threads: int | None) -> None:
+        raise NotOursError(f"the server at {self.url} chooses its own threads")
 
     def close(self) -> None:
         pass

@@ -12,7 +12,7 @@ from cli.errors import UsageError
 
 if TYPE_CHECKING:
     from cli.engine.backend import Backend
-    from cli.store.promptcache import PromptCacheStore
+    from cli.engine.settings import PromptCache
 
 DEFAULT_CACHE_MAX = "2GiB"
 
@@ -34,7 +34,7 @@ CacheMax = Annotated[
 ]
 
 
-def _say_warnings(store: PromptCacheStore) -> None:
+def _say_warnings(store: PromptCache) -> None:
     """One warning line for each cache file refused or not written, once."""
     from cli.ui import render
 

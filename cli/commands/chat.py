@@ -4,6 +4,7 @@ editing and history are the standard library's readline (bash's keys, nothing to
 from __future__ import annotations
 
 import contextlib
+import functools
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -34,14 +35,14 @@ from cli.engine.chatsession import (
     RESTORED,
     ChatSession,
     ChatSettings,
+    Turn,
     TurnStart,
     check_text,
     saved_model,
     with_setting,
 )
-from cli.engine.events import StreamEvent
 from cli.engine.settings import ModelSettings
-from cli.errors import EXIT_CONTEXT_OVERFLOW, EXIT_OK, QuillError, UsageError
+from cli.errors import EXIT_CONTEXT_OVERFLOW, EXIT_OK, NotOursError, QuillError, UsageError
 from cli.ui import render
 
 if TYPE_CHECKING:
@@ -168,7 +169,7 @@ def chat(
 
         chosen = chosen or first_model(endpoint, api_key) or "default"
     if transcript is None:
-        label = (chosen if endpoint else shared.model_label(chosen)).replace("/", "_")
+        label = (chosen if endpoint and chosen else shared.model_label(chosen)).replace("/", "_")
         transcript = chats_dir() / f"{time.strftime('%Y%m%d-%H%M%S')}-{label}.json"
 
     def opener(settings: ModelSettings) -> Callable[[str | None], tuple[str, Backend]]:
@@ -271,7 +272,7 @@ class Repl:
                     if message.startswith("/"):
                         self._command(message)
                     else:
-                        self._stream(lambda text=message: session.send(text))
+                        self._stream(functools.partial(session.send, message))
                 except (QuillError, ValueError) as error:
                     render.error_line(user_message(error))
                     if getattr(error, "exit_code", None) == EXIT_CONTEXT_OVERFLOW:
@@ -352,7 +353,7 @@ class Repl:
 
     # --- output -----------------------------------------------------------------------------
 
-    def _stream(self, turn: Callable[[], Iterator[TurnStart | StreamEvent]]) -> None:
+    def _stream(self, turn: Callable[[], Turn]) -> None:
         from cli.engine.metrics import MetricsRecorder
 
         session = self.session
@@ -490,12 +491,13 @@ class Repl:
 
     def _set_threads(self, value: str) -> None:
         backend = self.session.backend
-        if not backend.is_local:
-            raise ValueError("threads are the server's to choose (quill serve -t N)")
         most = shared.MAX_THREADS  # llama.cpp's
         if value != "auto" and not (value.isdigit() and 1 <= int(value) <= most):
             raise ValueError(f"threads takes a whole number 1 to {most}, or auto, not {value!r}")
-        backend.set_threads(None if value == "auto" else int(value))
+        try:
+            backend.set_threads(None if value == "auto" else int(value))
+        except NotOursError as error:
+            raise ValueError(f"{error} (quill serve -t N sets them)") from error
         now = f" ({backend.threads} now)" if value == "auto" else ""
         render.info_line(f"threads = {value}{now}")
 

@@ -217,7 +217,15 @@ def sampling_params(
             raise UsageError(f"--{name.replace('_', '-')} takes a finite number, not {number}")
     check_at_most("--top-k", top_k, MAX_TOP_K, "llama.cpp's top-k is a 32-bit integer")
     check_at_most("--seed", seed, MAX_SEED, "llama.cpp's seeds are 32-bit")
-    return SamplingParams(**floats, top_k=top_k, seed=seed, ignore_eos=ignore_eos)
+    return SamplingParams(
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        min_p=min_p,
+        repeat_penalty=repeat_penalty,
+        seed=seed,
+        ignore_eos=ignore_eos,
+    )
 
 
 def parse_gpu_layers(value: str | None) -> int | None:
@@ -300,11 +308,10 @@ def load_options(
     kv_k: str | None,
     kv_v: str | None,
     rpc: str | None = None,
-    **more: int,
+    parallel: int = 1,
 ) -> LoadOptions:
     """The engine's LoadOptions from the options run, chat, serve and perplexity share."""
     check_at_most("--threads", threads, MAX_THREADS, "llama.cpp runs at most 512 threads")
-    parallel = more.get("parallel", 1)
     if ctx is not None and ctx * parallel > MAX_CTX:
         what = f"--ctx {shown_number(ctx)}"
         if parallel != 1:
@@ -322,7 +329,7 @@ def load_options(
         rpc=endpoints,
         kv_type_k=type_k,
         kv_type_v=type_v,
-        **more,
+        parallel=parallel,
     )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Annotated
@@ -69,8 +70,8 @@ def perplexity(
     from cli.ui.progress import StepProgress
 
     last = None
-    options = shared.load_options(
-        ctx, threads, gpu_layers, kv_type, kv_k, kv_v, n_batch=min(ctx, 2048)
+    options = dataclasses.replace(
+        shared.load_options(ctx, threads, gpu_layers, kv_type, kv_k, kv_v), n_batch=min(ctx, 2048)
     )
     type_k, type_v = options.kv_type_k, options.kv_type_v
     text = read_text(file)

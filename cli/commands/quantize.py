@@ -59,7 +59,8 @@ def quantize(
     # The smallest float file first: f16, then bf16, then f32.
     float_tag = next((tag for tag in ("f16", "bf16", "f32") if entry and tag in entry.tags), None)
     if (
-        float_tag
+        entry is not None
+        and float_tag
         and not allow_requantize
         and target not in floats
         and entry.default_tag not in floats

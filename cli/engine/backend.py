@@ -14,22 +14,52 @@ from cli.engine.settings import PromptCache
 
 
 class Backend(Protocol):
-    location: str  # the model file, or the server's URL
+    # Read-only to the commands (properties: an implementation may compute them).
+    @property
+    def location(self) -> str: ...  # the model file, or the server's URL
+
     # Whether the model runs in this process: its load time, context window, KV cache, threads
     # and sampler defaults are ours to report and manage (a server keeps its own).
-    is_local: bool
-    load_s: float
-    n_ctx: int  # positions one conversation may hold (0 where the server keeps its own window)
-    kv_type_k: str | None  # None for a server's model
-    kv_type_v: str | None
-    kv_cache_bytes: int
-    threads: int
-    gpu_layers: int
-    rpc: tuple[str, ...]  # RPC servers holding the offloaded layers (a server's model: none)
-    core_load: CoreLoad | None  # cores others kept busy when the threads were last counted
-    prompt_cache: PromptCache | None  # saved states across runs; None: none kept here
-    restored_tokens: int  # prompt tokens of the last request loaded from prompt_cache
-    restore_s: float
+    @property
+    def is_local(self) -> bool: ...
+
+    @property
+    def load_s(self) -> float: ...
+
+    @property
+    def n_ctx(self) -> int: ...  # positions one conversation may hold (0: the server's own)
+
+    @property
+    def kv_type_k(self) -> str | None: ...  # None for a server's model
+
+    @property
+    def kv_type_v(self) -> str | None: ...
+
+    @property
+    def kv_cache_bytes(self) -> int: ...
+
+    @property
+    def threads(self) -> int: ...
+
+    @property
+    def gpu_layers(self) -> int: ...
+
+    @property
+    def rpc(self) -> tuple[str, ...]: ...  # RPC servers holding offloaded layers (server: none)
+
+    @property
+    def core_load(self) -> CoreLoad | None: ...  # cores others kept busy at the last count
+
+    @property
+    def prompt_cache(self) -> PromptCache | None: ...  # states kept across runs; None: none here
+
+    @property
+    def restored_tokens(self) -> int: ...  # prompt tokens of the last request from prompt_cache
+
+    @property
+    def restore_s(self) -> float: ...
+
+    def set_threads(self, threads: int | None) -> None: ...  # None: automatic
 
     @property
     def speculation_stats(self) -> Any: ...  # SpecStats of the last reply; None without it

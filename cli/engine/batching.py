@@ -95,7 +95,7 @@ class BatchScheduler:
         self.reused_tokens = 0  # prompt tokens not prefilled thanks to a slot's cache, in all
         # Caches moved out of slots, least recently parked first: (tokens, state).
         self.park_bytes = park_bytes
-        self._parked: list[tuple[list[int], bytes]] = []
+        self._parked: list[tuple[list[int], bytearray]] = []
         self.parked_bytes = 0
         self._wake = threading.Condition()
         self._stopping = False

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Generator
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -23,6 +23,10 @@ from quant.partfiles import UnsafeTargetError, check_replaceable, write_text_rep
 
 OVERFLOW_POLICIES = ("truncate", "error")
 SAVE_EVERY_TOKENS = 8
+
+
+# A reply as it streams: a generator, so that an interrupted reply can be closed.
+Turn = Generator["TurnStart | StreamEvent", None, None]
 
 
 @dataclass
@@ -86,7 +90,7 @@ class ChatSession:
         """KV cells holding this conversation here (prompt and the replies so far)."""
         return self.backend.cached_tokens
 
-    def send(self, text: str) -> Iterator[TurnStart | StreamEvent]:
+    def send(self, text: str) -> Turn:
         """Add a user message and stream the reply: a TurnStart, then the engine's events;
         closing the iterator early (Ctrl-C) keeps the partial reply, marked interrupted."""
         check_text(text)  # before it is kept: one bad message must not break every later save
@@ -94,7 +98,7 @@ class ChatSession:
         self.save()
         yield from self._reply()
 
-    def retry(self) -> Iterator[TurnStart | StreamEvent]:
+    def retry(self) -> Turn:
         """Drop the last reply and answer the last user message again."""
         while self.messages and self.messages[-1].role == "assistant":
             self.messages.pop()
@@ -103,7 +107,7 @@ class ChatSession:
         self.save()
         yield from self._reply()
 
-    def _reply(self) -> Iterator[TurnStart | StreamEvent]:
+    def _reply(self) -> Turn:
         settings = self.settings
         counted, dropped = self._fit()  # or raises before a reply is begun
         budget = settings.max_tokens

@@ -11,7 +11,7 @@ import resource
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -95,7 +95,7 @@ class Engine:
         )
         self.rpc = options.rpc
         self.cpu_path = loaded.cpu_path
-        self._model = loaded.model
+        self._model: Any = loaded.model  # a llama_model pointer; None once freed
         if not self._model:
             raise _load_failure(path, log.drain())
 
@@ -118,8 +118,8 @@ class Engine:
         n_ctx = context_size(options.n_ctx, self.trained_ctx)
         # Automatic (no --threads): one per physical core that other processes leave free,
         # judged again while decoding (freecores.ThreadJudge).
-        self.thread_judge = None if options.threads else ThreadJudge(measure_free_cores())
-        self.threads = options.threads or self.thread_judge.threads
+        self.thread_judge: ThreadJudge | None = None
+        self.threads = options.threads or self._judge_threads()
 
         context_params = llama.llama_context_default_params()
         context_params.n_ctx = n_ctx * options.parallel
@@ -155,7 +155,7 @@ class Engine:
         # The one record of what the KV cache holds: each sequence's tokens, in position order,
         # kept by the sequence operations below, through which every change goes.
         self._cached: list[list[int]] = [[] for _ in range(self.parallel)]
-        self._batch = None  # one llama_batch of n_batch tokens, made at the first decode
+        self._batch: Any = None  # one llama_batch of n_batch tokens, made at the first decode
         self.restored_tokens = 0  # prompt tokens of the last request loaded from prompt_cache
         self.restore_s = 0.0
         self.prefilled_tokens = 0  # prompt tokens the last request decoded
@@ -220,8 +220,13 @@ class Engine:
 
     def set_threads(self, threads: int | None) -> None:
         """Decode with threads from the next decode on; None: automatic again."""
-        self.thread_judge = None if threads else ThreadJudge(measure_free_cores())
-        self._use_threads(threads or self.thread_judge.threads)
+        self.thread_judge = None
+        self._use_threads(threads or self._judge_threads())
+
+    def _judge_threads(self) -> int:
+        """Threads from now on judged by the cores other processes leave free."""
+        self.thread_judge = ThreadJudge(measure_free_cores())
+        return self.thread_judge.threads
 
     def _use_threads(self, threads: int) -> None:
         self.threads = threads
@@ -405,7 +410,7 @@ class Engine:
         max_tokens: int,
         sampling: SamplingParams = DEFAULT_SAMPLING,
         stop: Sequence[str] = (),
-    ) -> Iterator[StreamEvent]:
+    ) -> Generator[StreamEvent, None, None]:
         """A continuation of text as it is (no template), checked against the context window."""
         tokens = self.tokenize(text)
         if len(tokens) + max_tokens > self.n_ctx:
@@ -421,7 +426,7 @@ class Engine:
         sampling: SamplingParams = DEFAULT_SAMPLING,
         stop: Sequence[str] = (),
         respell: bool = False,  # the tokens are a text's: the cells' spelling of it may lead
-    ) -> Iterator[StreamEvent]:
+    ) -> Generator[StreamEvent, None, None]:
         """One sequence (0) from prompt to finish: prefill, then one SequenceStep per token."""
         if not prompt_tokens:
             raise ValueError("the prompt has no tokens")
@@ -453,6 +458,7 @@ class Engine:
                 yield event
                 if event.finish_reason is not None:
                     return
+                assert event.token is not None  # every sampled token's event carries it
                 output = self.decode([(0, event.token, True)])[0]
         finally:
             step.close()
@@ -567,7 +573,7 @@ class Engine:
         del state[written:]
         return state
 
-    def restore_sequence(self, seq: int, state: bytes, tokens: Sequence[int]) -> bool:
+    def restore_sequence(self, seq: int, state: bytes | bytearray, tokens: Sequence[int]) -> bool:
         """Replace sequence seq's cells with a saved state of tokens; False (seq empty) when
         llama.cpp refuses it or it holds other than len(tokens) positions."""
         self.forget(seq)
@@ -663,8 +669,10 @@ class Engine:
         return {name: getattr(data, name) for name in names}
 
     def close(self) -> None:
-        if getattr(self, "speculator", None) is not None:
-            self.speculator.close()
+        # getattr: close() also runs where __init__ failed before setting everything.
+        speculator = getattr(self, "speculator", None)
+        if speculator is not None:
+            speculator.close()
             self.speculator = None
         if getattr(self, "_batch", None) is not None:
             llama.llama_batch_free(self._batch)
@@ -769,7 +777,7 @@ class SequenceStep:
         banned = engine.eog_tokens if sampling.ignore_eos else ()
         # The llama.cpp chain (speculation's acceptance test reads its probabilities too).
         self.sampler = sampler_chain(sampling, self.seed, prompt_tokens, banned, engine.n_vocab)
-        self._grammar = None  # each sequence its own grammar state
+        self._grammar: GrammarGate | None = None  # each sequence its own grammar state
         self._wait: ReasoningWait | None = None
         if sampling.grammar:
             try:
@@ -874,8 +882,9 @@ class SequenceStep:
         return tuple(out)
 
     def close(self) -> None:
-        if getattr(self, "_grammar", None) is not None:
-            self._grammar.close()
+        grammar = getattr(self, "_grammar", None)  # unset where __init__ failed before it
+        if grammar is not None:
+            grammar.close()
             self._grammar = None
         if self.sampler is not None:
             llama.llama_sampler_free(self.sampler)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 from cli.engine.templates import ChatTemplate
@@ -15,11 +16,13 @@ class PromptCache(Protocol):
 
     min_tokens: int  # prompts shorter than this are neither looked up nor kept
     exact: bool  # after loading, decode EXACT_BATCH prompt tokens again (the uncached logits)
+    folder: Path  # where its files are
+    warnings: list[str]  # files refused or not written, one line each, for the command to say
 
     # (the tokens a saved state holds, the state) sharing the longest prefix with tokens
     def find(self, tokens: Sequence[int]) -> tuple[list[int], bytes] | None: ...
 
-    def keep(self, tokens: Sequence[int], state: bytes) -> object: ...
+    def keep(self, tokens: Sequence[int], state: bytes | bytearray) -> object: ...
 
     def refused(self, tokens: Sequence[int]) -> None: ...  # llama.cpp would not take its state
 

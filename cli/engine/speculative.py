@@ -325,6 +325,7 @@ class Speculator:
             # guesses' cells go (and, at the finish, the confirmed ones past the last token).
             engine.keep_prefix(seq, cached + tokens)
             if event.finish_reason is None:
+                assert event.token is not None  # an unfinished reply's event carries its token
                 policy.observe(step.generated, event.token, len(guesses), held)
 
 
@@ -417,6 +418,7 @@ def attach(
         engine.speculator = Speculator(options, NgramDrafter())
         return
     options.need_draft(draft)
+    assert draft is not None  # need_draft refused mode draft without one; ngram returned above
     problem = vocabulary_difference(engine, draft)
     if problem:
         draft.close()

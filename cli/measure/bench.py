@@ -12,6 +12,7 @@ the timed call computes only the measured tokens.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import random
 import statistics
@@ -154,8 +155,12 @@ def _row(
     test: str, where: Where, rates: list[float], ttfts: Sequence[float] = (), **facts: Any
 ) -> BenchRow:
     """A test's row from the rates (and times to the first token) of its rounds."""
-    ttft = mean_sd(ttfts) if ttfts else (None, None)
-    return BenchRow(test, *where, *mean_sd(rates), *ttft, samples=rates, **facts)
+    depth, kv_type, threads, batch = where
+    rate, rate_sd = mean_sd(rates)
+    ttft, ttft_sd = mean_sd(ttfts) if ttfts else (None, None)
+    return BenchRow(
+        test, depth, kv_type, threads, batch, rate, rate_sd, ttft, ttft_sd, samples=rates, **facts
+    )
 
 
 def _where(engine: Engine, context: list[int]) -> Where:
@@ -244,12 +249,18 @@ def run_endpoint_bench(
             )
         )[-1]  # fmt: skip
 
+    def first_of_prompt(p: int, rep: int) -> StreamEvent:
+        return last_event(endpoint_prompt(p, rep), 1)
+
+    def last_of_reply(n: int, _rep: int) -> StreamEvent:
+        return last_event("Hi", n + 1)
+
     for p in grid.prompt_tokens:
-        firsts = _rounds(grid.repetitions, lambda rep, p=p: last_event(endpoint_prompt(p, rep), 1))
+        firsts = _rounds(grid.repetitions, functools.partial(first_of_prompt, p))
         rates = [e.prompt_tokens / e.prefill_s if e.prefill_s else 0.0 for e in firsts]
         ttfts = [e.prefill_s * 1000 for e in firsts]
         cached = max(e.cached_prompt_tokens for e in firsts)
         yield _row(f"pp{p}", REMOTE, rates, ttfts, cached_tokens=cached)
     for n in grid.gen_tokens:
-        lasts = _rounds(grid.repetitions, lambda _rep, n=n: last_event("Hi", n + 1))
+        lasts = _rounds(grid.repetitions, functools.partial(last_of_reply, n))
         yield _row(f"tg{n}", REMOTE, [e.decode_tokens_per_s for e in lasts])

@@ -7,6 +7,7 @@ prefill and decode speed. Nothing in a row is looked up.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
@@ -67,9 +68,9 @@ def measure(
         shape = header_on_disk(path).shape
         for kv in settings.kv_types:
             # what the scoring load and the speed load share
-            both = {"threads": settings.threads, "kv_type_k": kv, "kv_type_v": kv}
+            both = LoadOptions(threads=settings.threads, kv_type_k=kv, kv_type_v=kv)
             window = settings.window
-            scoring = LoadOptions(n_ctx=window, n_batch=min(window, 2048), **both)
+            scoring = dataclasses.replace(both, n_ctx=window, n_batch=min(window, 2048))
             with open_engine(path, scoring, ModelSettings()) as engine:
                 last = None
                 for last in perplexity(engine, tokens_for(engine), window, settings.max_windows):
@@ -77,11 +78,14 @@ def measure(
             assert last is not None
             if baseline is None:
                 baseline = last.perplexity
-            speed = LoadOptions(n_ctx=settings.prompt_tokens + settings.gen_tokens + 2, **both)
+            speed = dataclasses.replace(
+                both, n_ctx=settings.prompt_tokens + settings.gen_tokens + 2
+            )
             rng = random.Random(0)
             with open_engine(path, speed, ModelSettings()) as engine:
                 pp = measure_prompt(engine, [], settings.prompt_tokens, settings.repetitions, rng)
                 tg = measure_generation(engine, [], settings.gen_tokens, settings.repetitions, rng)
+                threads = engine.threads
             yield ReportRow(
                 weights=weights,
                 kv_type=kv,
@@ -94,6 +98,6 @@ def measure(
                 prefill_tokens_per_s_sd=pp.tokens_per_s_sd,
                 decode_tokens_per_s=tg.tokens_per_s,
                 decode_tokens_per_s_sd=tg.tokens_per_s_sd,
-                threads=tg.threads,
+                threads=threads,
                 kv_bytes=plan(shape, settings.kv_ctx, kv, kv).kv_bytes,
             )

@@ -119,7 +119,7 @@ def entry_name(key: dict, tokens: Sequence[int]) -> str:
     return digest.hexdigest()[:32] + SUFFIX
 
 
-def encode_header(key: dict, tokens: Sequence[int], state: bytes) -> bytes:
+def encode_header(key: dict, tokens: Sequence[int], state: bytes | bytearray) -> bytes:
     """What a cache file holds before the state (which follows it as it is, not copied)."""
     sha = hashlib.sha256(state).hexdigest()
     fields = {"key": key, "tokens": list(tokens), "state_bytes": len(state), "state_sha256": sha}
@@ -251,7 +251,7 @@ class PromptCacheStore:
         """llama.cpp refused a state that passed every check here: drop the file."""
         self._discard(self.folder / entry_name(self.key, tokens), "llama.cpp refused its state")
 
-    def keep(self, tokens: Sequence[int], state: bytes) -> Path | None:
+    def keep(self, tokens: Sequence[int], state: bytes | bytearray) -> Path | None:
         """Write a cache file and evict the least recently used beyond max_bytes; the path, or
         None where it was not kept (too big, or the disk said no: noted in warnings)."""
         header = encode_header(self.key, tokens, state)

@@ -17,7 +17,15 @@ from cli.ui.render import markdown_table, print_table
 from cli.units import human_bytes
 
 # The CSV's columns: every field of a row but its samples and the extras of some rows.
-COLUMNS = ("test", "depth", "kv_type", "threads", "batch", "tokens_per_s", "tokens_per_s_sd")
+COLUMNS: tuple[str, ...] = (
+    "test",
+    "depth",
+    "kv_type",
+    "threads",
+    "batch",
+    "tokens_per_s",
+    "tokens_per_s_sd",
+)
 COLUMNS += ("ttft_ms", "ttft_ms_sd", "bytes_per_token", "weights_kv_gb_per_s", "bandwidth_share")
 COLUMNS += ("cpu_path",)
 HEADERS = ["test", "depth", "KV", "threads", "batch", "tokens/s", "TTFT ms", "bytes/token"]

@@ -28,8 +28,10 @@ class RichDownloadBar(tqdm_rich):
     def display(self, *args: Any, **kwargs: Any) -> None:
         # tqdm's rich bar gives rich the total once, at the start; a download whose size is
         # learnt on the way (a package index's wheel) sets self.total later.
-        if hasattr(self, "_prog"):
-            self._prog.update(self._task_id, total=self.total)
+        # _prog and _task_id: tqdm_rich's own (set once its console is up), which its stubs omit.
+        progress, task = getattr(self, "_prog", None), getattr(self, "_task_id", None)
+        if progress is not None:
+            progress.update(task, total=self.total)
         super().display(*args, **kwargs)
 
 
@@ -42,12 +44,12 @@ class PlainDownloadLines(tqdm):
         kwargs["file"] = _Discard()  # display() writes the lines; tqdm's own writes (a newline
         super().__init__(*args, **kwargs)  # at close) would leave blank lines in a log
 
-    def display(self, msg: str | None = None, pos: int | None = None) -> bool:
+    def display(self, msg: str | None = None, pos: int | None = None) -> None:
         total = self.total or 0
         done = total > 0 and self.n >= total
         tenth = int(10 * self.n / total) if total else 0
         if tenth < self._next_tenth and time.monotonic() - self._last_line <= 30:
-            return True
+            return
         size = human_bytes(self.n)
         if total:
             size = f"{100 * self.n / total:.0f}%, {size} of {human_bytes(total)}"
@@ -56,7 +58,6 @@ class PlainDownloadLines(tqdm):
         print(f"{self.desc or 'download'}: {size}{speed}", file=sys.stderr, flush=True)
         self._next_tenth = 11 if done else tenth + 1
         self._last_line = time.monotonic()
-        return True
 
 
 class _Discard:
