@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import inspect
+from typing import Any
 
 import typer
 from typer.core import TyperGroup
@@ -21,13 +22,23 @@ def _cell(text: str) -> str:
     return " ".join(text.split()).replace("|", "\\|")
 
 
+def command_context(app: typer.Typer) -> tuple[TyperGroup, Any]:
+    """The app's click group and its root context: what the commands and their options are
+    read from (each command's module is imported when asked for)."""
+    group = typer.main.get_command(app)
+    assert isinstance(group, TyperGroup)  # an app of several commands
+    return group, _click().Context(group, info_name="quill")
+
+
+def _click() -> Any:
+    return __import__("typer._click", fromlist=["Context"])  # typer's own copy of click
+
+
 def reference_markdown() -> str:
     from cli.app import app
 
-    click = __import__("typer._click", fromlist=["Context"])
-    group = typer.main.get_command(app)
-    assert isinstance(group, TyperGroup)  # an app of several commands
-    root = click.Context(group, info_name="quill")
+    click = _click()
+    group, root = command_context(app)
     lines = [HEADER]
     commands = group.list_commands(root)
     lines.append("Commands: " + ", ".join(f"[`{name}`](#quill-{name})" for name in commands))

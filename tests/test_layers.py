@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -186,3 +187,62 @@ def test_the_help_listing_says_what_each_docstring_says():
         assert info is not None and info.callback is not None
         doc = " ".join((info.callback.__doc__ or "").split())
         assert SUMMARIES[name] == re.split(r"(?<=[.?!])\s", doc, maxsplit=1)[0], name
+
+
+def quill_flags() -> set[str]:
+    """Every --long option a quill command takes, from the Typer app itself."""
+    import typer
+
+    from cli.app import app
+    from cli.docgen import command_context
+
+    group, root = command_context(app)
+    flags: set[str] = set()
+    for name in group.list_commands(root):
+        command = group.get_command(root, name)
+        assert command is not None
+        for parameter in command.params:
+            flags.update(o for o in (*parameter.opts, *parameter.secondary_opts) if o[:2] == "--")
+    assert isinstance(group, typer.core.TyperGroup) and "--ctx" in flags
+    return flags
+
+
+def flags_written(path: Path, flags: set[str]) -> list[str]:
+    """quill's flags in path's strings (docstrings and comments aside: they may say where a
+    value comes from), and flags put together from pieces (f"--{name}")."""
+    tree = ast.parse(path.read_text())
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
+    found = []
+    for node in ast.walk(tree):
+        pieces = node.values if isinstance(node, ast.JoinedStr) else [node]
+        for index, piece in enumerate(pieces):
+            if not isinstance(piece, ast.Constant) or not isinstance(piece.value, str):
+                continue
+            if id(piece) in docstrings:
+                continue
+            written = re.findall(r"--[a-z][a-z0-9-]*", piece.value)
+            found += [f"{path.name}:{piece.lineno} {w}" for w in written if w in flags]
+            built = re.search(r"(^|[\s(`'\"])--$", piece.value) and index + 1 < len(pieces)
+            if built:
+                found.append(f"{path.name}:{piece.lineno} --{{...}}")
+    return found
+
+
+def test_flag_names_are_written_only_by_the_commands():
+    """Lower layers raise typed errors with facts and take advice as data: the options a user
+    types are named in cli/commands/ and cli/app.py alone, so renaming one is one place."""
+    flags = quill_flags()
+    below = [
+        path
+        for name, path in modules().items()
+        if not name.startswith("cli.commands") and name != "cli.app"
+    ]
+    written = [hit for path in below for hit in flags_written(path, flags)]
+    assert not written, f"flag names below the commands: {written}"

@@ -43,6 +43,15 @@ def parse_duration(value: Any) -> float:
     raise ValueError(f"not a duration: {value!r}; write seconds or one like 5m, 30s, 1h (-1: ever)")
 
 
+@dataclass(frozen=True)
+class PoolAdvice:
+    """What a refused client is told to do, past the facts: the command that starts the server
+    words it with its own options (the pool knows none)."""
+
+    models_busy: str = "retry later"
+    model_too_large: str = "use a smaller quant"
+
+
 @dataclass
 class PooledModel:
     label: str
@@ -88,8 +97,10 @@ class ModelPool:
         max_models: int = 0,  # 0: no cap but memory
         memory_limit: int = 0,  # 0: none
         on_event: Callable[[str], None] | None = None,
+        advice: PoolAdvice = PoolAdvice(),
     ) -> None:
         self.catalog = catalog
+        self.advice = advice
         self.keep_alive_s = keep_alive_s
         self.max_models = max_models
         self.memory_limit = memory_limit
@@ -214,7 +225,7 @@ class ModelPool:
                     raise ApiError(
                         HTTPStatus.SERVICE_UNAVAILABLE,
                         f"no room to load {label}: every loaded model has requests in flight; "
-                        "retry later, or start the server with a higher --max-models",
+                        + self.advice.models_busy,
                         "models_busy",
                     )
         if model is None:
@@ -252,8 +263,7 @@ class ModelPool:
         if self.memory_limit and needs > self.memory_limit:
             message = (
                 f"{label} needs {human_bytes(needs)} ({parts}), more than this server's memory "
-                f"limit of {human_bytes(self.memory_limit)}: start it with a larger "
-                "--memory-limit, a smaller --ctx or --parallel, or use a smaller quant"
+                f"limit of {human_bytes(self.memory_limit)}: {self.advice.model_too_large}"
             )
             self.on_event(f"refused {message}")
             raise ApiError(HTTPStatus.BAD_REQUEST, message, "model_too_large", "model")

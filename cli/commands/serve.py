@@ -14,6 +14,7 @@ from cli.commands.templating import ChatTemplateFile, Think, read_template_optio
 from cli.errors import UsageError
 
 if TYPE_CHECKING:
+    from cli.api.pool import PoolAdvice
     from cli.engine.batching import BatchScheduler
     from cli.engine.options import LoadOptions
     from cli.engine.settings import ModelSettings
@@ -27,6 +28,17 @@ SERVE_EPILOG = (
     "SIGTERM or Ctrl-C drains the server: no new requests, those in flight get all but the "
     "last second of --drain-timeout to finish, then exit 0."
 )
+
+
+def _pool_advice() -> PoolAdvice:
+    """What a client the model pool refuses is told to do, in serve's options."""
+    from cli.api.pool import PoolAdvice
+
+    return PoolAdvice(
+        models_busy="retry later, or start the server with a higher --max-models",
+        model_too_large="start it with a larger --memory-limit, a smaller --ctx or --parallel, "
+        "or use a smaller quant",
+    )
 
 
 def serve(
@@ -183,6 +195,7 @@ def serve(
         max_models,
         limit if limit is not None else max(room for _, room in available_memory()),
         on_event=render.info_line,
+        advice=_pool_advice(),
     )
     try:
         sock = listen(host, port)

@@ -144,7 +144,8 @@ def plot(rows: Sequence[BenchRow], model: str, target: Path) -> None:
         import matplotlib.pyplot as plt
     except ImportError as error:
         raise UsageError(
-            "--plot needs matplotlib: pip install 'quill-llm[plot]' (or pip install matplotlib)"
+            "drawing a plot needs matplotlib: pip install 'quill-llm[plot]' (or pip install "
+            "matplotlib)"
         ) from error
     figure, axes = plt.subplots(1, 2, figsize=(11, 4.2))
     several_paths = _compares_cpu_paths(rows)

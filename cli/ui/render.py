@@ -322,7 +322,7 @@ def memory_report(
     if memory.draft_bytes:
         rows.append(["draft model", human_bytes(memory.draft_bytes), "weights, KV and buffers"])
     if memory.parked_bytes:
-        rows.append(["parked caches", human_bytes(memory.parked_bytes), "at most (--cache-ram)"])
+        rows.append(["parked caches", human_bytes(memory.parked_bytes), "at most"])
     rows.append(["total", human_bytes(memory.total_bytes), ""])
     text = f"\nmemory at a context of {memory.n_ctx} tokens\n"
     text += columns(None, rows, right=(1,))  # no header: the labels say what each line is
