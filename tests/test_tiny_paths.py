@@ -99,7 +99,7 @@ def test_chat_and_bench_endpoint_on_the_tiny_server(runner, tiny_server, quill_h
     result = subprocess.run(
         [sys.executable, "-m", "cli", "chat", "--endpoint", tiny_server, "--api-key", KEY,
          "--seed", "2", "-n", "6", "--transcript", str(transcript)],
-        input="hello there\n/set threads 2\nthanks\n", capture_output=True, text=True,
+        input="hello there\n/set threads 2\n/show\nthanks\n", capture_output=True, text=True,
         env=quill_env(quill_home), timeout=120,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
@@ -108,6 +108,12 @@ def test_chat_and_bench_endpoint_on_the_tiny_server(runner, tiny_server, quill_h
     assert len(re.findall(r"prefill \d+ new tokens", result.stderr)) == 2
     assert f"the server at {tiny_server.removesuffix('/v1')}" in result.stderr
     assert "chooses its own threads (quill serve -t N sets them)" in result.stderr
+    # /show: what the server keeps is not shown as quill's (no KV cache or threads lines).
+    shown = result.stderr[result.stderr.index("model      ") :]
+    assert shown.startswith("model      ") and f" at {tiny_server}" in shown.splitlines()[0]
+    assert "(the server applies its own top_k and min_p)" in shown
+    assert "(the server keeps the cache)" in shown and "on overflow" not in shown
+    assert "KV cache" not in shown and "threads    " not in shown
     bench = runner.invoke(
         app, ["bench", "--endpoint", tiny_server, "--api-key", KEY, "-p", "32", "-n", "4",
               "-r", "1", "--json"],

@@ -36,7 +36,7 @@ class RemoteModel:
     logprobs: int | None = None  # ask the server for logprobs with this many alternatives
     # What a local engine reports of itself: the server keeps its own load, window, KV cache,
     # threads, prompt cache and speculation, and says nothing of them.
-    is_local = False
+    manages_window = samples_here = reports_runtime = False
     has_chat_template = True  # the server applies its own
     load_s = restore_s = 0.0
     n_ctx = kv_cache_bytes = threads = gpu_layers = cached_tokens = restored_tokens = 0
@@ -45,6 +45,10 @@ class RemoteModel:
 
     @property
     def location(self) -> str:
+        return self.url
+
+    @property
+    def server_url(self) -> str:
         return self.url
 
     def count_tokens(self, messages: Sequence[tuple[str, str]]) -> int | None:

@@ -260,7 +260,9 @@ class Repl:
         if self.interactive:
             _history()
             where = (
-                f"context {backend.n_ctx} tokens" if backend.is_local else f"at {backend.location}"
+                f"at {backend.server_url}"
+                if backend.server_url
+                else f"context {backend.n_ctx} tokens"
             )
             render.info_line(
                 f"quill chat · {session.model_name} · {where} · "
@@ -275,7 +277,7 @@ class Repl:
                         self._stream(functools.partial(session.send, message))
                 except (QuillError, ValueError) as error:
                     render.error_line(user_message(error))
-                    if getattr(error, "exit_code", None) == EXIT_CONTEXT_OVERFLOW:
+                    if isinstance(error, QuillError) and error.exit_code == EXIT_CONTEXT_OVERFLOW:
                         self.exit_code = EXIT_CONTEXT_OVERFLOW
         except Quit:
             pass
@@ -399,7 +401,7 @@ class Repl:
             return
         interrupted = "interrupted" if session.messages[-1].interrupted else None
         metrics = recorder.summary(session.backend, interrupted)
-        used = session.context_used() if session.backend.is_local else None
+        used = session.context_used() if session.backend.manages_window else None
         self.last_stats = render.turn_stats_line(metrics, used)
         if self.show_stats:
             render.info_line(self.last_stats)
@@ -459,33 +461,39 @@ class Repl:
 
         session, backend = self.session, self.session.backend
         sampling, settings = session.settings.sampling, session.settings
-        local = backend.is_local  # a server keeps its own window, cache and sampler defaults
-        lines = [
-            f"model      {session.model_name} "
-            + (f"({backend.location})" if local else f"at {backend.location}"),
-            f"system     {session.system or '(none)'}",
-        ]
-        if local:
-            lines += [
+        where = f"at {backend.server_url}" if backend.server_url else f"({backend.location})"
+        lines = [f"model      {session.model_name} {where}"]
+        lines.append(f"system     {session.system or '(none)'}")
+        if backend.samples_here:
+            lines.append(
                 f"sampling   temperature {sampling.temperature}, top_k {sampling.top_k}, "
                 f"top_p {sampling.top_p}, min_p {sampling.min_p}, "
-                f"repeat_penalty {sampling.repeat_penalty}, seed {sampling.seed}",
-                f"replies    max_tokens {settings.max_tokens}, stop "
-                f"{list(settings.stop)}, on overflow {settings.on_overflow}",
-                f"context    {session.context_used()} of {backend.n_ctx} tokens used, "
-                f"{len(session.messages)} messages",
-                f"KV cache   {backend.kv_type_k}/{backend.kv_type_v}, "
-                f"{human_bytes(backend.kv_cache_bytes)} allocated",
-                f"threads    {backend.threads}, "
-                + ("fixed" if backend.core_load is None else "auto (judged again while replying)"),
-            ]
+                f"repeat_penalty {sampling.repeat_penalty}, seed {sampling.seed}"
+            )
         else:
-            lines += [
+            lines.append(
                 f"sampling   temperature {sampling.temperature}, top_p {sampling.top_p}, "
-                f"seed {sampling.seed} (the server applies its own top_k and min_p)",
-                f"replies    max_tokens {settings.max_tokens}, stop {list(settings.stop)}",
-                f"context    {len(session.messages)} messages (the server keeps the cache)",
-            ]
+                f"seed {sampling.seed} (the server applies its own top_k and min_p)"
+            )
+        replies = f"replies    max_tokens {settings.max_tokens}, stop {list(settings.stop)}"
+        if backend.manages_window:
+            lines.append(f"{replies}, on overflow {settings.on_overflow}")
+            lines.append(
+                f"context    {session.context_used()} of {backend.n_ctx} tokens used, "
+                f"{len(session.messages)} messages"
+            )
+        else:
+            lines.append(replies)
+            lines.append(
+                f"context    {len(session.messages)} messages (the server keeps the cache)"
+            )
+        if backend.reports_runtime:
+            lines.append(
+                f"KV cache   {backend.kv_type_k}/{backend.kv_type_v}, "
+                f"{human_bytes(backend.kv_cache_bytes)} allocated"
+            )
+            judged = "fixed" if backend.core_load is None else "auto (judged again while replying)"
+            lines.append(f"threads    {backend.threads}, {judged}")
         lines.append(f"transcript {session.transcript}")
         render.write_stderr("\n".join(lines) + "\n")
 
@@ -508,7 +516,7 @@ class Repl:
         self.session.backend.close()
         self.session.backend, self.session.model_name = backend, label
         self.session.save()
-        where = "" if backend.is_local else f" at {backend.location}"
+        where = f" at {backend.server_url}" if backend.server_url else ""
         render.info_line(f"now chatting with {label}{where}; the conversation is kept")
         warn_if_base(label)
 

@@ -190,7 +190,7 @@ def run(
     name, backend = shared.open_backend(
         model, endpoint, api_key, options, settings, offline, verbose
     )
-    if backend.is_local:  # named as the user named it (the default: its alias)
+    if not endpoint:  # named as the user named it (the default: its alias)
         name = model or load_registry().default
     raise typer.Exit(run_once(request, name, backend))
 
@@ -286,7 +286,7 @@ def _stream(
             stats = backend.speculation_stats
             render.print_timeline(recorder.arrivals(), guessed=stats.guessed if stats else ())
         if request.show_stats:
-            render.print_stats(metrics, backend.is_local)
+            render.print_stats(metrics, backend.reports_runtime)
     if request.verbose and backend.perf_note():
         render.info_line(backend.perf_note())
     if request.verbose and request.constraint is not None:

@@ -18,10 +18,18 @@ class Backend(Protocol):
     @property
     def location(self) -> str: ...  # the model file, or the server's URL
 
-    # Whether the model runs in this process: its load time, context window, KV cache, threads
-    # and sampler defaults are ours to report and manage (a server keeps its own).
+    # What this process does for the model, asked one at a time (a server does these itself).
     @property
-    def is_local(self) -> bool: ...
+    def server_url(self) -> str | None: ...  # the server that runs the model; None: this process
+
+    @property
+    def manages_window(self) -> bool: ...  # conversations are fitted to n_ctx here
+
+    @property
+    def samples_here(self) -> bool: ...  # every sampling setting is applied here (top_k, min_p)
+
+    @property
+    def reports_runtime(self) -> bool: ...  # load time, KV cache, threads are this process's
 
     @property
     def load_s(self) -> float: ...

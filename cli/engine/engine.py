@@ -372,7 +372,9 @@ class Engine:
         template = self.chat_template
         return template is not None and template.supports_thinking and template.family != "gpt-oss"
 
-    is_local = True  # the Backend protocol: this process runs the model
+    # The Backend protocol: this process runs the model, and so does all of it.
+    server_url = None
+    manages_window = samples_here = reports_runtime = True
 
     @property
     def speculation_stats(self) -> Any:  # SpecStats of the last reply; None without speculation
