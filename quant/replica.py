@@ -156,12 +156,8 @@ def _template(type_id: int, row: int, kind: str) -> bytes:
 
 @functools.cache
 def _ggml() -> ctypes.CDLL:
-    import llama_cpp
-    from llama_cpp._ctypes_extensions import load_shared_library
+    from quant.ggmllib import declare, ggml_library  # loads llama.cpp: only when quantizing
 
-    lib = load_shared_library("ggml-base", Path(llama_cpp.__file__).parent / "lib")
-    lib.ggml_quantize_chunk.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
-                                        ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
-                                        ctypes.c_void_p]  # fmt: skip
-    lib.ggml_quantize_chunk.restype = ctypes.c_size_t
-    return lib
+    argtypes: list[type] = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
+                            ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]  # fmt: skip
+    return declare(ggml_library("ggml-base"), {"ggml_quantize_chunk": (argtypes, ctypes.c_size_t)})

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import llama_cpp as llama
 
-from cli.engine.ggmllib import Signature, declare, ggml_library
 from cli.engine.hardware import GGML_DEVICE_CPU, cpu_has_amx
 from cli.engine.rpc import attach as rpc_devices
+from quant.ggmllib import Signature, declare, ggml_library
 from quant.gguf import GGUFError, read_header
 
 # ggml_type values (ggml.h) of the types the repack code knows.

@@ -24,7 +24,6 @@ from dataclasses import dataclass
 
 import llama_cpp as llama
 
-from cli.engine.ggmllib import Signature, declare, ggml_library
 from cli.engine.hardware import ANY_GPU, GGML_DEVICE_CPU
 from cli.engine.rpcrelay import (
     CAPS_SIZE,
@@ -35,6 +34,7 @@ from cli.engine.rpcrelay import (
     split_endpoint,
 )
 from cli.errors import EXIT_RPC, RpcError
+from quant.ggmllib import Signature, declare, ggml_library
 
 # RPC_PROTO_MAJOR/MINOR_VERSION of ggml-rpc.h in the llama-cpp-python quill pins (0.3.36): the
 # C client refuses a server whose major differs or whose minor is newer.

@@ -1,5 +1,6 @@
 """ggml's shared libraries as llama.cpp itself runs them, for the parts llama-cpp-python does
-not bind (the CPU backend's buffer types, the RPC backend, the abort callback)."""
+not bind (the CPU backend's buffer types, the RPC backend, the abort callback, the quantizer of
+one row that replicas are made with). Importing it loads llama.cpp."""
 
 from __future__ import annotations
 
