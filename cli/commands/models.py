@@ -167,11 +167,11 @@ def inspect(
     import json
 
     from cli.commands.options import MAX_CTX, check_at_most, kv_types, size_option
-    from cli.engine.options import context_size
+    from cli.engine.options import LoadOptions, context_size, memory_plan
     from cli.store.models import model_header, parse_model_name
     from cli.store.registry import load_registry, model_kind
     from cli.ui import render
-    from quant.memory import largest_context, plan
+    from quant.memory import largest_context
     from quant.replica import replica_of
 
     registry = load_registry()
@@ -185,7 +185,8 @@ def inspect(
     type_k, type_v = kv_types(kv_type, kv_k, kv_v)
     budget = size_option("--mem", mem) if mem is not None else None
     n_ctx = context_size(ctx, shape.trained_ctx)
-    memory = plan(shape, n_ctx, type_k, type_v, parked_bytes=parked, draft=draft_shape)
+    options = LoadOptions(n_ctx=ctx, kv_type_k=type_k, kv_type_v=type_v)
+    memory = memory_plan(shape, options, draft_shape, parked)
     largest = (
         largest_context(shape, budget, type_k, type_v, parked, draft_shape)
         if budget is not None

@@ -387,16 +387,16 @@ def open_model(
     if settings.spec is not None and settings.spec.draft is not None:
         draft = obtain_model(settings.spec.draft, offline, verbose)
     if verbose:  # what the weights and KV cache take; a draft's come on top of the model's
-        from cli.engine.options import context_size
-        from cli.store.header import header_on_disk
-        from quant.memory import plan
+        from dataclasses import replace
 
-        kv = (options.kv_type_k, options.kv_type_v)
+        from cli.engine.options import context_size, memory_plan
+        from cli.store.header import header_on_disk
+
         shape = header_on_disk(path).shape  # a header past llama.cpp's limits: one line, exit 5
-        n_ctx = context_size(options.n_ctx, shape.trained_ctx)
-        render.info_line(render.memory_line(plan(shape, n_ctx, *kv)))
-        if draft is not None:
-            memory = plan(header_on_disk(draft[1]).shape, n_ctx, *kv)
+        render.info_line(render.memory_line(memory_plan(shape, options)))
+        if draft is not None:  # at the model's context
+            at_model_ctx = replace(options, n_ctx=context_size(options.n_ctx, shape.trained_ctx))
+            memory = memory_plan(header_on_disk(draft[1]).shape, at_model_ctx)
             render.info_line(f"draft {draft[0]}: {render.memory_line(memory)}")
 
     def note(line: str) -> None:

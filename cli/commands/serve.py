@@ -166,7 +166,7 @@ def serve(
     from cli.api.pool import ModelPool
     from cli.api.server import ServerLimits, ServerState
     from cli.commands.models import available_memory
-    from cli.engine.options import DEFAULT_CTX
+    from cli.engine.options import context_size
     from cli.engine.settings import ModelSettings
     from cli.ui import render
     from cli.units import human_bytes
@@ -203,7 +203,7 @@ def serve(
         raise UsageError(
             f"cannot listen on {host}:{port}: {error.strerror}; choose another --port"
         ) from None
-    n_ctx = ctx or DEFAULT_CTX
+    n_ctx = context_size(ctx, None)  # any model's, until one is loaded
     if named:
         label = next(iter(files))
         scheduler = catalog.open(label, files[label])
@@ -307,15 +307,13 @@ class ServeCatalog:
 
     def memory_bytes(self, path: Path) -> tuple[int, str]:
         """The plan's total for path at this server's context, slots and KV types, and its parts."""
-        from cli.engine.options import context_size
+        from cli.engine.options import context_size, memory_plan
         from cli.store.header import header_on_disk
         from cli.units import human_bytes
-        from quant.memory import plan
 
         shape = header_on_disk(path).shape
         n_ctx, slots = context_size(self.options.n_ctx, shape.trained_ctx), self.options.parallel
-        kv = (self.options.kv_type_k, self.options.kv_type_v)
-        memory = plan(shape, n_ctx * slots, *kv, parked_bytes=self.park_bytes)
+        memory = memory_plan(shape, self.options, parked_bytes=self.park_bytes)
         buffers = human_bytes(memory.compute_bytes + memory.output_bytes)
         parts = (
             f"weights {human_bytes(memory.weights_bytes)}, KV cache "
@@ -340,9 +338,9 @@ def check_parallel(parallel: int, ctx: int | None) -> None:
     with logits into each batch, and a batch holds at most min(512, --ctx) tokens."""
     import llama_cpp
 
-    from cli.engine.options import DEFAULT_CTX, LoadOptions
+    from cli.engine.options import LoadOptions, context_size
 
-    ctx, n_batch = ctx or DEFAULT_CTX, LoadOptions().n_batch
+    ctx, n_batch = context_size(ctx, None), LoadOptions().n_batch
     batch = min(n_batch, ctx)
     if parallel > batch:
         raise UsageError(

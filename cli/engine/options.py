@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from quant.memory import MemoryPlan, ModelShape
 
 ALL_LAYERS = -1  # offload every layer
 DEFAULT_CTX = 4096
@@ -26,3 +30,15 @@ class LoadOptions:
     repack: bool = True  # repacked weight layouts for faster CPU kernels (engine/loading.py)
     avoid_amx: bool | None = None  # None: when the CPU has AMX; True forces that path anywhere
     rpc: tuple[str, ...] = ()  # HOST:PORT of llama.cpp RPC servers that take the offloaded layers
+
+
+def memory_plan(
+    shape: ModelShape, options: LoadOptions, draft: ModelShape | None = None, parked_bytes: int = 0
+) -> MemoryPlan:
+    """What a model takes opened with options (the one context rule, every slot's cells), with a
+    draft model at the same context and KV types, and parked prompt caches, where given."""
+    from quant.memory import plan
+
+    n_ctx = context_size(options.n_ctx, shape.trained_ctx) * options.parallel
+    kv = (options.kv_type_k, options.kv_type_v)
+    return plan(shape, n_ctx, *kv, draft=draft, parked_bytes=parked_bytes)
