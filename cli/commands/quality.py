@@ -18,15 +18,14 @@ PPL_EPILOG = (
 )
 
 
+# A text to score, not a corpus: wikitext-2's test set is 1.3 MB.
+MAX_TEXT_BYTES = 256 << 20
+
+
 def read_text(path: Path) -> str:
-    try:
-        return path.read_bytes().decode("utf-8")
-    except OSError as error:
-        raise UsageError(f"cannot read {path}: {error.strerror}") from None
-    except UnicodeDecodeError as error:
-        raise UsageError(
-            f"{path} is not UTF-8 text (byte {error.start}); perplexity scores plain text"
-        ) from None
+    from cli.userfiles import read_user_text
+
+    return read_user_text(path, "text", MAX_TEXT_BYTES, "score a part of it")
 
 
 def _check_window(window: int, trained_ctx: int) -> None:

@@ -155,21 +155,10 @@ def concise_schema(spec: str) -> dict[str, Any]:
 def read_user_file(path: Path, what: str) -> str:
     """The text of a schema or grammar file the user named, or one line saying why not."""
     from cli.engine.gbnf import MAX_GRAMMAR_CHARS
+    from cli.userfiles import read_user_text
 
     limit = 4 * MAX_GRAMMAR_CHARS  # read no more than the grammar budget could take
-    shown = shortened(str(path))
-    try:
-        path = path.expanduser()
-        if path.stat() and not path.is_file():  # stat first: a missing file says so
-            raise UsageError(f"cannot read the {what} {shown}: not a regular file")
-        if path.stat().st_size > limit:
-            raise UsageError(f"the {what} {shown} is over {limit} bytes (quill's budget)")
-        return path.read_text(encoding="utf-8")
-    except RuntimeError:  # ~user for a user there is not
-        raise UsageError(f"cannot read the {what} {shown}: no such user") from None
-    except (OSError, UnicodeDecodeError) as error:
-        reason = getattr(error, "strerror", None) or error
-        raise UsageError(f"cannot read the {what} {shown}: {reason}") from None
+    return read_user_text(path, what, limit, "past quill's grammar budget")
 
 
 def constrained_sampling(sampling: SamplingParams, constraint: Constraint | None) -> SamplingParams:

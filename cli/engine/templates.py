@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import ctypes
 import json
-import os
-import stat
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -31,7 +29,7 @@ Message = tuple[str, str] | Mapping[str, Any]
 # Bounds on one rendering: a template is code shipped inside a downloaded file.
 RENDER_SECONDS = 2.0
 RENDER_CHARS = 8 << 20
-TEMPLATE_FILE_CHARS = 1 << 20  # real chat templates are tens of kilobytes
+TEMPLATE_FILE_BYTES = 1 << 20  # real chat templates are tens of kilobytes
 
 
 # The families quill knows (llama.cpp's C helper accepts each name); what each supports is what
@@ -423,18 +421,10 @@ def template_from_file(path: str) -> ChatTemplate:
     """A Jinja template file the user chose, read and checked to parse before any model loads."""
     import jinja2
 
-    try:
-        with open(path, encoding="utf-8") as handle:
-            if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
-                raise UsageError(f"the chat template {path} is not a regular file")
-            source = handle.read(TEMPLATE_FILE_CHARS + 1)  # /dev/zero would never end
-    except (OSError, UnicodeDecodeError) as error:
-        raise UsageError(f"cannot read the chat template {path}: {error}") from None
-    if len(source) > TEMPLATE_FILE_CHARS:
-        raise UsageError(
-            f"the chat template {path} is over {TEMPLATE_FILE_CHARS} characters: not a chat "
-            "template (real ones are tens of kilobytes)"
-        )
+    from cli.userfiles import read_user_text
+
+    too_big = "not a chat template (real ones are tens of kilobytes)"
+    source = read_user_text(path, "chat template", TEMPLATE_FILE_BYTES, too_big)
     if not source.strip():
         raise UsageError(f"the chat template {path} is empty: give a Jinja chat template file")
     try:
