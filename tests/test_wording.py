@@ -108,7 +108,7 @@ def test_speculation_settings_are_refused_with_facts_and_worded_with_the_flags()
 
 
 def test_a_file_that_is_no_transcript_is_said_by_the_engine_and_worded_by_chat(tmp_path):
-    from cli.engine.chatsession import NotATranscriptError, read_transcript
+    from cli.store.transcripts import NotATranscriptError, read_transcript
 
     notes = tmp_path / "notes.txt"
     notes.write_text("my notes\n")

@@ -38,7 +38,6 @@ from cli.engine.chatsession import (
     Turn,
     TurnStart,
     check_text,
-    saved_model,
     with_setting,
 )
 from cli.engine.settings import ModelSettings
@@ -157,6 +156,8 @@ def chat(
             raise UsageError("--resume names the transcript itself: drop --transcript")
         transcript = find_transcript(resume)
         if chosen is None and not endpoint:  # as `llm -c` does: the chat's own model
+            from cli.store.transcripts import saved_model
+
             chosen = saved_model(transcript)
     shared.check_rpc_or_endpoint(rpc, endpoint)
     options = shared.load_options(ctx, threads, gpu_layers, kv_type, kv_k, kv_v, rpc)
@@ -194,7 +195,12 @@ def chat(
         # A model /model switches to starts without the chat's saved KV cache, the first's.
         label, backend = opener(replace(settings, prompt_cache=chat_cache(transcript)))(chosen)
         report = ChatCacheReport(backend, resumed=resume is not None)
-        session = ChatSession(backend, label, transcript, system, chat_settings, given)
+        from cli.store.transcripts import TranscriptFiles
+
+        files = TranscriptFiles()
+        session = ChatSession(
+            backend, label, transcript, system, chat_settings, given, transcripts=files
+        )
         if session.continued:
             render.info_line(f"continuing the {session.continued} messages in {transcript}")
         repl = Repl(session, opener(settings), not no_stats, constraint, report.after_turn)

@@ -80,7 +80,7 @@ def user_message(error: Exception) -> str:
             OutputExistsError: "; pass --force to replace it",
             OutputNotWritableError: "; choose another place with -o",
         }.get(type(error.reason), "")
-    from cli.engine.chatsession import NotATranscriptError
+    from cli.store.transcripts import NotATranscriptError
 
     if isinstance(error, NotATranscriptError) and error.continuing:
         return f"{error}; quill will not overwrite it: choose another --transcript"

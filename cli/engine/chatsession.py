@@ -1,25 +1,23 @@
-"""A conversation over one Backend: history, the context window, the transcript.
+"""A conversation over one Backend: history, the context window, what the transcript keeps.
 
 Each turn hands the whole history to Backend.stream_chat; a local engine's prefix cache finds all
-but the new message already in the KV cache. The transcript is rewritten (part file, then rename)
-when a message is added and every few tokens of a reply: a killed process loses at most those.
+but the new message already in the KV cache. The transcript is rewritten (by the Transcripts it
+is given) when a message is added and every few tokens of a reply: a killed process loses at
+most those.
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
 import time
 from collections.abc import Collection, Generator
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from cli.engine.backend import Backend
 from cli.engine.events import StreamEvent
 from cli.engine.sampling import SamplingParams
-from cli.errors import ChatOverflowError, QuillError, TranscriptError
-from quant.partfiles import UnsafeTargetError, check_replaceable, write_text_replacing
+from cli.errors import ChatOverflowError, QuillError
 
 OVERFLOW_POLICIES = ("truncate", "error")
 SAVE_EVERY_TOKENS = 8
@@ -63,8 +61,11 @@ class ChatSession:
         system: str | None = None,
         settings: ChatSettings | None = None,
         given: Collection[str] = (),  # settings chosen for this run: a transcript's do not replace
+        *,
+        transcripts: Transcripts,
     ) -> None:
         self.backend = backend
+        self.transcripts = transcripts
         self.model_name = model_name
         self.transcript = transcript
         self.system = system
@@ -203,11 +204,11 @@ class ChatSession:
         target = path or self.transcript
         if target is None:
             return
-        write_json_atomically(target, self.as_dict())
+        self.transcripts.write(target, self.as_dict())
 
     def load(self, path: Path) -> None:
         """Replace the conversation with a saved one (its system prompt and messages)."""
-        data = read_transcript(path, continuing=False)
+        data = self.transcripts.read(path, continuing=False)
         self.earlier.extend(self.messages)
         self.messages = data.messages
         self.system = data.system
@@ -215,11 +216,7 @@ class ChatSession:
 
     def _continue(self, path: Path, keep_system: bool, given: Collection[str]) -> None:
         """Take over the conversation and the settings in an existing transcript file."""
-        try:
-            check_replaceable(path)
-        except UnsafeTargetError as error:
-            raise TranscriptError(str(error)) from None
-        data = read_transcript(path, continuing=True)
+        data = self.transcripts.read(path, continuing=True)
         self.messages, self.earlier = data.messages, data.earlier
         saved = {key: value for key, value in data.settings.items() if key not in given}
         self.settings = with_settings(self.settings, saved)
@@ -236,50 +233,13 @@ class SavedConversation:
     settings: dict[str, Any]  # what /set changes; none in a transcript older than that
 
 
-class NotATranscriptError(TranscriptError):
-    """A file that is not a quill transcript (continuing: it was named to be continued)."""
+class Transcripts(Protocol):
+    """Where conversations are kept (cli/store/transcripts.py): the session says what to keep
+    and when; how a file is read, checked and replaced is the store's."""
 
-    def __init__(self, message: str, continuing: bool) -> None:
-        super().__init__(message)
-        self.continuing = continuing
+    def read(self, path: Path, continuing: bool) -> SavedConversation: ...
 
-
-def read_transcript(path: Path, continuing: bool) -> SavedConversation:
-    """A transcript file's conversation; TranscriptError says why it cannot be one."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-        messages = [Message(**m) for m in data["messages"]]
-        earlier = [Message(**m) for m in data.get("earlier", [])]
-        system = data.get("system")
-        if system is not None and not isinstance(system, str):
-            raise TypeError("'system' is not text")
-        saved = data.get("settings", {})
-        settings = {key: saved[key] for key in RESTORED if saved.get(key) is not None}
-        with_settings(ChatSettings(), settings)  # or ValueError/TypeError: not a transcript
-        for message in [*messages, *earlier]:
-            if not isinstance(message.content, str) or message.role not in ("user", "assistant"):
-                raise TypeError("a message without a role and text")
-            if not isinstance(message.interrupted, bool):
-                raise TypeError("a message whose 'interrupted' is not true or false")
-            if not isinstance(message.finish_reason, (str, type(None))):
-                raise TypeError("a message whose 'finish_reason' is not text")
-            check_text(message.content)
-    except OSError as error:
-        raise TranscriptError(f"cannot read {path}: {error.strerror}") from None
-    except (RecursionError, ValueError, KeyError, TypeError, AttributeError) as error:
-        why = "JSON nested too deep" if isinstance(error, RecursionError) else error
-        raise NotATranscriptError(
-            f"{path} is not a quill chat transcript ({why})", continuing
-        ) from None
-    return SavedConversation(system, messages, earlier, settings)
-
-
-def saved_model(path: Path) -> str | None:
-    """The model a transcript was written with, if it names one."""
-    with contextlib.suppress(OSError, ValueError, AttributeError):
-        model = json.loads(path.read_text(encoding="utf-8")).get("model")
-        return model if isinstance(model, str) and model else None
-    return None
+    def write(self, path: Path, data: dict[str, Any]) -> None: ...
 
 
 def check_text(text: str) -> None:
@@ -298,14 +258,6 @@ def check_text(text: str) -> None:
             f"not valid UTF-8 ({what} at character {error.start + 1}); not sent: "
             "send the text in UTF-8"
         ) from None
-
-
-def write_json_atomically(path: Path, data: dict[str, Any]) -> None:
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_text_replacing(path, json.dumps(data, ensure_ascii=False, indent=1) + "\n")
-    except OSError as error:
-        raise TranscriptError(f"cannot write {path}: {error.strerror}") from None
 
 
 # What /set accepts, as the command-line options do (llama.cpp's top-k is an int32 and its seeds
