@@ -381,7 +381,43 @@ def read_header(
     n_tensors, n_fields = cursor.take("q"), cursor.take("q")
     cursor.count(n_fields, _LEAST_FIELD, "field count")
     header = GGUFHeader(version, {}, {}, [], where=where)
-    fields, wanted = header.fields, set(only) if only is not None else None
+    if not _read_fields(cursor, header, n_fields, arrays, only):
+        return header  # every field asked for is read
+    header.kv_end = cursor.at
+    # gguf.cpp: general.alignment is a power of 2 (it reads it as a uint32).
+    alignment = header.integer("general.alignment", 32)
+    if alignment & (alignment - 1) or not alignment:
+        raise refused(where, f"general.alignment is {alignment}, not a power of 2")
+    data_end = 0  # where the last tensor's data ends, from the start of the data
+    if tensors:
+        cursor.count(n_tensors, _LEAST_TENSOR, "tensor count")
+        data_end = _read_tensor_infos(cursor, header, n_tensors, alignment)
+    header.infos_end = cursor.at
+    header.data_start = aligned(cursor.at, alignment)
+    header.size = header.data_start + data_end
+    if tensors and whole and header.size > len(data):
+        raise GGUFError(
+            f"{where} is not a readable GGUF file (truncated or corrupt: its tensors need "
+            f"{header.size} bytes, the file has {len(data)}); download it again"
+        )
+    return header
+
+
+def aligned(offset: int, alignment: int) -> int:
+    return -(-offset // alignment) * alignment
+
+
+def _read_fields(
+    cursor: _Cursor,
+    header: GGUFHeader,
+    n_fields: int,
+    arrays: Collection[str],
+    only: Collection[str] | None,
+) -> bool:
+    """The key-value fields into header; False where it stopped once the fields in only were
+    read, True where it read them all."""
+    where, fields = header.where, header.fields
+    wanted = set(only) if only is not None else None
     for index in range(n_fields):
         key = cursor.string(f"the key of field {index}")
         if not key:
@@ -400,41 +436,26 @@ def read_header(
         if wanted is not None:
             wanted.discard(key)
             if not wanted:
-                return header
-    header.kv_end = cursor.at
-    # gguf.cpp: general.alignment is a power of 2 (it reads it as a uint32).
-    alignment = header.integer("general.alignment", 32)
-    if alignment & (alignment - 1) or not alignment:
-        raise refused(where, f"general.alignment is {alignment}, not a power of 2")
-    data_end = 0  # where the last tensor's data ends, from the start of the data
-    if tensors:
-        cursor.count(n_tensors, _LEAST_TENSOR, "tensor count")
-        names: set[str] = set()
-        for index in range(n_tensors):
-            info = cursor.tensor(index)
-            if info.name in names:
-                raise refused(where, f"tensor {info.name} is in its tensor table twice")
-            # gguf.cpp: each tensor's data follows the one before, padded to the alignment.
-            if info.offset != aligned(data_end, alignment):
-                expected = aligned(data_end, alignment)
-                problem = f"tensor {info.name} is at offset {info.offset}, not {expected}"
-                raise refused(where, f"{problem} (where the tensor before it ends)")
-            names.add(info.name)
-            data_end = info.offset + info.n_bytes
-            header.tensors.append(info)
-    header.infos_end = cursor.at
-    header.data_start = aligned(cursor.at, alignment)
-    header.size = header.data_start + data_end
-    if tensors and whole and header.size > len(data):
-        raise GGUFError(
-            f"{where} is not a readable GGUF file (truncated or corrupt: its tensors need "
-            f"{header.size} bytes, the file has {len(data)}); download it again"
-        )
-    return header
+                return False
+    return True
 
 
-def aligned(offset: int, alignment: int) -> int:
-    return -(-offset // alignment) * alignment
+def _read_tensor_infos(cursor: _Cursor, header: GGUFHeader, n_tensors: int, alignment: int) -> int:
+    """The tensor table into header; where the last tensor's data ends, from the data's start."""
+    where, names, data_end = header.where, set[str](), 0
+    for index in range(n_tensors):
+        info = cursor.tensor(index)
+        if info.name in names:
+            raise refused(where, f"tensor {info.name} is in its tensor table twice")
+        # gguf.cpp: each tensor's data follows the one before, padded to the alignment.
+        if info.offset != aligned(data_end, alignment):
+            expected = aligned(data_end, alignment)
+            problem = f"tensor {info.name} is at offset {info.offset}, not {expected}"
+            raise refused(where, f"{problem} (where the tensor before it ends)")
+        names.add(info.name)
+        data_end = info.offset + info.n_bytes
+        header.tensors.append(info)
+    return data_end
 
 
 def split_parts(name: str, header: GGUFHeader) -> list[str]:
