@@ -21,6 +21,7 @@ import struct
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from cli.units import human_bytes
 
@@ -61,6 +62,7 @@ def guard(
     selector.register(listener, selectors.EVENT_READ)
     waiting: dict[socket.socket, tuple[float, bytearray, str]] = {}  # oldest first
     relayed = threading.BoundedSemaphore(MAX_RELAYED)
+    relay_to = Upstream(upstream, max_payload, report)
 
     def drop(conn: socket.socket, why: str | None) -> None:
         _, _, peer = waiting.pop(conn)
@@ -112,39 +114,41 @@ def guard(
                 conn.setblocking(True)
                 threading.Thread(
                     target=_relay_checked,
-                    args=(conn, bytes(hello), upstream, max_payload, peer, report, relayed),
+                    args=(conn, bytes(hello), peer, relay_to, relayed),
                     name=f"rpc-relay {peer}",
                     daemon=True,
                 ).start()
 
 
+@dataclass(frozen=True)
+class Upstream:
+    """llama.cpp's RPC server behind the guard, the bound on a request's payload, and where the
+    guard reports a connection it drops or refuses."""
+
+    address: tuple[str, int]
+    max_payload: int
+    report: Callable[[str], None]
+
+
 def _relay_checked(
     client: socket.socket,
     hello: bytes,
-    upstream: tuple[str, int],
-    max_payload: int,
     peer: str,
-    report: Callable[[str], None],
+    upstream: Upstream,
     relayed: threading.BoundedSemaphore,
 ) -> None:
     try:
-        _relay_to_server(client, hello, upstream, max_payload, peer, report)
+        _relay_to_server(client, hello, peer, upstream)
     finally:
         relayed.release()
 
 
-def _relay_to_server(
-    client: socket.socket,
-    hello: bytes,
-    upstream: tuple[str, int],
-    max_payload: int,
-    peer: str,
-    report: Callable[[str], None],
-) -> None:
+def _relay_to_server(client: socket.socket, hello: bytes, peer: str, upstream: Upstream) -> None:
+    report = upstream.report
     deadline = time.monotonic() + UPSTREAM_WAIT_S
     while True:
         try:
-            server = socket.create_connection(upstream)
+            server = socket.create_connection(upstream.address)
             break
         except OSError:
             if time.monotonic() > deadline:
@@ -154,7 +158,7 @@ def _relay_to_server(
             time.sleep(0.05)
 
     def requests() -> None:
-        refused = _pass_requests(client, server, hello, max_payload)
+        refused = _pass_requests(client, server, hello, upstream.max_payload)
         if refused:  # before the client sees the connection end
             report(f"refused {peer}: {refused}")
 
