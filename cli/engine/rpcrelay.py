@@ -57,67 +57,80 @@ def guard(
     """Accept on listener forever (blocks: run it in a thread). A connection that sends a
     whole hello in time is relayed to upstream on a thread of its own; report gets one line
     for each connection dropped or refused, naming its peer and why."""
-    selector = selectors.DefaultSelector()
-    listener.setblocking(False)
-    selector.register(listener, selectors.EVENT_READ)
-    waiting: dict[socket.socket, tuple[float, bytearray, str]] = {}  # oldest first
-    relayed = threading.BoundedSemaphore(MAX_RELAYED)
-    relay_to = Upstream(upstream, max_payload, report)
+    _Guard(listener, Upstream(upstream, max_payload, report)).run()
 
-    def drop(conn: socket.socket, why: str | None) -> None:
-        _, _, peer = waiting.pop(conn)
-        selector.unregister(conn)
+
+class _Guard:
+    """The connections waiting for their hello, on one selector with the listener."""
+
+    def __init__(self, listener: socket.socket, upstream: Upstream) -> None:
+        self.listener, self.upstream = listener, upstream
+        self.selector = selectors.DefaultSelector()
+        listener.setblocking(False)
+        self.selector.register(listener, selectors.EVENT_READ)
+        self.waiting: dict[socket.socket, tuple[float, bytearray, str]] = {}  # oldest first
+        self.relayed = threading.BoundedSemaphore(MAX_RELAYED)
+
+    def run(self) -> None:
+        while True:
+            now = time.monotonic()
+            for conn in [c for c, (deadline, _, _) in self.waiting.items() if deadline <= now]:
+                self.drop(conn, f"no hello within {HELLO_TIMEOUT_S:g} s")
+            timeout = min((d for d, _, _ in self.waiting.values()), default=now + 3600) - now
+            for key, _ in self.selector.select(max(timeout, 0)):
+                if key.fileobj is self.listener:
+                    self.accept()
+                else:
+                    assert isinstance(key.fileobj, socket.socket)  # the listener's accepts
+                    self.receive(key.fileobj)
+
+    def drop(self, conn: socket.socket, why: str | None) -> None:
+        _, _, peer = self.waiting.pop(conn)
+        self.selector.unregister(conn)
         if why:  # before the peer sees the connection end
-            report(f"dropped a connection from {peer}: {why}")
+            self.upstream.report(f"dropped a connection from {peer}: {why}")
         conn.close()
 
-    while True:
-        now = time.monotonic()
-        for conn in [c for c, (deadline, _, _) in waiting.items() if deadline <= now]:
-            drop(conn, f"no hello within {HELLO_TIMEOUT_S:g} s")
-        timeout = min((d for d, _, _ in waiting.values()), default=now + 3600) - now
-        for key, _ in selector.select(max(timeout, 0)):
-            if key.fileobj is listener:
-                try:
-                    conn, address = listener.accept()
-                except OSError:  # the peer gave up already, or out of descriptors for now
-                    time.sleep(0.01)
-                    continue
-                if len(waiting) >= MAX_WAITING:
-                    drop(next(iter(waiting)), f"{MAX_WAITING} connections waiting for a hello")
-                conn.setblocking(False)
-                peer = join_endpoint(*address[:2])
-                waiting[conn] = (time.monotonic() + HELLO_TIMEOUT_S, bytearray(), peer)
-                selector.register(conn, selectors.EVENT_READ)
-                continue
-            fileobj = key.fileobj
-            assert isinstance(fileobj, socket.socket)  # only the listener and its accepts register
-            conn = fileobj
-            _, hello, peer = waiting[conn]
-            try:
-                data = conn.recv(HELLO_SIZE - len(hello))
-            except BlockingIOError:
-                continue
-            except OSError:
-                data = b""
-            if not data:
-                drop(conn, None)  # closed before its hello: a port check, or a client gone
-                continue
-            hello += data
-            if len(hello) >= HEADER.size and HEADER.unpack_from(hello) != (HELLO, CAPS_SIZE):
-                drop(conn, "its first message is not an RPC hello of protocol 3 or later")
-            elif len(hello) == HELLO_SIZE and not relayed.acquire(blocking=False):
-                drop(conn, f"{MAX_RELAYED} clients already connected or waiting for the server")
-            elif len(hello) == HELLO_SIZE:
-                del waiting[conn]
-                selector.unregister(conn)
-                conn.setblocking(True)
-                threading.Thread(
-                    target=_relay_checked,
-                    args=(conn, bytes(hello), peer, relay_to, relayed),
-                    name=f"rpc-relay {peer}",
-                    daemon=True,
-                ).start()
+    def accept(self) -> None:
+        try:
+            conn, address = self.listener.accept()
+        except OSError:  # the peer gave up already, or out of descriptors for now
+            time.sleep(0.01)
+            return
+        if len(self.waiting) >= MAX_WAITING:
+            self.drop(next(iter(self.waiting)), f"{MAX_WAITING} connections waiting for a hello")
+        conn.setblocking(False)
+        peer = join_endpoint(*address[:2])
+        self.waiting[conn] = (time.monotonic() + HELLO_TIMEOUT_S, bytearray(), peer)
+        self.selector.register(conn, selectors.EVENT_READ)
+
+    def receive(self, conn: socket.socket) -> None:
+        """More of conn's hello; once it is whole and one, conn goes to a relay thread."""
+        _, hello, peer = self.waiting[conn]
+        try:
+            data = conn.recv(HELLO_SIZE - len(hello))
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self.drop(conn, None)  # closed before its hello: a port check, or a client gone
+            return
+        hello += data
+        if len(hello) >= HEADER.size and HEADER.unpack_from(hello) != (HELLO, CAPS_SIZE):
+            self.drop(conn, "its first message is not an RPC hello of protocol 3 or later")
+        elif len(hello) == HELLO_SIZE and not self.relayed.acquire(blocking=False):
+            self.drop(conn, f"{MAX_RELAYED} clients already connected or waiting for the server")
+        elif len(hello) == HELLO_SIZE:
+            del self.waiting[conn]
+            self.selector.unregister(conn)
+            conn.setblocking(True)
+            threading.Thread(
+                target=_relay_checked,
+                args=(conn, bytes(hello), peer, self.upstream, self.relayed),
+                name=f"rpc-relay {peer}",
+                daemon=True,
+            ).start()
 
 
 @dataclass(frozen=True)
