@@ -39,7 +39,7 @@ from collections.abc import Sequence
 import llama_cpp as llama
 import numpy as np
 
-from cli.engine.engine import sampler_chain
+from cli.engine.samplerchain import sampler_chain
 from cli.engine.sampling import SamplingParams
 
 from reference import Reference

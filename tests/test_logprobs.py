@@ -17,8 +17,9 @@ import pytest
 from test_serve import KEY, QUILL, start_server
 
 from cli.app import app
-from cli.engine.engine import Engine, LoadOptions, SequenceStep, log_softmax
+from cli.engine.engine import Engine, LoadOptions, SequenceStep
 from cli.engine.events import MAX_TOP_LOGPROBS
+from cli.engine.logprobs import log_softmax
 from cli.engine.sampling import SamplingParams
 
 from conftest import quill_env

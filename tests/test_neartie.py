@@ -10,7 +10,7 @@ import llama_cpp as llama
 import numpy as np
 import pytest
 
-from cli.engine.engine import sampler_chain
+from cli.engine.samplerchain import sampler_chain
 from cli.engine.sampling import SamplingParams
 
 from neartie import (

@@ -3,14 +3,12 @@
 
 from __future__ import annotations
 
-import codecs
 import ctypes
 import functools
 import random
 import resource
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -18,13 +16,15 @@ from typing import Any, Protocol
 import llama_cpp as llama
 import numpy as np
 
-from cli.engine.events import MAX_TOP_LOGPROBS, Candidate, StreamEvent, TokenLogprobs
+from cli.engine.events import MAX_TOP_LOGPROBS, StreamEvent, TokenLogprobs
 from cli.engine.freecores import CoreLoad, ThreadJudge, measure_free_cores
 from cli.engine.grammar import GrammarGate
 from cli.engine.llamalog import llama_log
 from cli.engine.loading import load_model
+from cli.engine.logprobs import HeldLogprobs, token_logprobs
 from cli.engine.options import ALL_LAYERS, LoadOptions, context_size
 from cli.engine.reasoning import ReasoningWait, split_reasoning, think_within_budget
+from cli.engine.samplerchain import kept_after_mask, sampler_chain
 from cli.engine.sampling import SamplingParams
 from cli.engine.settings import ModelSettings, PromptCache
 from cli.engine.templates import (
@@ -522,17 +522,7 @@ class Engine:
 
     def token_logprobs(self, logits: np.ndarray, token: int, top: int) -> TokenLogprobs:
         """token's log-probability under logits, and the top most likely (ties by token id)."""
-        logprobs = log_softmax(logits)
-        top = min(top, len(logprobs))
-        candidates: tuple[Candidate, ...] = ()
-        if top > 0:
-            best = np.argpartition(logprobs, len(logprobs) - top)[len(logprobs) - top :]
-            best = best[np.lexsort((best, -logprobs[best]))]
-            candidates = tuple(
-                Candidate(int(t), self.piece(int(t)), float(logprobs[t])) for t in best
-            )
-        chosen = Candidate(token, self.piece(token), float(logprobs[token]))
-        return TokenLogprobs(chosen, candidates)
+        return token_logprobs(logits, token, top, self.piece)
 
     def is_end_of_generation(self, token: int) -> bool:
         return bool(llama.llama_vocab_is_eog(self._vocab, token))
@@ -696,51 +686,6 @@ class Engine:
         self.close()
 
 
-def log_softmax(logits: np.ndarray) -> np.ndarray:
-    """The log-probabilities the logits (of one step, or a row per step) give over the
-    vocabulary, in float64: the exponentials of 150,000 logits then sum to 1 within 1e-9."""
-    values = logits.astype(np.float64)
-    peak = values.max(axis=-1, keepdims=True)
-    return values - (peak + np.log(np.exp(values - peak).sum(axis=-1, keepdims=True)))
-
-
-def sampler_chain(
-    sampling: SamplingParams,
-    seed: int,
-    prompt_tokens: Sequence[int],
-    banned: Sequence[int],
-    n_vocab: int,
-):
-    chain = llama.llama_sampler_chain_init(llama.llama_sampler_chain_default_params())
-
-    def add(sampler) -> None:
-        llama.llama_sampler_chain_add(chain, sampler)
-
-    if banned:
-        biases = (llama.llama_logit_bias * len(banned))()
-        for slot, token in zip(biases, banned, strict=True):
-            slot.token, slot.bias = token, float("-inf")
-        add(llama.llama_sampler_init_logit_bias(n_vocab, len(banned), biases))
-
-    if sampling.penalizes:
-        add(penalties_sampler(sampling, n_vocab))
-        # The penalty also looks back into the prompt, as llama.cpp's own tools do.
-        for token in prompt_tokens[-sampling.repeat_last_n :]:
-            llama.llama_sampler_accept(chain, token)
-    if sampling.temperature <= 0:
-        add(llama.llama_sampler_init_greedy())
-        return chain
-    if sampling.top_k > 0:
-        add(llama.llama_sampler_init_top_k(sampling.top_k))
-    if sampling.top_p < 1.0:
-        add(llama.llama_sampler_init_top_p(sampling.top_p, 1))
-    if sampling.min_p > 0.0:
-        add(llama.llama_sampler_init_min_p(sampling.min_p, 1))
-    add(llama.llama_sampler_init_temp(sampling.temperature))
-    add(llama.llama_sampler_init_dist(seed))
-    return chain
-
-
 class SequenceStep:
     """One sequence's per-token step (stream_generate's and the batch scheduler's): its sampler
     chain, seed, text stream and counters, and the StreamEvent each token becomes."""
@@ -761,13 +706,8 @@ class SequenceStep:
             raise ValueError(f"logprobs must be 0 to {MAX_TOP_LOGPROBS}, not {logprobs}")
         self.engine = engine
         self.seq = seq
-        # Logprobs (None: no work at all): each token's (first char, end char, entry) in the
-        # decoded text waits here until its text is released.
-        self.logprobs = logprobs
-        self._unreleased: deque[tuple[int, int, TokenLogprobs]] = deque()
-        self._chars = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        self._decoded_chars = 0
-        self._released_chars = 0
+        self.logprobs = logprobs  # None: no work at all
+        self._held = HeldLogprobs()
         self.prompt_tokens = len(prompt_tokens)
         self.cached_prompt_tokens = cached_prompt_tokens
         self.max_tokens = max_tokens
@@ -784,7 +724,7 @@ class SequenceStep:
         if sampling.grammar:
             try:
                 self._grammar = GrammarGate(
-                    engine._vocab, sampling.grammar, engine.n_vocab, _kept_after_mask(sampling)
+                    engine._vocab, sampling.grammar, engine.n_vocab, kept_after_mask(sampling)
                 )
             except Exception:
                 self.close()
@@ -846,7 +786,8 @@ class SequenceStep:
         logprobs = None
         if self.logprobs is not None:
             # The end-of-generation token is no text of the reply: it has no entry.
-            logprobs = self._release(None if end_of_generation else scored, released, finish)
+            entry = None if end_of_generation else scored
+            logprobs = self._held.release(entry, released, finish, text.matched_stop is not None)
         return StreamEvent(
             text=released,
             token=token,
@@ -864,25 +805,6 @@ class SequenceStep:
             logprobs=logprobs,
         )
 
-    def _release(
-        self, scored: TokenLogprobs | None, released: str, finish: str | None
-    ) -> tuple[TokenLogprobs, ...]:
-        """The entries of the tokens whose text is now out: once all of it is; at a stop string,
-        those with any text before it; at any other finish, all."""
-        if scored is not None:
-            start = self._decoded_chars
-            self._decoded_chars += len(self._chars.decode(scored.chosen.piece))
-            self._unreleased.append((start, self._decoded_chars, scored))
-        self._released_chars += len(released)
-        out, pending, released_chars = [], self._unreleased, self._released_chars
-        if finish is not None:
-            stopped = self.text.matched_stop is not None
-            out = [entry for start, _, entry in pending if not stopped or start < released_chars]
-            pending.clear()
-        while pending and pending[0][1] <= released_chars:
-            out.append(pending.popleft()[2])
-        return tuple(out)
-
     def close(self) -> None:
         grammar = getattr(self, "_grammar", None)  # unset where __init__ failed before it
         if grammar is not None:
@@ -891,29 +813,6 @@ class SequenceStep:
         if self.sampler is not None:
             llama.llama_sampler_free(self.sampler)
             self.sampler = None
-
-
-def _kept_after_mask(sampling: SamplingParams) -> int | None:
-    """How many top tokens the chain keeps (greedy: 1); None where it may keep any number or
-    penalties reorder the logits (the grammar then masks the whole vocabulary)."""
-    if sampling.penalizes or sampling.ignore_eos:
-        return None
-    if sampling.temperature <= 0:
-        return 1
-    return sampling.top_k if sampling.top_k > 0 else None
-
-
-def penalties_sampler(sampling: SamplingParams, n_vocab: int):  # all three, one sampler
-    args = (
-        sampling.repeat_last_n,
-        sampling.repeat_penalty,
-        sampling.frequency_penalty,
-        sampling.presence_penalty,
-    )
-    # The pinned llama-cpp-python's llama.cpp takes the vocabulary size first; later ones do not.
-    if len(llama.llama_sampler_init_penalties.argtypes) == 5:
-        return llama.llama_sampler_init_penalties(n_vocab, *args)
-    return llama.llama_sampler_init_penalties(*args)
 
 
 class DecodeError(RuntimeError):

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from cli.engine.engine import Engine, log_softmax
+from cli.engine.engine import Engine
+from cli.engine.logprobs import log_softmax
 from cli.errors import TextTooShortError
 
 
