@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import ctypes
-import functools
 import random
 import resource
 import threading
@@ -27,15 +26,15 @@ from cli.engine.reasoning import ReasoningWait, split_reasoning, think_within_bu
 from cli.engine.samplerchain import kept_after_mask, sampler_chain
 from cli.engine.sampling import SamplingParams
 from cli.engine.settings import ModelSettings, PromptCache
-from cli.engine.templates import (
-    Message,
-    choose_template,
-    file_template,
-    render_conversation,
-    role_content,
-    template_notes,
-)
+from cli.engine.templates import Message
 from cli.engine.textstream import TextStream
+from cli.engine.vocabulary import (
+    Vocabulary,
+    may_open_with_reasoning,
+    model_template,
+    plain_conversation,
+    render_chat,
+)
 from cli.errors import ContextOverflowError, KvCacheTypeError, ModelLoadError, SilentLoadError
 from cli.sequence import common_prefix
 from quant.gguf import GGUFError, check_gguf_magic, head_dims
@@ -100,18 +99,18 @@ class Engine:
             raise _load_failure(path, log.drain())
 
         model = self._model
-        self.vocab_handle = self._vocab = vocab = llama.llama_model_get_vocab(model)
+        self.vocabulary = vocabulary = Vocabulary(model)
+        self.vocab_handle = self._vocab = vocabulary.handle
         # What the model is, fixed once it is loaded.
         self.n_layers = llama.llama_model_n_layer(model)
-        self.n_vocab = llama.llama_vocab_n_tokens(vocab)
+        self.n_vocab = vocabulary.n_vocab
         self.architecture = self.meta("general.architecture") or "unknown"
         self.head_dims = head_dims(lambda key, default: self.meta(key) or default)  # (K, V)
         # A recurrent state's cells cannot be partly removed.
         self.is_recurrent = bool(
             llama.llama_model_is_recurrent(model) or llama.llama_model_is_hybrid(model)
         )
-        self.add_bos = bool(llama.llama_vocab_get_add_bos(vocab))
-        self.bos_token = llama.llama_vocab_bos(vocab)
+        self.add_bos, self.bos_token = vocabulary.add_bos, vocabulary.bos_token
         self.kv_type_k, self.kv_type_v = options.kv_type_k, options.kv_type_v
         self._refuse_impossible_kv_types()
         self.trained_ctx = llama.llama_model_n_ctx_train(self._model)
@@ -151,7 +150,6 @@ class Engine:
         self.gpu_layers = (
             min(options.gpu_layers, self.n_layers) if options.gpu_layers >= 0 else self.n_layers
         )
-        self._pieces: dict[int, bytes] = {}
         # The one record of what the KV cache holds: each sequence's tokens, in position order,
         # kept by the sequence operations below, through which every change goes.
         self._cached: list[list[int]] = [[] for _ in range(self.parallel)]
@@ -164,11 +162,10 @@ class Engine:
         self.enable_thinking = settings.think  # the template's switch; None: its default
         self.think_budget = settings.think_budget  # reasoning tokens before the block closes
         self.logprobs = settings.logprobs  # the server asks per request (BatchRequest.logprobs)
-        own = file_template(self.meta, self.architecture, self.is_special_token)
-        self.chat_template, fallback = choose_template(own, settings.chat_template, family)
-        for line in [fallback] if fallback else []:
-            self.note(line)
-        for line in template_notes(self.chat_template, settings.think):
+        self.chat_template, notes = model_template(
+            vocabulary, self.meta, self.architecture, settings.chat_template, family, settings.think
+        )
+        for line in notes:
             self.note(line)
         self.prompt_cache: PromptCache | None = (
             settings.prompt_cache(self) if settings.prompt_cache else None
@@ -182,7 +179,7 @@ class Engine:
         # step to the load: 0.25-0.3 s on an 8B-class model here, milliseconds on a 135M one.
         if llama.llama_model_has_encoder(self._model):
             return  # an encoder-decoder model decodes only after an encode
-        ends = (self.bos_token, llama.llama_vocab_eos(self._vocab))
+        ends = (self.bos_token, self.vocabulary.eos_token)
         tokens = [token for token in ends if token != llama.LLAMA_TOKEN_NULL] or [0]
         tokens = tokens[: llama.llama_n_batch(self._ctx)]  # more than a batch aborts llama.cpp
         array = (llama.llama_token * len(tokens))(*tokens)
@@ -251,16 +248,13 @@ class Engine:
         cells = self.n_ctx * self.parallel
         return kv_cache_bytes(self.n_layers, heads, k, cells, self.kv_type_k, self.kv_type_v, v)
 
-    @functools.cached_property
+    @property
     def eog_tokens(self) -> tuple[int, ...]:
-        return tuple(t for t in range(self.n_vocab) if llama.llama_vocab_is_eog(self._vocab, t))
+        return self.vocabulary.eog_tokens
 
     def is_special_token(self, text: str) -> bool:
         """Whether text is one control or user-defined token of the vocabulary."""
-        data = text.encode()
-        tokens = (llama.llama_token * 4)()
-        n = llama.llama_tokenize(self._vocab, data, len(data), tokens, 4, False, True)
-        return n == 1 and self.piece(tokens[0], special=True) == data
+        return self.vocabulary.is_special_token(text)
 
     def note(self, line: str) -> None:
         """A line for the user (a template fallback), told once through on_note."""
@@ -279,78 +273,22 @@ class Engine:
         template = self.chat_template
         if template is None:
             return None
-        rendered = render_conversation(
-            template,
-            messages,
-            bos_token=self._special_text(llama.llama_vocab_bos(self._vocab)),
-            eos_token=self._special_text(llama.llama_vocab_eos(self._vocab)),
-            tools=tools,
-            enable_thinking=self.enable_thinking if enable_thinking is None else enable_thinking,
-        )
+        thinking = self.enable_thinking if enable_thinking is None else enable_thinking
+        rendered = render_chat(self.vocabulary, template, messages, tools, thinking)
         if rendered.note:
             self.note(rendered.note)
         return rendered.text
 
-    def _special_text(self, token: int) -> str:
-        return self.piece(token, special=True).decode("utf-8", "replace") if token >= 0 else ""
-
     def tokenize(self, text: str) -> list[int]:
-        data = text.encode("utf-8")
-        bos = self.bos_token
-        # A chat template may already start with the BOS text; never add a second one.
-        add_bos = self.add_bos and not (bos >= 0 and data.startswith(self.piece(bos, True)))
-        return self._tokenize(data, add_bos)
-
-    def _tokenize(self, data: bytes, add_bos: bool) -> list[int]:
-        capacity = len(data) + 8
-        tokens = (llama.llama_token * capacity)()
-        n = llama.llama_tokenize(self._vocab, data, len(data), tokens, capacity, add_bos, True)
-        if n < 0:
-            capacity = -n
-            tokens = (llama.llama_token * capacity)()
-            n = llama.llama_tokenize(self._vocab, data, len(data), tokens, capacity, add_bos, True)
-        return list(tokens[:n])
+        return self.vocabulary.tokenize(text)
 
     def respell(self, tokens: Sequence[int], like: Sequence[int]) -> list[int]:
-        """tokens (of a text) led by as many of like as spell the same bytes, the rest tokenized
-        again: a reply kept as the tokens it was sampled as (" ra" "is" "se", which its text
-        tokenizes back to as " ra" "isse") keeps its KV cells, as llama-cli keeps them."""
-        same = common_prefix(like, tokens)
-        if same in (len(like), len(tokens)):
-            return list(tokens)
-        text = b"".join(map(self._spelling, tokens[same:]))
-        kept, offset = same, 0
-        for token in like[same:]:
-            piece = self._spelling(token)
-            if not piece or not text.startswith(piece, offset):
-                break
-            kept, offset = kept + 1, offset + len(piece)
-        while kept > same and offset < len(text) and 0x80 <= text[offset] < 0xC0:
-            kept -= 1  # the rest must start on a character
-            offset -= len(self._spelling(like[kept]))
-        rest = self._tokenize(text[offset:], add_bos=False)
-        if kept == same or b"".join(map(self._spelling, rest)) != text[offset:]:
-            return list(tokens)  # a tokenizer that adds a space at the start (SentencePiece)
-        return [*like[:kept], *rest]
-
-    def _spelling(self, token: int) -> bytes:
-        return self.piece(token) or self.piece(token, special=True)
+        """tokens (of a text) led by as many of like as spell the same bytes (Vocabulary's)."""
+        return self.vocabulary.respell(tokens, like)
 
     def piece(self, token: int, special: bool = False) -> bytes:
         """The bytes of one token, whatever their length (llama-cpp-python's helper cuts at 32)."""
-        if not special and token in self._pieces:
-            return self._pieces[token]
-        size = 64
-        while True:
-            buf = ctypes.create_string_buffer(size)
-            n = llama.llama_token_to_piece(self._vocab, token, buf, size, 0, special)
-            if n < 0:
-                size = -n
-                continue
-            data = buf.raw[:n]
-            if not special:
-                self._pieces[token] = data
-            return data
+        return self.vocabulary.piece(token, special)
 
     def conversation_text(
         self,
@@ -363,14 +301,12 @@ class Engine:
         templated = self.chat_prompt(messages, tools, enable_thinking)
         if templated is not None:
             return templated, True
-        lines = role_content(messages)
-        return "".join(f"{role}: {text}\n" for role, text in lines) + "assistant: ", False
+        return plain_conversation(messages), False
 
     @property
     def reasoning_may_open(self) -> bool:
         """Whether a reply may start with a reasoning block (a grammar then holds the answer)."""
-        template = self.chat_template
-        return template is not None and template.supports_thinking and template.family != "gpt-oss"
+        return may_open_with_reasoning(self.chat_template)
 
     # The Backend protocol: this process runs the model, and so does all of it.
     server_url = None
@@ -525,7 +461,7 @@ class Engine:
         return token_logprobs(logits, token, top, self.piece)
 
     def is_end_of_generation(self, token: int) -> bool:
-        return bool(llama.llama_vocab_is_eog(self._vocab, token))
+        return self.vocabulary.is_end_of_generation(token)
 
     def cached(self, seq: int = 0) -> list[int]:
         """The tokens whose KV cells sequence seq holds, in position order (a copy)."""
