@@ -162,77 +162,93 @@ class _Parser:
         while src[pos] != "\0":
             c = src[pos]
             if c == '"':
-                pos += 1
-                codepoints = []
-                while self.more(pos, '"'):
-                    value, pos = self.char(pos)
-                    codepoints.append(value)
-                items.append(Item("lit", codepoints=codepoints))
-                pos += 1
+                item, pos = self.literal(pos)
             elif c == "[":
-                negated = src[pos + 1] == "^"
-                pos += 1 + negated
-                ranges = []
-                while self.more(pos, "]"):
-                    first, pos = self.char(pos)
-                    last = first
-                    if src[pos] == "-" and src[pos + 1] != "]":
-                        if src[pos + 1] == "\0":
-                            raise self.fail("unexpected end of input", pos)
-                        last, pos = self.char(pos + 1)
-                    ranges.append((first, last))
-                # [] and [^] add no element in llama.cpp: they match the empty string.
-                items.append(Item("cls", negated=negated, ranges=ranges) if ranges else Item("lit"))
-                pos += 1
+                item, pos = self.char_class(pos)
             elif c in "<!":
-                start = pos
-                pos += c == "!"
-                if src[pos] != "<":
-                    raise self.fail("expecting '<'", pos)
-                end = src.find(">", pos)
-                if end < 0 or "\0" in src[pos:end]:
-                    raise self.fail("expecting '>'", pos)
-                if src[pos + 1] == "[":
-                    if not re.fullmatch(r"<\[[0-9]+\]>", src[pos : end + 1]):
-                        raise self.fail("expecting <[token id]>", pos)
-                    if int(src[pos + 2 : end - 1]) > 0xFFFFFFFF:
-                        raise self.fail("the token id is too big", pos)
-                items.append(Item("tok", raw=src[start : end + 1]))
-                pos = end + 1
+                item, pos = self.token(pos)
             elif (end := _match_end(_WORD, src, pos)) > pos:
                 self.referenced[src[pos:end]] = None
-                items.append(Item("ref", name=src[pos:end]))
-                pos = end
+                item, pos = Item("ref", name=src[pos:end]), end
             elif c == "(":
                 alternatives, pos = self.alternates(self.space(pos + 1, True), True, depth + 1)
                 if src[pos] != ")":
                     raise self.fail("expecting ')'", pos)
-                items.append(Item("group", alternatives=alternatives))
-                pos += 1
+                item, pos = Item("group", alternatives=alternatives), pos + 1
             elif c == ".":
-                items.append(Item("any"))
-                pos += 1
+                item, pos = Item("any"), pos + 1
             elif c in "*+?{":
                 if not items or (items[-1].kind == "lit" and not items[-1].codepoints):
                     raise self.fail("expecting an item before */+/?/{", pos)
-                if c == "{":
-                    low, high, pos = self.braces(pos, nested)
-                else:
-                    low, high = _OPERATORS[c]
-                    pos += 1
-                stacked, inner = 1, items[-1]
-                while inner.kind == "rep" and inner.inner is not None:
-                    stacked, inner = stacked + 1, inner.inner
-                if stacked > MAX_STACKED_REPETITIONS:
-                    raise GrammarError(
-                        f"the grammar repeats a repetition more than {MAX_STACKED_REPETITIONS} "
-                        "times over (x{2}{3}...: quill's budget)"
-                    )
-                items[-1] = Item("rep", inner=items[-1], low=low, high=high)
+                repeated, pos = self.repetition(items.pop(), pos, nested)
+                items.append(repeated)
+                pos = self.space(pos, nested)
+                continue
             else:
                 break
+            items.append(item)
             pos = self.space(pos, nested)
         return items, pos
+
+    def literal(self, pos: int) -> tuple[Item, int]:
+        """ "text": its code points, and the position after the closing quote."""
+        codepoints = []
+        pos += 1
+        while self.more(pos, '"'):
+            value, pos = self.char(pos)
+            codepoints.append(value)
+        return Item("lit", codepoints=codepoints), pos + 1
+
+    def char_class(self, pos: int) -> tuple[Item, int]:
+        """[a-z0-9_] or [^...]: its ranges, and the position after the closing bracket."""
+        src = self.src
+        negated = src[pos + 1] == "^"
+        pos += 1 + negated
+        ranges = []
+        while self.more(pos, "]"):
+            first, pos = self.char(pos)
+            last = first
+            if src[pos] == "-" and src[pos + 1] != "]":
+                if src[pos + 1] == "\0":
+                    raise self.fail("unexpected end of input", pos)
+                last, pos = self.char(pos + 1)
+            ranges.append((first, last))
+        # [] and [^] add no element in llama.cpp: they match the empty string.
+        item = Item("cls", negated=negated, ranges=ranges) if ranges else Item("lit")
+        return item, pos + 1
+
+    def token(self, pos: int) -> tuple[Item, int]:
+        """<token>, <[id]> or their negations !<...>, kept as written for llama.cpp."""
+        src, start = self.src, pos
+        pos += src[pos] == "!"
+        if src[pos] != "<":
+            raise self.fail("expecting '<'", pos)
+        end = src.find(">", pos)
+        if end < 0 or "\0" in src[pos:end]:
+            raise self.fail("expecting '>'", pos)
+        if src[pos + 1] == "[":
+            if not re.fullmatch(r"<\[[0-9]+\]>", src[pos : end + 1]):
+                raise self.fail("expecting <[token id]>", pos)
+            if int(src[pos + 2 : end - 1]) > 0xFFFFFFFF:
+                raise self.fail("the token id is too big", pos)
+        return Item("tok", raw=src[start : end + 1]), end + 1
+
+    def repetition(self, inner: Item, pos: int, nested: bool) -> tuple[Item, int]:
+        """inner*, inner+, inner? or inner{m,n}, within quill's budget of stacked repetitions."""
+        if self.src[pos] == "{":
+            low, high, pos = self.braces(pos, nested)
+        else:
+            low, high = _OPERATORS[self.src[pos]]
+            pos += 1
+        stacked, innermost = 1, inner
+        while innermost.kind == "rep" and innermost.inner is not None:
+            stacked, innermost = stacked + 1, innermost.inner
+        if stacked > MAX_STACKED_REPETITIONS:
+            raise GrammarError(
+                f"the grammar repeats a repetition more than {MAX_STACKED_REPETITIONS} "
+                "times over (x{2}{3}...: quill's budget)"
+            )
+        return Item("rep", inner=inner, low=low, high=high), pos
 
     def braces(self, pos: int, nested: bool) -> tuple[int, int | None, int]:
         """x{m}, x{m,} or x{m,n}: (m, n or None, the position after the closing brace)."""
