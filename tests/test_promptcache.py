@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from cli.app import app
-from cli.engine.engine import EXACT_BATCH
+from cli.engine.kvcache import EXACT_BATCH
 from cli.store.promptcache import cache_dir, files, read_header
 
 from conftest import quill_env

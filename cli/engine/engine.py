@@ -18,6 +18,12 @@ import numpy as np
 from cli.engine.events import MAX_TOP_LOGPROBS, StreamEvent, TokenLogprobs
 from cli.engine.freecores import CoreLoad, ThreadJudge, measure_free_cores
 from cli.engine.grammar import GrammarGate
+from cli.engine.kvcache import (
+    EXACT_BATCH,
+    KvCache,
+    keep_in_prompt_cache,
+    restore_from_prompt_cache,
+)
 from cli.engine.llamalog import llama_log
 from cli.engine.loading import load_model
 from cli.engine.logprobs import HeldLogprobs, token_logprobs
@@ -36,18 +42,12 @@ from cli.engine.vocabulary import (
     render_chat,
 )
 from cli.errors import ContextOverflowError, KvCacheTypeError, ModelLoadError, SilentLoadError
-from cli.sequence import common_prefix
 from quant.gguf import GGUFError, check_gguf_magic, head_dims
 from quant.kv import QUANTIZED_KV_TYPES, ggml_type, kv_cache_bytes
 
 _LLAMA_ALL_LAYERS = 0x7FFFFFFF
 DEFAULT_SAMPLING = SamplingParams()
 NO_SETTINGS = ModelSettings()  # the model's own template, no speculation, cache or logprobs
-# llama.cpp's CPU backend computes batches of fewer rows with other kernels: a token's logits
-# differ (up to 0.44 on SmolLM2 Q4_1) between a batch of 32 and one of 64, and are bit-identical
-# between any two of 64 or more. So a state loaded from a prompt cache decodes this many prompt
-# tokens again, and a prefill never ends on a shorter chunk: cached runs give uncached logits.
-EXACT_BATCH = 64
 
 
 class Speculator(Protocol):  # cli/engine/speculative.py's
@@ -150,10 +150,7 @@ class Engine:
         self.gpu_layers = (
             min(options.gpu_layers, self.n_layers) if options.gpu_layers >= 0 else self.n_layers
         )
-        # The one record of what the KV cache holds: each sequence's tokens, in position order,
-        # kept by the sequence operations below, through which every change goes.
-        self._cached: list[list[int]] = [[] for _ in range(self.parallel)]
-        self._batch: Any = None  # one llama_batch of n_batch tokens, made at the first decode
+        self.kv = KvCache(self._ctx, self.parallel, self.n_ctx, self.n_batch, self._look_at_cores)
         self.restored_tokens = 0  # prompt tokens of the last request loaded from prompt_cache
         self.restore_s = 0.0
         self.prefilled_tokens = 0  # prompt tokens the last request decoded
@@ -372,7 +369,7 @@ class Engine:
         started = time.perf_counter()
         self._load_prompt_cache(prompt_tokens)
         if respell:
-            prompt_tokens = self.respell(prompt_tokens, self._cached[0])
+            prompt_tokens = self.respell(prompt_tokens, self.kv.cached(0))
         exact = self.restored_tokens and self.prompt_cache and self.prompt_cache.exact
         cached, output = self.prefill(prompt_tokens, EXACT_BATCH if exact else 1)
         self.restored_tokens = cached if self.restored_tokens else 0  # all from the file
@@ -419,33 +416,15 @@ class Engine:
         return kept, output
 
     def _load_prompt_cache(self, tokens: Sequence[int]) -> None:
-        """Load sequence 0 from the prompt cache where a saved state covers more of a long
-        prompt than the cells already here."""
+        # Reset first: a lookup that raises leaves no numbers of the request before.
         self.restored_tokens, self.restore_s = 0, 0.0
-        cache = self.prompt_cache
-        if cache is None or len(tokens) < cache.min_tokens:
-            return
-        if self.common_prefix(0, tokens) >= cache.min_tokens:
-            return  # this process holds it already (a chat's earlier turns)
-        started = time.perf_counter()
-        found = cache.find(tokens)
-        if found is None:
-            return
-        held, state = found
-        if not self.restore_sequence(0, state, held):
-            cache.refused(held)
-            return
-        self.restored_tokens = min(self.common_prefix(0, tokens), len(tokens) - 1)
-        self.restore_s = time.perf_counter() - started
+        restored = restore_from_prompt_cache(self.prompt_cache, self.kv, tokens)
+        self.restored_tokens, self.restore_s = restored
 
     def keep_prompt_cache(self, always: bool = False) -> None:
         """Save sequence 0 to the prompt cache if the last request prefilled a long prompt (or,
         always, if it holds one: a chat leaving)."""
-        cache = self.prompt_cache
-        if cache is None or len(self._cached[0]) < cache.min_tokens:
-            return
-        if always or self.prefilled_tokens >= cache.min_tokens:
-            cache.keep(self.cached(0), self.sequence_state(0))
+        keep_in_prompt_cache(self.prompt_cache, self.kv, self.prefilled_tokens, always)
 
     @property
     def llama_version(self) -> str:
@@ -465,96 +444,44 @@ class Engine:
 
     def cached(self, seq: int = 0) -> list[int]:
         """The tokens whose KV cells sequence seq holds, in position order (a copy)."""
-        return list(self._cached[seq])
+        return self.kv.cached(seq)
 
     def cached_count(self, seq: int = 0) -> int:
-        return len(self._cached[seq])
+        return self.kv.cached_count(seq)
 
     def common_prefix(self, seq: int, tokens: Sequence[int]) -> int:
         """How many leading tokens of tokens sequence seq already holds (nothing changes)."""
-        return common_prefix(self._cached[seq], tokens)
+        return self.kv.common_prefix(seq, tokens)
 
     def keep_prefix(self, seq: int, n: int) -> None:
         """Keep sequence seq's first n KV cells and free the rest (the one place cells go)."""
-        if n < 0:
-            raise ValueError(f"cannot keep {n} positions")
-        # Removed even when the record holds no more than n: a Ctrl-C that lands just after a
-        # llama_decode returns leaves a cell the record never saw, and it must go too.
-        llama.llama_memory_seq_rm(llama.llama_get_memory(self._ctx), seq, n, -1)
-        del self._cached[seq][n:]
+        self.kv.keep_prefix(seq, n)
 
     def reuse_prefix(self, seq: int, tokens: Sequence[int], decode_at_least: int = 1) -> int:
         """Keep seq's common prefix with tokens, but the last decode_at_least (one at least, for
         logits to sample); the number kept."""
-        common = max(0, min(self.common_prefix(seq, tokens), len(tokens) - decode_at_least))
-        self.keep_prefix(seq, common)
-        return common
+        return self.kv.reuse_prefix(seq, tokens, decode_at_least)
 
     def sequence_state(self, seq: int = 0) -> bytearray:
-        """Sequence seq's KV cells as llama.cpp serializes them (for restore_sequence), written
-        straight into the bytearray returned (no second copy of tens of MB)."""
-        size = llama.llama_state_seq_get_size(self._ctx, seq)
-        state = bytearray(size)
-        buffer = (ctypes.c_uint8 * size).from_buffer(state)
-        written = llama.llama_state_seq_get_data(self._ctx, buffer, size, seq)
-        del buffer  # a bytearray with a live export cannot be resized
-        del state[written:]
-        return state
+        """Sequence seq's KV cells as llama.cpp serializes them (for restore_sequence)."""
+        return self.kv.sequence_state(seq)
 
     def restore_sequence(self, seq: int, state: bytes | bytearray, tokens: Sequence[int]) -> bool:
         """Replace sequence seq's cells with a saved state of tokens; False (seq empty) when
         llama.cpp refuses it or it holds other than len(tokens) positions."""
-        self.forget(seq)
-        if not tokens or len(tokens) > self.n_ctx:
-            return False
-        buffer = (ctypes.c_uint8 * len(state)).from_buffer_copy(state)
-        if llama.llama_state_seq_set_data(self._ctx, buffer, len(state), seq) == 0:
-            self.forget(seq)
-            return False
-        memory = llama.llama_get_memory(self._ctx)
-        if (
-            llama.llama_memory_seq_pos_min(memory, seq) != 0
-            or llama.llama_memory_seq_pos_max(memory, seq) != len(tokens) - 1
-        ):
-            self.forget(seq)
-            return False
-        self._cached[seq] = list(tokens)
-        return True
+        return self.kv.restore_sequence(seq, state, tokens)
 
     def forget(self, seq: int) -> None:
-        llama.llama_memory_seq_rm(llama.llama_get_memory(self._ctx), seq, -1, -1)
-        self._cached[seq].clear()
+        self.kv.forget(seq)
 
     def decode(self, items: Sequence[tuple[int, int, bool]]) -> list[int]:
         """One llama_decode of (sequence, token, wants logits) items, each at its sequence's next
         position; each item's output index (-1: none). On DecodeError the sequences are empty."""
-        if len(items) > self.n_batch:
-            raise ValueError(f"{len(items)} tokens exceed the batch of {self.n_batch}")
-        if self._batch is None:
-            self._batch = llama.llama_batch_init(self.n_batch, 0, 1)
-        batch = self._batch
-        outputs = []
-        positions = {seq: len(self._cached[seq]) for seq, _, _ in items}
-        for n, (seq, token, wants_logits) in enumerate(items):
-            batch.token[n] = token
-            batch.pos[n] = positions[seq]
-            batch.n_seq_id[n] = 1
-            batch.seq_id[n][0] = seq
-            batch.logits[n] = wants_logits
-            positions[seq] += 1
-            outputs.append(n if wants_logits else -1)
-        batch.n_tokens = len(items)
+        return self.kv.decode(items)
+
+    def _look_at_cores(self) -> None:
         if self.thread_judge is not None and self.thread_judge.look():
             self._use_threads(self.thread_judge.threads)  # another process took or freed a core
-        status = llama.llama_decode(self._ctx, batch)
-        if status != 0:
-            problems = "; ".join(llama_log().drain()[-2:])
-            for seq in positions:
-                self.forget(seq)
-            raise DecodeError(f"llama_decode failed with status {status}: {problems}")
-        for seq, token, _ in items:
-            self._cached[seq].append(token)
-        return outputs
 
     def output_logits(self, output: int) -> np.ndarray:
         """The logits of one output of the last decode (a copy)."""
@@ -580,12 +507,10 @@ class Engine:
 
     @property
     def cached_tokens(self) -> int:  # sequence 0's positions a next prompt may reuse
-        return len(self._cached[0])
+        return self.kv.cached_count(0)
 
     def clear_cache(self) -> None:
-        llama.llama_memory_clear(llama.llama_get_memory(self._ctx), True)
-        for tokens in self._cached:
-            tokens.clear()
+        self.kv.clear()
 
     def perf_note(self) -> str:
         return f"llama.cpp perf: {self.perf()}\nCPU path: {self.cpu_path.describe()}"
@@ -602,9 +527,9 @@ class Engine:
         if speculator is not None:
             speculator.close()
             self.speculator = None
-        if getattr(self, "_batch", None) is not None:
-            llama.llama_batch_free(self._batch)
-            self._batch = None
+        kv = getattr(self, "kv", None)
+        if kv is not None:
+            kv.close()
         if getattr(self, "_ctx", None):
             llama.llama_free(self._ctx)
             self._ctx = None
@@ -749,10 +674,6 @@ class SequenceStep:
         if self.sampler is not None:
             llama.llama_sampler_free(self.sampler)
             self.sampler = None
-
-
-class DecodeError(RuntimeError):
-    """llama_decode refused a batch (out of KV cells, or a backend failure)."""
 
 
 def _load_failure(path: Path, problems: list[str]) -> ModelLoadError:
