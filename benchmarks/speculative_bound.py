@@ -102,9 +102,9 @@ def replay(engine, prompt, reply, cost, options) -> tuple[float, dict]:
     """Decode the reply with speculation options on a clock charging each llama_decode its
     measured cost, each position's token forced to the reply's; the ratio to plain decoding
     and the speculation's stats."""
-    from cli.engine.engine import SequenceStep
     from cli.engine.sampling import SamplingParams
     from cli.engine.speculative import attach
+    from cli.engine.tokenstep import SequenceStep
 
     now = [0.0]
     decoding = [False]  # the prefill before the first token is not charged: it is not timed

@@ -149,7 +149,7 @@ def test_the_token_step_is_written_once():
         for name, path in modules().items()
         if "StreamEvent(" in path.read_text(encoding="utf-8")
     }
-    assert makers == {"cli.engine.engine": 1, "cli.api.client": 1}, makers
+    assert makers == {"cli.engine.tokenstep": 1, "cli.api.client": 1}, makers
 
 
 def test_a_command_imports_only_what_it_runs(tmp_path):

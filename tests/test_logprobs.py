@@ -17,10 +17,11 @@ import pytest
 from test_serve import KEY, QUILL, start_server
 
 from cli.app import app
-from cli.engine.engine import Engine, LoadOptions, SequenceStep
+from cli.engine.engine import Engine, LoadOptions
 from cli.engine.events import MAX_TOP_LOGPROBS
 from cli.engine.logprobs import log_softmax
 from cli.engine.sampling import SamplingParams
+from cli.engine.tokenstep import SequenceStep
 
 from conftest import quill_env
 

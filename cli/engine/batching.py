@@ -17,10 +17,11 @@ from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
-from cli.engine.engine import Engine, SequenceStep
+from cli.engine.engine import Engine
 from cli.engine.events import StreamEvent
 from cli.engine.kvcache import DecodeError
 from cli.engine.sampling import SamplingParams
+from cli.engine.tokenstep import SequenceStep
 from cli.errors import QueueFullError
 from cli.sequence import common_prefix
 

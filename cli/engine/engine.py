@@ -4,8 +4,6 @@
 from __future__ import annotations
 
 import ctypes
-import random
-import resource
 import threading
 import time
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
@@ -15,7 +13,7 @@ from typing import Any, Protocol
 import llama_cpp as llama
 import numpy as np
 
-from cli.engine.events import MAX_TOP_LOGPROBS, StreamEvent, TokenLogprobs
+from cli.engine.events import StreamEvent, TokenLogprobs
 from cli.engine.freecores import CoreLoad, ThreadJudge, measure_free_cores
 from cli.engine.grammar import GrammarGate
 from cli.engine.kvcache import (
@@ -26,14 +24,13 @@ from cli.engine.kvcache import (
 )
 from cli.engine.llamalog import llama_log
 from cli.engine.loading import load_model
-from cli.engine.logprobs import HeldLogprobs, token_logprobs
+from cli.engine.logprobs import token_logprobs
 from cli.engine.options import ALL_LAYERS, LoadOptions, context_size
-from cli.engine.reasoning import ReasoningWait, split_reasoning, think_within_budget
-from cli.engine.samplerchain import kept_after_mask, sampler_chain
+from cli.engine.reasoning import split_reasoning, think_within_budget
 from cli.engine.sampling import SamplingParams
 from cli.engine.settings import ModelSettings, PromptCache
 from cli.engine.templates import Message
-from cli.engine.textstream import TextStream
+from cli.engine.tokenstep import SequenceStep
 from cli.engine.vocabulary import (
     Vocabulary,
     may_open_with_reasoning,
@@ -431,8 +428,17 @@ class Engine:
         """The llama.cpp build: a saved state is only valid for the build that wrote it."""
         return f"llama-cpp-python {llama.__version__}"
 
-    def sample(self, sampler: object, output: int) -> int:
-        """The token a sampler chain picks from the logits of output (of the last decode)."""
+    def sample(
+        self,
+        sampler: object,
+        output: int,
+        grammar: GrammarGate | None = None,
+        free: Callable[[int], bool] | None = None,
+    ) -> int:
+        """The token a sampler chain picks from the logits of output (of the last decode); within
+        grammar where one is given, free: what it lets through unchecked (GrammarGate.sample)."""
+        if grammar is not None:
+            return grammar.sample(sampler, self._ctx, output, free)
         return llama.llama_sampler_sample(sampler, self._ctx, output)
 
     def token_logprobs(self, logits: np.ndarray, token: int, top: int) -> TokenLogprobs:
@@ -545,135 +551,6 @@ class Engine:
 
     def __del__(self) -> None:
         self.close()
-
-
-class SequenceStep:
-    """One sequence's per-token step (stream_generate's and the batch scheduler's): its sampler
-    chain, seed, text stream and counters, and the StreamEvent each token becomes."""
-
-    def __init__(
-        self,
-        engine: Engine,
-        prompt_tokens: Sequence[int],
-        max_tokens: int,
-        sampling: SamplingParams,
-        stop: Sequence[str],
-        cached_prompt_tokens: int,
-        started: float,
-        seq: int = 0,
-        logprobs: int | None = None,
-    ) -> None:
-        if logprobs is not None and not 0 <= logprobs <= MAX_TOP_LOGPROBS:
-            raise ValueError(f"logprobs must be 0 to {MAX_TOP_LOGPROBS}, not {logprobs}")
-        self.engine = engine
-        self.seq = seq
-        self.logprobs = logprobs  # None: no work at all
-        self._held = HeldLogprobs()
-        self.prompt_tokens = len(prompt_tokens)
-        self.cached_prompt_tokens = cached_prompt_tokens
-        self.max_tokens = max_tokens
-        self.started = started
-        # A seed is always chosen here and reported, so that any run can be repeated.
-        self.seed = (
-            sampling.seed if sampling.seed is not None else random.SystemRandom().randrange(2**31)
-        )
-        banned = engine.eog_tokens if sampling.ignore_eos else ()
-        # The llama.cpp chain (speculation's acceptance test reads its probabilities too).
-        self.sampler = sampler_chain(sampling, self.seed, prompt_tokens, banned, engine.n_vocab)
-        self._grammar: GrammarGate | None = None  # each sequence its own grammar state
-        self._wait: ReasoningWait | None = None
-        if sampling.grammar:
-            try:
-                self._grammar = GrammarGate(
-                    engine._vocab, sampling.grammar, engine.n_vocab, kept_after_mask(sampling)
-                )
-            except Exception:
-                self.close()
-                raise
-            if engine.reasoning_may_open:
-                tail = b"".join(engine.piece(t, special=True) for t in prompt_tokens[-8:])
-                self._wait = ReasoningWait(tail.decode("utf-8", "replace"))
-        self.text = TextStream(stop)
-        self.generated = 0
-        self.prefill_s: float | None = None  # None: until the first token, measured from started
-        self.first_token_at = 0.0
-
-    def sample(self, output: int) -> StreamEvent:
-        """Sample from one output of the last decode into its event."""
-        grammar = self._grammar
-        # Copied before the samplers change the buffer: the distribution the token is drawn from.
-        logits = self.engine.output_logits(output) if self.logprobs is not None else None
-        if grammar is not None:
-            wait = self._wait
-            free = None if wait is None or wait.holding else self._free
-            token = grammar.sample(self.sampler, self.engine._ctx, output, free)
-        else:
-            token = self.engine.sample(self.sampler, output)
-        if logits is None:
-            return self.event(token)
-        return self.event(token, self.engine.token_logprobs(logits, token, self.logprobs or 0))
-
-    def _free(self, token: int) -> bool:
-        """Whether the grammar lets token through as reasoning (ReasoningWait)."""
-        wait = self._wait
-        if wait is None:
-            return False
-        if self.engine.is_end_of_generation(token):
-            return wait.end()
-        return wait.free(self.engine.piece(token).decode("utf-8", "replace"))
-
-    def event(self, token: int, scored: TokenLogprobs | None = None) -> StreamEvent:
-        """The event of a token chosen by sample, or by speculation's acceptance test (which has
-        told the chain). finish_reason: "stop" at the end of generation or a stop string,
-        "length" at the token limit or a full context."""
-        engine = self.engine
-        grammar = self._grammar
-        now = time.perf_counter()
-        self.generated += 1
-        if self.generated == 1:
-            self.first_token_at = now
-            if self.prefill_s is None:
-                self.prefill_s = now - self.started
-        text = self.text
-        end_of_generation = engine.is_end_of_generation(token)
-        if end_of_generation:
-            released, finish = text.finish(), "stop"
-        else:
-            released, finish = text.push(engine.piece(token)), None
-            if text.matched_stop is not None:
-                finish = "stop"
-            elif self.generated >= self.max_tokens or engine.cached_count(self.seq) >= engine.n_ctx:
-                released, finish = released + text.finish(), "length"
-        logprobs = None
-        if self.logprobs is not None:
-            # The end-of-generation token is no text of the reply: it has no entry.
-            entry = None if end_of_generation else scored
-            logprobs = self._held.release(entry, released, finish, text.matched_stop is not None)
-        return StreamEvent(
-            text=released,
-            token=token,
-            prompt_tokens=self.prompt_tokens,
-            cached_prompt_tokens=self.cached_prompt_tokens,
-            prefill_s=self.prefill_s or 0.0,
-            generation_tokens=self.generated,
-            decode_s=now - self.first_token_at,
-            finish_reason=finish,
-            stop_string=text.matched_stop,
-            seed=self.seed,
-            peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-            grammar_s=grammar.seconds if grammar is not None else 0.0,
-            grammar_resampled=grammar.resampled if grammar is not None else 0,
-            logprobs=logprobs,
-        )
-
-    def close(self) -> None:
-        grammar = getattr(self, "_grammar", None)  # unset where __init__ failed before it
-        if grammar is not None:
-            grammar.close()
-            self._grammar = None
-        if self.sampler is not None:
-            llama.llama_sampler_free(self.sampler)
-            self.sampler = None
 
 
 def _load_failure(path: Path, problems: list[str]) -> ModelLoadError:

@@ -26,7 +26,8 @@ from cli.engine.sampling import SamplingParams
 from cli.errors import SpecOptionError, UsageError
 
 if TYPE_CHECKING:
-    from cli.engine.engine import Engine, SequenceStep
+    from cli.engine.engine import Engine
+    from cli.engine.tokenstep import SequenceStep
 
 SPEC_MODES = ("off", "ngram", "draft")
 NGRAM_LONGEST = 4  # n-grams looked up, longest first: a longer match predicts better
