@@ -77,7 +77,7 @@ def test_template_notes_name_no_option_and_the_commands_add_it():
 
 
 def test_a_load_failure_llama_cpp_gave_no_reason_for_points_to_verbose(tmp_path):
-    from cli.engine.engine import _load_failure
+    from cli.engine.loading import load_failure as _load_failure
     from cli.errors import SilentLoadError
 
     silent = _load_failure(tmp_path / "m.gguf", [])

@@ -1,10 +1,13 @@
 """The one engine: load a GGUF through llama.cpp's C API, prefill, decode, stream events
-(Engine.stream_generate; every command renders what it yields). Nothing here prints or exits."""
+(Engine.stream_generate; every command renders what it yields). Nothing here prints or exits.
+
+Engine is the façade the commands, the server and the scheduler hold; the work is in rooms of
+its own: loading.py (the model), context.py (the llama_context and its warm-up), vocabulary.py
+(tokens and the chat-template glue), kvcache.py (the cells each sequence holds, the prompt
+cache), tokenstep.py (a sampled token's event), samplerchain.py and logprobs.py."""
 
 from __future__ import annotations
 
-import ctypes
-import threading
 import time
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -13,6 +16,7 @@ from typing import Any, Protocol
 import llama_cpp as llama
 import numpy as np
 
+from cli.engine.context import context_params, refuse_impossible_kv_types, warm_up
 from cli.engine.events import StreamEvent, TokenLogprobs
 from cli.engine.freecores import CoreLoad, ThreadJudge, measure_free_cores
 from cli.engine.grammar import GrammarGate
@@ -23,9 +27,9 @@ from cli.engine.kvcache import (
     restore_from_prompt_cache,
 )
 from cli.engine.llamalog import llama_log
-from cli.engine.loading import load_model
+from cli.engine.loading import load_failure, load_with_options, model_meta, refuse_non_gguf
 from cli.engine.logprobs import token_logprobs
-from cli.engine.options import ALL_LAYERS, LoadOptions, context_size
+from cli.engine.options import LoadOptions, context_size
 from cli.engine.reasoning import split_reasoning, think_within_budget
 from cli.engine.sampling import SamplingParams
 from cli.engine.settings import ModelSettings, PromptCache
@@ -38,11 +42,10 @@ from cli.engine.vocabulary import (
     plain_conversation,
     render_chat,
 )
-from cli.errors import ContextOverflowError, KvCacheTypeError, ModelLoadError, SilentLoadError
-from quant.gguf import GGUFError, check_gguf_magic, head_dims
-from quant.kv import QUANTIZED_KV_TYPES, ggml_type, kv_cache_bytes
+from cli.errors import ContextOverflowError, KvCacheTypeError
+from quant.gguf import head_dims
+from quant.kv import kv_cache_bytes
 
-_LLAMA_ALL_LAYERS = 0x7FFFFFFF
 DEFAULT_SAMPLING = SamplingParams()
 NO_SETTINGS = ModelSettings()  # the model's own template, no speculation, cache or logprobs
 
@@ -60,6 +63,8 @@ class Speculator(Protocol):  # cli/engine/speculative.py's
 
 
 class Engine:
+    """A loaded model, its context and its sequences (sequence 0 is stream_generate's)."""
+
     def __init__(
         self,
         path: Path,
@@ -75,78 +80,15 @@ class Engine:
         log = llama_log()
         log.verbose = verbose
         log.drain()
-        try:
-            check_gguf_magic(path)
-        except GGUFError as error:
-            raise ModelLoadError(str(error)) from None
+        refuse_non_gguf(path)
         started = time.perf_counter()
-
-        gpu_layers = _LLAMA_ALL_LAYERS if options.gpu_layers == ALL_LAYERS else options.gpu_layers
-        loaded = load_model(
-            path,
-            gpu_layers=gpu_layers,
-            repack=options.repack,
-            avoid_amx=options.avoid_amx,
-            rpc=options.rpc,
-        )
-        self.rpc = options.rpc
-        self.cpu_path = loaded.cpu_path
+        loaded = load_with_options(path, options)
+        self.path, self.rpc, self.cpu_path = path, options.rpc, loaded.cpu_path
         self._model: Any = loaded.model  # a llama_model pointer; None once freed
-        if not self._model:
-            raise _load_failure(path, log.drain())
-
-        model = self._model
-        self.vocabulary = vocabulary = Vocabulary(model)
-        self.vocab_handle = self._vocab = vocabulary.handle
-        # What the model is, fixed once it is loaded.
-        self.n_layers = llama.llama_model_n_layer(model)
-        self.n_vocab = vocabulary.n_vocab
-        self.architecture = self.meta("general.architecture") or "unknown"
-        self.head_dims = head_dims(lambda key, default: self.meta(key) or default)  # (K, V)
-        # A recurrent state's cells cannot be partly removed.
-        self.is_recurrent = bool(
-            llama.llama_model_is_recurrent(model) or llama.llama_model_is_hybrid(model)
-        )
-        self.add_bos, self.bos_token = vocabulary.add_bos, vocabulary.bos_token
-        self.kv_type_k, self.kv_type_v = options.kv_type_k, options.kv_type_v
-        self._refuse_impossible_kv_types()
-        self.trained_ctx = llama.llama_model_n_ctx_train(self._model)
-        n_ctx = context_size(options.n_ctx, self.trained_ctx)
-        # Automatic (no --threads): one per physical core that other processes leave free,
-        # judged again while decoding (freecores.ThreadJudge).
-        self.thread_judge: ThreadJudge | None = None
-        self.threads = options.threads or self._judge_threads()
-
-        context_params = llama.llama_context_default_params()
-        context_params.n_ctx = n_ctx * options.parallel
-        context_params.n_seq_max = options.parallel
-        context_params.kv_unified = False  # each sequence owns n_ctx cells: no one starves another
-        context_params.n_batch = min(options.n_batch, n_ctx)
-        context_params.n_ubatch = min(options.n_batch, n_ctx)
-        context_params.n_threads = self.threads
-        context_params.n_threads_batch = self.threads
-        context_params.no_perf = False
-        context_params.type_k = ggml_type(options.kv_type_k)
-        context_params.type_v = ggml_type(options.kv_type_v)
-        # llama.cpp needs flash attention to store V quantized; otherwise let it decide.
-        quantized_v = options.kv_type_v in QUANTIZED_KV_TYPES
-        context_params.flash_attn_type = (
-            llama.LLAMA_FLASH_ATTN_TYPE_ENABLED if quantized_v else llama.LLAMA_FLASH_ATTN_TYPE_AUTO
-        )
-        self._ctx = llama.llama_init_from_model(self._model, context_params)
-        if not self._ctx:
-            self.close()
-            raise _load_failure(path, log.drain())
-        self._warm_up()
+        self._read_model(options)
+        self._open_context(options)
         self.load_s = time.perf_counter() - started
 
-        self.path = path
-        self.parallel = options.parallel
-        self.n_ctx = llama.llama_n_ctx_seq(self._ctx)  # positions one sequence can hold
-        self.n_batch = context_params.n_batch
-        self.gpu_layers = (
-            min(options.gpu_layers, self.n_layers) if options.gpu_layers >= 0 else self.n_layers
-        )
         self.kv = KvCache(self._ctx, self.parallel, self.n_ctx, self.n_batch, self._look_at_cores)
         self.restored_tokens = 0  # prompt tokens of the last request loaded from prompt_cache
         self.restore_s = 0.0
@@ -156,8 +98,9 @@ class Engine:
         self.enable_thinking = settings.think  # the template's switch; None: its default
         self.think_budget = settings.think_budget  # reasoning tokens before the block closes
         self.logprobs = settings.logprobs  # the server asks per request (BatchRequest.logprobs)
+        chosen, think = settings.chat_template, settings.think
         self.chat_template, notes = model_template(
-            vocabulary, self.meta, self.architecture, settings.chat_template, family, settings.think
+            self.vocabulary, self.meta, self.architecture, chosen, family, think
         )
         for line in notes:
             self.note(line)
@@ -166,44 +109,47 @@ class Engine:
         )
         self.speculator: Speculator | None = None  # set by cli/engine/speculative.py's attach
 
-    def _warm_up(self) -> None:
-        # As llama.cpp's own tools do at load (common_init_from_params): the first compute of a
-        # process pays one-time costs (buffers and weights first touched) that the first
-        # prompt's TTFT and prefill speed would otherwise carry. The step adds about one decode
-        # step to the load: 0.25-0.3 s on an 8B-class model here, milliseconds on a 135M one.
-        if llama.llama_model_has_encoder(self._model):
-            return  # an encoder-decoder model decodes only after an encode
-        ends = (self.bos_token, self.vocabulary.eos_token)
-        tokens = [token for token in ends if token != llama.LLAMA_TOKEN_NULL] or [0]
-        tokens = tokens[: llama.llama_n_batch(self._ctx)]  # more than a batch aborts llama.cpp
-        array = (llama.llama_token * len(tokens))(*tokens)
+    def _read_model(self, options: LoadOptions) -> None:
+        """What the model is, fixed once it is loaded; KV types its heads cannot hold refused."""
+        model = self._model
+        self.vocabulary = vocabulary = Vocabulary(model)
+        self.vocab_handle = self._vocab = vocabulary.handle
+        self.n_layers = llama.llama_model_n_layer(model)
+        self.n_vocab = vocabulary.n_vocab
+        self.architecture = self.meta("general.architecture") or "unknown"
+        self.head_dims = head_dims(lambda key, default: self.meta(key) or default)  # (K, V)
+        # A recurrent state's cells cannot be partly removed.
+        self.is_recurrent = bool(
+            llama.llama_model_is_recurrent(model) or llama.llama_model_is_hybrid(model)
+        )
+        self.add_bos, self.bos_token = vocabulary.add_bos, vocabulary.bos_token
+        self.gpu_layers = (
+            min(options.gpu_layers, self.n_layers) if options.gpu_layers >= 0 else self.n_layers
+        )
+        self.kv_type_k, self.kv_type_v = options.kv_type_k, options.kv_type_v
+        try:
+            refuse_impossible_kv_types(self.kv_type_k, self.kv_type_v, self.head_dims)
+        except KvCacheTypeError:
+            self.close()
+            raise
 
-        def decode() -> None:
-            # As in llama.cpp, a failed warm-up is not an error: the first prompt's decode
-            # reports it.
-            llama.llama_decode(self._ctx, llama.llama_batch_get_one(array, len(tokens)))
-            llama.llama_synchronize(self._ctx)
-
-        # On a thread of its own, which takes its OpenMP workers with it when it ends. OpenMP
-        # gives each thread that computes a team of its own, and once the process holds more
-        # worker threads than there are cores, every barrier sleeps instead of spinning: a
-        # warm-up on the loading thread, then decoding on quill serve's scheduler thread, made
-        # each batch step wake its threads ~150 times (6% of serve's throughput).
-        warm_up = threading.Thread(target=decode, name="quill-warm-up")
-        warm_up.start()
-        warm_up.join()
-        llama.llama_memory_clear(llama.llama_get_memory(self._ctx), True)
-        llama.llama_perf_context_reset(self._ctx)
-
-    def _refuse_impossible_kv_types(self) -> None:
-        """Quantized KV caches store blocks of 32 values per head: the head size must divide."""
-        for which, cache_type, head_dim in (
-            ("K", self.kv_type_k, self.head_dims[0]),
-            ("V", self.kv_type_v, self.head_dims[1]),
-        ):
-            if cache_type in QUANTIZED_KV_TYPES and head_dim % 32:
-                self.close()
-                raise KvCacheTypeError(cache_type, which, head_dim)
+    def _open_context(self, options: LoadOptions) -> None:
+        """The context of options.parallel sequences, its threads chosen, warmed up."""
+        self.trained_ctx = llama.llama_model_n_ctx_train(self._model)
+        n_ctx = context_size(options.n_ctx, self.trained_ctx)
+        # Automatic (no --threads): one per physical core that other processes leave free,
+        # judged again while decoding (freecores.ThreadJudge).
+        self.thread_judge: ThreadJudge | None = None
+        self.threads = options.threads or self._judge_threads()
+        params = context_params(options, n_ctx, self.threads)
+        self._ctx = llama.llama_init_from_model(self._model, params)
+        if not self._ctx:
+            self.close()
+            raise load_failure(self.path, llama_log().drain())
+        warm_up(self._model, self._ctx, (self.bos_token, self.vocabulary.eos_token))
+        self.parallel = options.parallel
+        self.n_ctx = llama.llama_n_ctx_seq(self._ctx)  # positions one sequence can hold
+        self.n_batch = params.n_batch
 
     @property
     def core_load(self) -> CoreLoad | None:  # the last look's; None: a fixed thread count
@@ -226,15 +172,7 @@ class Engine:
             self.speculator.set_threads(threads)
 
     def meta(self, key: str) -> str | None:
-        size = 256
-        while True:
-            buf = ctypes.create_string_buffer(size)
-            n = llama.llama_model_meta_val_str(self._model, key.encode(), buf, size)
-            if n < 0:
-                return None
-            if n < size:
-                return buf.value.decode("utf-8", errors="replace")
-            size = n + 1
+        return model_meta(self._model, key)
 
     @property
     def kv_cache_bytes(self) -> int:
@@ -551,10 +489,3 @@ class Engine:
 
     def __del__(self) -> None:
         self.close()
-
-
-def _load_failure(path: Path, problems: list[str]) -> ModelLoadError:
-    errors = [p for p in problems if "error" in p.lower() or "fail" in p.lower()] or problems
-    if not errors:
-        return SilentLoadError(f"llama.cpp cannot load {path}: llama.cpp gave no reason")
-    return ModelLoadError(f"llama.cpp cannot load {path}: {'; '.join(errors[-2:])}")

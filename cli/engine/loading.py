@@ -1,5 +1,6 @@
 """The one place where a GGUF becomes a llama.cpp model (tests/test_hardware.py checks that
-nothing else calls llama_model_load_from_file), and the AMX guard every load passes.
+nothing else calls llama_model_load_from_file), and the AMX guard every load passes; a file
+llama.cpp refuses becomes a ModelLoadError with the reasons it logged (load_with_options).
 
 llama.cpp's "extra" CPU weight buffers are CPU_REPACK (weights re-laid for wider SIMD kernels)
 and, on Intel CPUs with AMX, an AMX buffer whose matmul crashes (llama.cpp issue 20824). Turning
@@ -17,14 +18,19 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import llama_cpp as llama
 
 from cli.engine.hardware import GGML_DEVICE_CPU, cpu_has_amx
+from cli.engine.llamalog import llama_log
+from cli.engine.options import ALL_LAYERS, LoadOptions
 from cli.engine.rpc import attach as rpc_devices
+from cli.errors import ModelLoadError, SilentLoadError
 from quant.ggmllib import Signature, declare, ggml_library
-from quant.gguf import GGUFError, read_header
+from quant.gguf import GGUFError, check_gguf_magic, read_header
 
+_LLAMA_ALL_LAYERS = 0x7FFFFFFF  # llama.cpp's n_gpu_layers for every layer
 # ggml_type values (ggml.h) of the types the repack code knows.
 Q4_0, Q8_0, Q2_K, Q4_K, Q5_K, Q6_K, IQ4_NL, MXFP4, Q1_0 = 2, 8, 10, 12, 13, 14, 20, 39, 41
 
@@ -255,3 +261,48 @@ def load_model(
         params.devices = ctypes.cast(devices, ctypes.c_void_p)
     model = llama.llama_model_load_from_file(str(path).encode(), params)
     return LoadedModel(model, params, CpuPath(avoid_amx, repack, plan), overrides, devices)
+
+
+def refuse_non_gguf(path: Path) -> None:
+    """A file that is no GGUF is refused in one line before llama.cpp reads it."""
+    try:
+        check_gguf_magic(path)
+    except GGUFError as error:
+        raise ModelLoadError(str(error)) from None
+
+
+def load_with_options(path: Path, options: LoadOptions) -> LoadedModel:
+    """load_model as options say; a ModelLoadError with llama.cpp's logged reasons where it
+    refuses the file."""
+    gpu_layers = _LLAMA_ALL_LAYERS if options.gpu_layers == ALL_LAYERS else options.gpu_layers
+    loaded = load_model(
+        path,
+        gpu_layers=gpu_layers,
+        repack=options.repack,
+        avoid_amx=options.avoid_amx,
+        rpc=options.rpc,
+    )
+    if not loaded.model:
+        raise load_failure(path, llama_log().drain())
+    return loaded
+
+
+def load_failure(path: Path, problems: list[str]) -> ModelLoadError:
+    """The error of a model or context llama.cpp would not make, from its logged problems."""
+    errors = [p for p in problems if "error" in p.lower() or "fail" in p.lower()] or problems
+    if not errors:
+        return SilentLoadError(f"llama.cpp cannot load {path}: llama.cpp gave no reason")
+    return ModelLoadError(f"llama.cpp cannot load {path}: {'; '.join(errors[-2:])}")
+
+
+def model_meta(model: Any, key: str) -> str | None:
+    """A loaded model's metadata value of key, as text; None where it has none."""
+    size = 256
+    while True:
+        buf = ctypes.create_string_buffer(size)
+        n = llama.llama_model_meta_val_str(model, key.encode(), buf, size)
+        if n < 0:
+            return None
+        if n < size:
+            return buf.value.decode("utf-8", errors="replace")
+        size = n + 1
