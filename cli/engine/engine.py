@@ -171,6 +171,10 @@ class Engine:
         if self.speculator is not None:
             self.speculator.set_threads(threads)
 
+    def _look_at_cores(self) -> None:
+        if self.thread_judge is not None and self.thread_judge.look():
+            self._use_threads(self.thread_judge.threads)  # another process took or freed a core
+
     def meta(self, key: str) -> str | None:
         return model_meta(self._model, key)
 
@@ -181,12 +185,40 @@ class Engine:
         return kv_cache_bytes(self.n_layers, heads, k, cells, self.kv_type_k, self.kv_type_v, v)
 
     @property
+    def llama_version(self) -> str:
+        """The llama.cpp build: a saved state is only valid for the build that wrote it."""
+        return f"llama-cpp-python {llama.__version__}"
+
+    def perf(self) -> dict[str, float]:
+        """llama.cpp's own counters for the last request."""
+        data = llama.llama_perf_context(self._ctx)
+        names = ("t_load_ms", "t_p_eval_ms", "t_eval_ms", "n_p_eval", "n_eval")
+        return {name: getattr(data, name) for name in names}
+
+    def perf_note(self) -> str:
+        return f"llama.cpp perf: {self.perf()}\nCPU path: {self.cpu_path.describe()}"
+
+    @property
     def eog_tokens(self) -> tuple[int, ...]:
         return self.vocabulary.eog_tokens
+
+    def is_end_of_generation(self, token: int) -> bool:
+        return self.vocabulary.is_end_of_generation(token)
 
     def is_special_token(self, text: str) -> bool:
         """Whether text is one control or user-defined token of the vocabulary."""
         return self.vocabulary.is_special_token(text)
+
+    def tokenize(self, text: str) -> list[int]:
+        return self.vocabulary.tokenize(text)
+
+    def respell(self, tokens: Sequence[int], like: Sequence[int]) -> list[int]:
+        """tokens (of a text) led by as many of like as spell the same bytes (Vocabulary's)."""
+        return self.vocabulary.respell(tokens, like)
+
+    def piece(self, token: int, special: bool = False) -> bytes:
+        """The bytes of one token, whatever their length (llama-cpp-python's helper cuts at 32)."""
+        return self.vocabulary.piece(token, special)
 
     def note(self, line: str) -> None:
         """A line for the user (a template fallback), told once through on_note."""
@@ -211,17 +243,6 @@ class Engine:
             self.note(rendered.note)
         return rendered.text
 
-    def tokenize(self, text: str) -> list[int]:
-        return self.vocabulary.tokenize(text)
-
-    def respell(self, tokens: Sequence[int], like: Sequence[int]) -> list[int]:
-        """tokens (of a text) led by as many of like as spell the same bytes (Vocabulary's)."""
-        return self.vocabulary.respell(tokens, like)
-
-    def piece(self, token: int, special: bool = False) -> bytes:
-        """The bytes of one token, whatever their length (llama-cpp-python's helper cuts at 32)."""
-        return self.vocabulary.piece(token, special)
-
     def conversation_text(
         self,
         messages: Sequence[Message],
@@ -240,6 +261,9 @@ class Engine:
         """Whether a reply may start with a reasoning block (a grammar then holds the answer)."""
         return may_open_with_reasoning(self.chat_template)
 
+    def count_tokens(self, messages: Sequence[Message]) -> int:
+        return len(self.tokenize(self.conversation_text(messages)[0]))
+
     # The Backend protocol: this process runs the model, and so does all of it.
     server_url = None
     manages_window = samples_here = reports_runtime = True
@@ -251,9 +275,6 @@ class Engine:
     @property
     def has_chat_template(self) -> bool:
         return self.chat_template is not None
-
-    def count_tokens(self, messages: Sequence[Message]) -> int:
-        return len(self.tokenize(self.conversation_text(messages)[0]))
 
     @property
     def location(self) -> str:
@@ -350,22 +371,6 @@ class Engine:
             output = self.decode(items)[-1]
         return kept, output
 
-    def _load_prompt_cache(self, tokens: Sequence[int]) -> None:
-        # Reset first: a lookup that raises leaves no numbers of the request before.
-        self.restored_tokens, self.restore_s = 0, 0.0
-        restored = restore_from_prompt_cache(self.prompt_cache, self.kv, tokens)
-        self.restored_tokens, self.restore_s = restored
-
-    def keep_prompt_cache(self, always: bool = False) -> None:
-        """Save sequence 0 to the prompt cache if the last request prefilled a long prompt (or,
-        always, if it holds one: a chat leaving)."""
-        keep_in_prompt_cache(self.prompt_cache, self.kv, self.prefilled_tokens, always)
-
-    @property
-    def llama_version(self) -> str:
-        """The llama.cpp build: a saved state is only valid for the build that wrote it."""
-        return f"llama-cpp-python {llama.__version__}"
-
     def sample(
         self,
         sampler: object,
@@ -382,50 +387,6 @@ class Engine:
     def token_logprobs(self, logits: np.ndarray, token: int, top: int) -> TokenLogprobs:
         """token's log-probability under logits, and the top most likely (ties by token id)."""
         return token_logprobs(logits, token, top, self.piece)
-
-    def is_end_of_generation(self, token: int) -> bool:
-        return self.vocabulary.is_end_of_generation(token)
-
-    def cached(self, seq: int = 0) -> list[int]:
-        """The tokens whose KV cells sequence seq holds, in position order (a copy)."""
-        return self.kv.cached(seq)
-
-    def cached_count(self, seq: int = 0) -> int:
-        return self.kv.cached_count(seq)
-
-    def common_prefix(self, seq: int, tokens: Sequence[int]) -> int:
-        """How many leading tokens of tokens sequence seq already holds (nothing changes)."""
-        return self.kv.common_prefix(seq, tokens)
-
-    def keep_prefix(self, seq: int, n: int) -> None:
-        """Keep sequence seq's first n KV cells and free the rest (the one place cells go)."""
-        self.kv.keep_prefix(seq, n)
-
-    def reuse_prefix(self, seq: int, tokens: Sequence[int], decode_at_least: int = 1) -> int:
-        """Keep seq's common prefix with tokens, but the last decode_at_least (one at least, for
-        logits to sample); the number kept."""
-        return self.kv.reuse_prefix(seq, tokens, decode_at_least)
-
-    def sequence_state(self, seq: int = 0) -> bytearray:
-        """Sequence seq's KV cells as llama.cpp serializes them (for restore_sequence)."""
-        return self.kv.sequence_state(seq)
-
-    def restore_sequence(self, seq: int, state: bytes | bytearray, tokens: Sequence[int]) -> bool:
-        """Replace sequence seq's cells with a saved state of tokens; False (seq empty) when
-        llama.cpp refuses it or it holds other than len(tokens) positions."""
-        return self.kv.restore_sequence(seq, state, tokens)
-
-    def forget(self, seq: int) -> None:
-        self.kv.forget(seq)
-
-    def decode(self, items: Sequence[tuple[int, int, bool]]) -> list[int]:
-        """One llama_decode of (sequence, token, wants logits) items, each at its sequence's next
-        position; each item's output index (-1: none). On DecodeError the sequences are empty."""
-        return self.kv.decode(items)
-
-    def _look_at_cores(self) -> None:
-        if self.thread_judge is not None and self.thread_judge.look():
-            self._use_threads(self.thread_judge.threads)  # another process took or freed a core
 
     def output_logits(self, output: int) -> np.ndarray:
         """The logits of one output of the last decode (a copy)."""
@@ -449,21 +410,60 @@ class Engine:
                 rows.append(np.ctypeslib.as_array(pointer, (scored, self.n_vocab)).copy())
         return np.concatenate(rows)
 
+    def decode(self, items: Sequence[tuple[int, int, bool]]) -> list[int]:
+        """One llama_decode of (sequence, token, wants logits) items, each at its sequence's next
+        position; each item's output index (-1: none). On DecodeError the sequences are empty."""
+        return self.kv.decode(items)
+
+    def cached(self, seq: int = 0) -> list[int]:
+        """The tokens whose KV cells sequence seq holds, in position order (a copy)."""
+        return self.kv.cached(seq)
+
+    def cached_count(self, seq: int = 0) -> int:
+        return self.kv.cached_count(seq)
+
     @property
     def cached_tokens(self) -> int:  # sequence 0's positions a next prompt may reuse
         return self.kv.cached_count(0)
 
+    def common_prefix(self, seq: int, tokens: Sequence[int]) -> int:
+        """How many leading tokens of tokens sequence seq already holds (nothing changes)."""
+        return self.kv.common_prefix(seq, tokens)
+
+    def keep_prefix(self, seq: int, n: int) -> None:
+        """Keep sequence seq's first n KV cells and free the rest (the one place cells go)."""
+        self.kv.keep_prefix(seq, n)
+
+    def reuse_prefix(self, seq: int, tokens: Sequence[int], decode_at_least: int = 1) -> int:
+        """Keep seq's common prefix with tokens, but the last decode_at_least (one at least, for
+        logits to sample); the number kept."""
+        return self.kv.reuse_prefix(seq, tokens, decode_at_least)
+
+    def forget(self, seq: int) -> None:
+        self.kv.forget(seq)
+
     def clear_cache(self) -> None:
         self.kv.clear()
 
-    def perf_note(self) -> str:
-        return f"llama.cpp perf: {self.perf()}\nCPU path: {self.cpu_path.describe()}"
+    def sequence_state(self, seq: int = 0) -> bytearray:
+        """Sequence seq's KV cells as llama.cpp serializes them (for restore_sequence)."""
+        return self.kv.sequence_state(seq)
 
-    def perf(self) -> dict[str, float]:
-        """llama.cpp's own counters for the last request."""
-        data = llama.llama_perf_context(self._ctx)
-        names = ("t_load_ms", "t_p_eval_ms", "t_eval_ms", "n_p_eval", "n_eval")
-        return {name: getattr(data, name) for name in names}
+    def restore_sequence(self, seq: int, state: bytes | bytearray, tokens: Sequence[int]) -> bool:
+        """Replace sequence seq's cells with a saved state of tokens; False (seq empty) when
+        llama.cpp refuses it or it holds other than len(tokens) positions."""
+        return self.kv.restore_sequence(seq, state, tokens)
+
+    def _load_prompt_cache(self, tokens: Sequence[int]) -> None:
+        # Reset first: a lookup that raises leaves no numbers of the request before.
+        self.restored_tokens, self.restore_s = 0, 0.0
+        restored = restore_from_prompt_cache(self.prompt_cache, self.kv, tokens)
+        self.restored_tokens, self.restore_s = restored
+
+    def keep_prompt_cache(self, always: bool = False) -> None:
+        """Save sequence 0 to the prompt cache if the last request prefilled a long prompt (or,
+        always, if it holds one: a chat leaving)."""
+        keep_in_prompt_cache(self.prompt_cache, self.kv, self.prefilled_tokens, always)
 
     def close(self) -> None:
         # getattr: close() also runs where __init__ failed before setting everything.
