@@ -168,9 +168,9 @@ def bench(
     }
     if endpoint and replica:
         raise UsageError("--replica measures here, and --endpoint a server: choose one")
-    shared.check_rpc_or_endpoint(rpc, endpoint)
-    if endpoint:
-        rows = _bench_endpoint(endpoint, chosen, grid, api_key)
+    source = shared.model_source(endpoint, api_key, offline, rpc)
+    if source.endpoint:
+        rows = _bench_endpoint(source, chosen, grid)
         _show_bench(rows, chosen or "endpoint", json_output, csv_output, markdown_output, plot)
         return
     if replica:
@@ -233,19 +233,20 @@ def _replica(name: str | None, grid: BenchGrid, offline: bool) -> tuple[str, Pat
 
 
 def _bench_endpoint(
-    endpoint: str, model: str | None, grid: BenchGrid, api_key: str | None
+    source: shared.ModelSource, model: str | None, grid: BenchGrid
 ) -> list[BenchRow]:
-    from cli.api.client import first_model
     from cli.measure.bench import run_endpoint_bench
     from cli.ui import render
 
     if grid.depths != (0,) or grid.kv_types != ("f16",) or grid.threads or grid.batches != (512,):
         raise UsageError("--depth, --kv-type, --threads and --batch are the server's to choose")
-    model = model or first_model(endpoint, api_key) or "default"
+    endpoint = source.endpoint
+    assert endpoint is not None  # a bench on this machine does not come here
+    model = source.served_name(model)
     rows = []
     if grid.prompt_tokens:
         render.info_line("prompt cache off: a distinct prompt per repetition, cache_prompt false")
-    for row in run_endpoint_bench(endpoint, model, grid, api_key):
+    for row in run_endpoint_bench(endpoint, model, grid, source.api_key):
         rows.append(row)
         render.info_line(
             f"{row.test} at {endpoint}: {row.tokens_per_s:.1f} ± {row.tokens_per_s_sd:.1f} tok/s"

@@ -159,24 +159,20 @@ def chat(
             from cli.store.transcripts import saved_model
 
             chosen = saved_model(transcript)
-    shared.check_rpc_or_endpoint(rpc, endpoint)
+    source = shared.model_source(endpoint, api_key, offline, rpc)
     options = shared.load_options(ctx, threads, gpu_layers, kv_type, kv_k, kv_v, rpc)
     template = read_template_option(chat_template)
     settings = ModelSettings(chat_template=template, think=think, spec=speculation)
     if transcript is not None and (not transcript.name or transcript.is_dir()):
         raise UsageError(f"--transcript {transcript} is a directory: give a file such as chat.json")
-    if endpoint:
-        from cli.api.client import first_model
-
-        chosen = chosen or first_model(endpoint, api_key) or "default"
+    if source.endpoint:
+        chosen = source.served_name(chosen)
     if transcript is None:
         label = (chosen if endpoint and chosen else shared.model_label(chosen)).replace("/", "_")
         transcript = chats_dir() / f"{time.strftime('%Y%m%d-%H%M%S')}-{label}.json"
 
     def opener(settings: ModelSettings) -> Callable[[str | None], tuple[str, Backend]]:
-        return lambda name: shared.open_backend(
-            name, endpoint, api_key, options, settings, offline, verbose
-        )
+        return lambda name: shared.open_backend(name, source, options, settings, verbose)
 
     chat_settings = ChatSettings(
         sampling=constrained_sampling(
@@ -188,8 +184,10 @@ def chat(
         on_overflow=on_overflow,
     )
     # A continued transcript's settings stand, but for those typed on this command line.
-    source = invocation.get_parameter_source
-    given = [key for key in RESTORED if getattr(source(key), "name", "DEFAULT") != "DEFAULT"]
+    parameter_source = invocation.get_parameter_source
+    given = [
+        key for key in RESTORED if getattr(parameter_source(key), "name", "DEFAULT") != "DEFAULT"
+    ]
     with contextlib.ExitStack() as held:
         transcript = _hold(transcript, held)
         # A model /model switches to starts without the chat's saved KV cache, the first's.

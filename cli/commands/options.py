@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -262,12 +263,34 @@ def parse_rpc(value: str | None) -> tuple[str, ...]:
     return tuple(endpoints)
 
 
-def check_rpc_or_endpoint(rpc: str | None, endpoint: str | None) -> None:
+@dataclass(frozen=True)
+class ModelSource:
+    """Where run, chat and bench find their model: a server at endpoint (asked with api_key), or
+    this machine (offline: only models already on disk)."""
+
+    endpoint: str | None
+    api_key: str | None
+    offline: bool
+
+    def served_name(self, name: str | None) -> str:
+        """The model to ask the server for: the one named, else the first the server lists."""
+        from cli.api.client import first_model
+
+        assert self.endpoint is not None, "a model on this machine has no server to ask"
+        return name or first_model(self.endpoint, self.api_key) or "default"
+
+
+def model_source(
+    endpoint: str | None, api_key: str | None, offline: bool, rpc: str | None = None
+) -> ModelSource:
+    """The options that say where the model is, refused with --rpc's servers, which hold a model
+    loaded here."""
     if rpc and endpoint:
         raise UsageError(
             "--rpc splits a model loaded here over RPC servers, and --endpoint sends the "
             "request to a server that loads its own: choose one"
         )
+    return ModelSource(endpoint, api_key, offline)
 
 
 def resolve_gpu_layers(requested: int | None, rpc: tuple[str, ...] = ()) -> int:
@@ -378,7 +401,6 @@ def open_model(
     model. The model and its draft are obtained like any model, the template family models.yaml
     names for it comes along, and the engine gets all of it when it is built."""
     from cli.commands.templating import registry_family
-    from cli.commands.wording import note_words
     from cli.engine.opening import open_engine
     from cli.ui import render
 
@@ -399,30 +421,37 @@ def open_model(
             memory = memory_plan(header_on_disk(draft[1]).shape, at_model_ctx)
             render.info_line(f"draft {draft[0]}: {render.memory_line(memory)}")
 
-    def note(line: str) -> None:
-        render.warning_line(note_words(line))
+    family = registry_family(name)
+    return label, open_engine(path, options, settings, verbose, family, draft, warn_note)
 
-    return label, open_engine(path, options, settings, verbose, registry_family(name), draft, note)
+
+def warn_note(note: str) -> None:
+    """A note the engine tells while it opens a model (open_engine's on_note), as a warning line
+    in the options' words."""
+    from cli.commands.wording import note_words
+    from cli.ui import render
+
+    render.warning_line(note_words(note))
 
 
 def open_backend(
     name: str | None,
-    endpoint: str | None,
-    api_key: str | None,
+    source: ModelSource,
     options: LoadOptions | None,  # None with an endpoint
     settings: ModelSettings,
-    offline: bool,
     verbose: bool = False,
 ) -> tuple[str, Backend]:
-    """(label, backend): the model a server at endpoint serves as name (None: its first), else
-    the local model as open_model opens it."""
-    if endpoint:
-        from cli.api.client import RemoteModel, first_model
+    """(label, backend): the model a server at the source's endpoint serves as name (None: its
+    first), else the local model as open_model opens it."""
+    if source.endpoint:
+        from cli.api.client import RemoteModel
 
-        label = name or first_model(endpoint, api_key) or "default"
-        return label, RemoteModel(endpoint, label, api_key, logprobs=settings.logprobs)
+        label = source.served_name(name)
+        return label, RemoteModel(
+            source.endpoint, label, source.api_key, logprobs=settings.logprobs
+        )
     assert options is not None
-    return open_model(name, options, settings, offline, verbose)
+    return open_model(name, options, settings, source.offline, verbose)
 
 
 def stdin_is_terminal() -> bool:

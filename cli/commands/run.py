@@ -150,7 +150,7 @@ def run(
             f"--logprobs cannot go with --spec {spec}: logprobs are read from each token's own "
             "logits, which speculative decoding skips; drop one of them"
         )
-    shared.check_rpc_or_endpoint(rpc, endpoint)
+    source = shared.model_source(endpoint, api_key, offline, rpc)
     if endpoint and (chat_template or think is not None or think_budget is not None):
         raise UsageError(
             "--chat-template, --think and --think-budget apply to a local model; a server "
@@ -187,9 +187,7 @@ def run(
     options = None
     if not endpoint:
         options = shared.load_options(ctx, threads, gpu_layers, kv_type, kv_k, kv_v, rpc)
-    name, backend = shared.open_backend(
-        model, endpoint, api_key, options, settings, offline, verbose
-    )
+    name, backend = shared.open_backend(model, source, options, settings, verbose)
     if not endpoint:  # named as the user named it (the default: its alias)
         name = model or load_registry().default
     raise typer.Exit(run_once(request, name, backend))

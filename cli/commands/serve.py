@@ -288,16 +288,12 @@ class ServeCatalog:
 
     def open(self, label: str, path: Path) -> BatchScheduler:
         from cli.commands.templating import registry_family
-        from cli.commands.wording import note_words
         from cli.engine.batching import BatchScheduler
         from cli.engine.opening import open_engine
-        from cli.ui import render
 
-        def note(line: str) -> None:
-            render.warning_line(note_words(line))
-
+        family = registry_family(label)
         engine = open_engine(
-            path, self.options, self.settings, family=registry_family(label), on_note=note
+            path, self.options, self.settings, family=family, on_note=shared.warn_note
         )
         try:
             return BatchScheduler(engine, max_queued=self.max_queue, park_bytes=self.park_bytes)
