@@ -142,8 +142,7 @@ def bench(
     from cli.ui import render
 
     chosen = shared.model_name(name, model)
-    if sum((json_output, csv_output, markdown_output)) > 1:
-        raise UsageError("choose one of --json, --csv and --markdown")
+    output = shared.output_format(json_output, csv_output, markdown_output)
     grid = BenchGrid(
         prompt_tokens=_numbers(prompt_tokens, "-p/--prompt-tokens") if prompt_tokens != "0" else (),
         gen_tokens=_numbers(gen_tokens, "-n/--gen-tokens") if gen_tokens != "0" else (),
@@ -171,7 +170,7 @@ def bench(
     source = shared.model_source(endpoint, api_key, offline, rpc)
     if source.endpoint:
         rows = _bench_endpoint(source, chosen, grid)
-        _show_bench(rows, chosen or "endpoint", json_output, csv_output, markdown_output, plot)
+        _show_bench(rows, chosen or "endpoint", output, plot)
         return
     if replica:
         label, path = _replica(chosen, grid, offline)
@@ -197,7 +196,7 @@ def bench(
     for limit in dict.fromkeys(row.read_bandwidth for row in rows if row.read_bandwidth):
         render.info_line(limit.describe())
     shown = f"replica of {label}" if replica else label
-    _show_bench(rows, shown, json_output, csv_output, markdown_output, plot)
+    _show_bench(rows, shown, output, plot)
 
 
 def _replica(name: str | None, grid: BenchGrid, offline: bool) -> tuple[str, Path]:
@@ -260,20 +259,15 @@ def _bench_endpoint(
 
 
 def _show_bench(
-    rows: list[BenchRow],
-    label: str,
-    json_output: bool,
-    csv_output: bool,
-    markdown_output: bool,
-    plot: Path | None,
+    rows: list[BenchRow], label: str, output: shared.OutputFormat, plot: Path | None
 ) -> None:
     from cli.ui import benchrender, render
 
-    if json_output:
+    if output.json:
         render.write_stdout(benchrender.json_text(label, rows))
-    elif csv_output:
+    elif output.csv:
         render.write_stdout(benchrender.csv_text(rows))
-    elif markdown_output:
+    elif output.markdown:
         render.write_stdout(benchrender.markdown(rows))
     else:
         benchrender.table(rows)

@@ -293,6 +293,28 @@ def model_source(
     return ModelSource(endpoint, api_key, offline)
 
 
+@dataclass(frozen=True)
+class OutputFormat:
+    """What a command writes on stdout: its text or table for a person (all False), or one
+    format for programs."""
+
+    json: bool = False
+    csv: bool = False
+    markdown: bool = False
+
+
+def output_format(
+    json_output: bool, csv_output: bool | None = None, markdown_output: bool | None = None
+) -> OutputFormat:
+    """The format --json, --csv and --markdown chose (None: an option the command lacks), refused
+    when more than one is given."""
+    offered = {"--json": json_output, "--csv": csv_output, "--markdown": markdown_output}
+    flags = [flag for flag, given in offered.items() if given is not None]
+    if sum(bool(given) for given in offered.values()) > 1:
+        raise UsageError(f"choose one of {', '.join(flags[:-1])} and {flags[-1]}")
+    return OutputFormat(json=json_output, csv=bool(csv_output), markdown=bool(markdown_output))
+
+
 def resolve_gpu_layers(requested: int | None, rpc: tuple[str, ...] = ()) -> int:
     """Layers to offload: all where a GPU or RPC servers can take them, unless asked otherwise;
     0, with a warning that says how to get a GPU build, where nothing can."""

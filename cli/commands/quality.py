@@ -179,8 +179,7 @@ def quant_report(
     kvs = kv_types_option.split(",")
     for kv in kvs:
         shared.kv_types(kv, None, None)
-    if json_output and markdown_output:
-        raise UsageError("choose one of --json and --markdown")
+    output = shared.output_format(json_output, markdown_output=markdown_output)
     text = read_text(file)
     request = shared.model_request(chosen)
     label, source = request.label, shared.obtain_request(request, offline)
@@ -237,7 +236,7 @@ def quant_report(
             f"{row.prefill_tokens_per_s_sd:.0f}, tg {row.decode_tokens_per_s:.1f} ± "
             f"{row.decode_tokens_per_s_sd:.1f} tok/s, {row.threads} threads"
         )
-    if json_output:
+    if output.json:
         report = {
             "model": label,
             "file": str(file),
@@ -246,4 +245,4 @@ def quant_report(
         }
         render.write_stdout(json.dumps(report, indent=1) + "\n")
     else:
-        render.quant_report_table(rows, kv_ctx, markdown=markdown_output)
+        render.quant_report_table(rows, kv_ctx, markdown=output.markdown)
