@@ -142,34 +142,20 @@ def chat(
     from dataclasses import replace
 
     from cli.commands.cache import ChatCacheReport
-    from cli.store.chats import chats_dir, find_transcript
     from cli.store.promptcache import chat_cache
+    from cli.store.transcripts import TranscriptFiles
 
     constraint = build_constraint(schema, schema_multi, json_format, grammar, strict)
     system = system_with_schema(system, constraint)
     speculation = spec_options(spec, draft, draft_tokens, endpoint, constraint)
     if on_overflow not in OVERFLOW_POLICIES:
         raise UsageError(f"--on-overflow takes truncate or error, not {on_overflow!r}")
-    chosen = shared.model_name(name, model)
-    if resume is not None:
-        if transcript is not None:
-            raise UsageError("--resume names the transcript itself: drop --transcript")
-        transcript = find_transcript(resume)
-        if chosen is None and not endpoint:  # as `llm -c` does: the chat's own model
-            from cli.store.transcripts import saved_model
-
-            chosen = saved_model(transcript)
+    chosen, transcript = _resumed(resume, transcript, shared.model_name(name, model), endpoint)
     source = shared.model_source(endpoint, api_key, offline, rpc)
     options = shared.load_options(ctx, threads, gpu_layers, kv_type, kv_k, kv_v, rpc)
     template = read_template_option(chat_template)
     settings = ModelSettings(chat_template=template, think=think, spec=speculation)
-    if transcript is not None and (not transcript.name or transcript.is_dir()):
-        raise UsageError(f"--transcript {transcript} is a directory: give a file such as chat.json")
-    if source.endpoint:
-        chosen = source.served_name(chosen)
-    if transcript is None:
-        label = (chosen if endpoint and chosen else shared.model_label(chosen)).replace("/", "_")
-        transcript = chats_dir() / f"{time.strftime('%Y%m%d-%H%M%S')}-{label}.json"
+    chosen, transcript = _model_and_transcript(chosen, transcript, source)
 
     def opener(settings: ModelSettings) -> Callable[[str | None], tuple[str, Backend]]:
         return lambda name: shared.open_backend(name, source, options, settings, verbose)
@@ -183,18 +169,12 @@ def chat(
         stop=tuple(stop or ()),
         on_overflow=on_overflow,
     )
-    # A continued transcript's settings stand, but for those typed on this command line.
-    parameter_source = invocation.get_parameter_source
-    given = [
-        key for key in RESTORED if getattr(parameter_source(key), "name", "DEFAULT") != "DEFAULT"
-    ]
+    given = _typed_settings(invocation)
     with contextlib.ExitStack() as held:
         transcript = _hold(transcript, held)
         # A model /model switches to starts without the chat's saved KV cache, the first's.
         label, backend = opener(replace(settings, prompt_cache=chat_cache(transcript)))(chosen)
         report = ChatCacheReport(backend, resumed=resume is not None)
-        from cli.store.transcripts import TranscriptFiles
-
         files = TranscriptFiles()
         session = ChatSession(
             backend, label, transcript, system, chat_settings, given, transcripts=files
@@ -208,6 +188,50 @@ def chat(
             report.finish(session.backend)
     if repl.exit_code != EXIT_OK:  # each refusal had its error line when it happened
         raise typer.Exit(repl.exit_code)
+
+
+def _resumed(
+    resume: str | None, transcript: Path | None, chosen: str | None, endpoint: str | None
+) -> tuple[str | None, Path | None]:
+    """(model, transcript) of a chat that --resume continues: the transcript it finds, and the
+    model the chat was held with where no model and no server is given (as `llm -c` does)."""
+    if resume is None:
+        return chosen, transcript
+    from cli.store.chats import find_transcript
+
+    if transcript is not None:
+        raise UsageError("--resume names the transcript itself: drop --transcript")
+    transcript = find_transcript(resume)
+    if chosen is None and not endpoint:
+        from cli.store.transcripts import saved_model
+
+        chosen = saved_model(transcript)
+    return chosen, transcript
+
+
+def _model_and_transcript(
+    chosen: str | None, transcript: Path | None, source: shared.ModelSource
+) -> tuple[str | None, Path]:
+    """The model to open (a server's first where it names none) and the transcript file (by
+    default a new one under chats/, named for the time and the model)."""
+    from cli.store.chats import chats_dir
+
+    if transcript is not None and (not transcript.name or transcript.is_dir()):
+        raise UsageError(f"--transcript {transcript} is a directory: give a file such as chat.json")
+    if source.endpoint:
+        chosen = source.served_name(chosen)
+    if transcript is None:
+        label = chosen if source.endpoint and chosen else shared.model_label(chosen)
+        started = time.strftime("%Y%m%d-%H%M%S")
+        transcript = chats_dir() / f"{started}-{label.replace('/', '_')}.json"
+    return chosen, transcript
+
+
+def _typed_settings(invocation: typer.Context) -> list[str]:
+    """The settings a continued transcript restores that this command line gives again: those
+    stand, the transcript's own for the rest."""
+    source = invocation.get_parameter_source
+    return [key for key in RESTORED if getattr(source(key), "name", "DEFAULT") != "DEFAULT"]
 
 
 def _hold(transcript: Path, held: contextlib.ExitStack) -> Path:
