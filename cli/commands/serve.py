@@ -14,7 +14,10 @@ from cli.commands.templating import ChatTemplateFile, Think, read_template_optio
 from cli.errors import UsageError
 
 if TYPE_CHECKING:
-    from cli.api.pool import PoolAdvice
+    import socket
+
+    from cli.api.http import HttpLimits
+    from cli.api.pool import ModelPool, PoolAdvice
     from cli.engine.batching import BatchScheduler
     from cli.engine.options import LoadOptions
     from cli.engine.settings import ModelSettings
@@ -162,14 +165,11 @@ def serve(
     think: Think = None,
 ) -> None:
     """Serve a model over an OpenAI-compatible HTTP API, batching concurrent requests."""
-    from cli.api.http import HttpLimits, allowed_hosts_for, listen, run_server
-    from cli.api.pool import ModelPool
+    from cli.api.http import run_server
     from cli.api.server import ServerLimits, ServerState
-    from cli.commands.models import available_memory
     from cli.engine.options import context_size
     from cli.engine.settings import ModelSettings
     from cli.ui import render
-    from cli.units import human_bytes
 
     check_api_key(api_key)
     park_bytes = shared.size_option("--cache-ram", cache_ram)
@@ -178,6 +178,9 @@ def serve(
     )
     check_parallel(parallel, ctx)
     max_connections = open_file_room(max_connections)
+    http_limits = _http_limits(
+        host, max_connections, header_timeout, body_timeout, drain_timeout, cors
+    )
     settings = ModelSettings(chat_template=read_template_option(chat_template), think=think)
     keep_alive_s = duration_option("--keep-alive", keep_alive)
     named = list(dict.fromkeys([*(names or []), *([model] if model else [])]))
@@ -188,27 +191,10 @@ def serve(
         named = [shared.model_label(None)]
     files = dict(shared.obtain_model(n, offline) for n in named)
     catalog = ServeCatalog(files, everything, options, settings, max_queue, park_bytes)
-    limit = shared.size_option("--memory-limit", memory_limit) if memory_limit else None
-    pool = ModelPool(
-        catalog,
-        keep_alive_s,
-        max_models,
-        limit if limit is not None else max(room for _, room in available_memory()),
-        on_event=render.info_line,
-        advice=_pool_advice(),
-    )
-    try:
-        sock = listen(host, port)
-    except OSError as error:
-        raise UsageError(
-            f"cannot listen on {host}:{port}: {error.strerror}; choose another --port"
-        ) from None
-    n_ctx = context_size(ctx, None)  # any model's, until one is loaded
-    if named:
-        label = next(iter(files))
-        scheduler = catalog.open(label, files[label])
-        pool.add_loaded(label, scheduler, catalog.memory_bytes(files[label])[0])
-        n_ctx = scheduler.engine.n_ctx
+    pool = _model_pool(catalog, keep_alive_s, max_models, memory_limit)
+    sock = _listen(host, port)
+    # No model named: none is loaded yet, and a request may use any model's context.
+    n_ctx = _open_first_model(catalog, pool) if named else context_size(ctx, None)
     limits = ServerLimits(
         max_body_bytes=max_body,
         max_tokens=max_tokens_limit or n_ctx,
@@ -218,7 +204,31 @@ def serve(
     state = ServerState(
         None, shown, limits, api_key, int(time.time()), on_request=render.info_line, pool=pool
     )
-    http_limits = HttpLimits(
+    if host not in ("127.0.0.1", "localhost", "::1") and not api_key:
+        render.warning_line(
+            f"listening on {host} without --api-key: anyone who can reach this port can use it"
+        )
+    _announce(shown, host, sock.getsockname()[1], n_ctx, options, park_bytes)
+    try:
+        stopped_by = run_server(sock, state, http_limits, verbose=verbose)
+        if stopped_by is not None:
+            render.info_line(f"stopped by {stopped_by}: drained")
+    finally:
+        pool.close()
+
+
+def _http_limits(
+    host: str,
+    max_connections: int,
+    header_timeout: float,
+    body_timeout: float,
+    drain_timeout: float,
+    cors: list[str] | None,
+) -> HttpLimits:
+    """What the server's connections are held to, from serve's options."""
+    from cli.api.http import HttpLimits, allowed_hosts_for
+
+    return HttpLimits(
         max_connections=max_connections,
         header_timeout_s=header_timeout,
         body_timeout_s=body_timeout,
@@ -226,26 +236,64 @@ def serve(
         cors_origins=tuple(cors or ()),
         allowed_hosts=allowed_hosts_for(host),
     )
-    if host not in ("127.0.0.1", "localhost", "::1") and not api_key:
-        render.warning_line(
-            f"listening on {host} without --api-key: anyone who can reach this port can use it"
-        )
-    bound_port = sock.getsockname()[1]
+
+
+def _model_pool(
+    catalog: ServeCatalog, keep_alive_s: float, max_models: int, memory_limit: str | None
+) -> ModelPool:
+    """The pool that loads the catalog's models on demand, within --memory-limit (default: the
+    memory available now)."""
+    from cli.api.pool import ModelPool
+    from cli.commands.models import available_memory
+    from cli.ui import render
+
+    limit = shared.size_option("--memory-limit", memory_limit) if memory_limit else None
+    return ModelPool(
+        catalog,
+        keep_alive_s,
+        max_models,
+        limit if limit is not None else max(room for _, room in available_memory()),
+        on_event=render.info_line,
+        advice=_pool_advice(),
+    )
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    from cli.api.http import listen
+
+    try:
+        return listen(host, port)
+    except OSError as error:
+        raise UsageError(
+            f"cannot listen on {host}:{port}: {error.strerror}; choose another --port"
+        ) from None
+
+
+def _open_first_model(catalog: ServeCatalog, pool: ModelPool) -> int:
+    """Load the first model named, kept in the pool from the start; its context size."""
+    label, path = next(iter(catalog.files.items()))
+    scheduler = catalog.open(label, path)
+    pool.add_loaded(label, scheduler, catalog.memory_bytes(path)[0])
+    return scheduler.engine.n_ctx
+
+
+def _announce(
+    shown: str, host: str, bound_port: int, n_ctx: int, options: LoadOptions, park_bytes: int
+) -> None:
+    """The line that says the server is up and what it serves, and its port in
+    QUILL_SERVE_READY_FILE where that is set."""
+    from cli.ui import render
+    from cli.units import human_bytes
+
     kv = f"KV {options.kv_type_k}/{options.kv_type_v}"
     parked = f" · parked caches up to {human_bytes(park_bytes)}" if park_bytes else ""
     render.info_line(
-        f"quill serve: {shown} on http://{host}:{bound_port}/v1 · {parallel} slots of "
+        f"quill serve: {shown} on http://{host}:{bound_port}/v1 · {options.parallel} slots of "
         f"{n_ctx} tokens · {kv}{parked} · Ctrl-C to stop"
     )
     if os.environ.get("QUILL_SERVE_READY_FILE"):  # tests and scripts learn the port from here
         with open(os.environ["QUILL_SERVE_READY_FILE"], "w") as ready:
             ready.write(str(bound_port))
-    try:
-        stopped_by = run_server(sock, state, http_limits, verbose=verbose)
-        if stopped_by is not None:
-            render.info_line(f"stopped by {stopped_by}: drained")
-    finally:
-        pool.close()
 
 
 class ServeCatalog:
