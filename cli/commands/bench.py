@@ -13,6 +13,7 @@ from cli.commands.speculation import DraftModel, DraftTokens, spec_options
 from cli.errors import UsageError
 
 if TYPE_CHECKING:
+    from cli.engine.speculative import SpecOptions
     from cli.measure.bench import BenchGrid, BenchRow
 
 
@@ -136,10 +137,8 @@ def bench(
     rpc: shared.Rpc = None,
 ) -> None:
     """Measure prefill and decode speed over a grid of lengths, depths, KV types and threads."""
-    from cli.engine.opening import speculate as attach
-    from cli.measure.bench import BenchGrid, run_bench
+    from cli.measure.bench import BenchGrid
     from cli.store.models import read_model
-    from cli.ui import render
 
     chosen = shared.model_name(name, model)
     output = shared.output_format(json_output, csv_output, markdown_output)
@@ -156,15 +155,7 @@ def bench(
         rpc=shared.parse_rpc(rpc),
     )
     _check_grid(grid)
-    # The flags together, as the mode that asks the most of them takes them; then each row's.
-    most = "draft" if "draft" in grid.spec else max(grid.spec, key=lambda mode: mode != "off")
-    spec_options(most, draft, draft_tokens, endpoint)
-    specs = {
-        mode: spec_options(
-            mode, draft if mode == "draft" else None, draft_tokens if mode != "off" else None
-        )
-        for mode in grid.spec
-    }
+    specs = _spec_options(grid, draft, draft_tokens, endpoint)
     if endpoint and replica:
         raise UsageError("--replica measures here, and --endpoint a server: choose one")
     source = shared.model_source(endpoint, api_key, offline, rpc)
@@ -178,6 +169,38 @@ def bench(
         label, path = shared.obtain_model(chosen, offline)
     _check_grid(grid, read_model(path).context_length)
     drafted = shared.obtain_model(draft, offline) if "draft" in specs else None
+    rows = _bench_here(path, grid, specs, drafted, label if replica else None)
+    shown = f"replica of {label}" if replica else label
+    _show_bench(rows, shown, output, plot)
+
+
+def _spec_options(
+    grid: BenchGrid, draft: str | None, draft_tokens: int | None, endpoint: str | None
+) -> dict[str, SpecOptions | None]:
+    """Each --spec mode of the grid with its options, checked before anything loads."""
+    # The flags together, as the mode that asks the most of them takes them; then each row's.
+    most = "draft" if "draft" in grid.spec else max(grid.spec, key=lambda mode: mode != "off")
+    spec_options(most, draft, draft_tokens, endpoint)
+    return {
+        mode: spec_options(
+            mode, draft if mode == "draft" else None, draft_tokens if mode != "off" else None
+        )
+        for mode in grid.spec
+    }
+
+
+def _bench_here(
+    path: Path,
+    grid: BenchGrid,
+    specs: dict[str, SpecOptions | None],
+    drafted: tuple[str, Path] | None,
+    replica_of: str | None,
+) -> list[BenchRow]:
+    """The grid's rows measured on this machine, each said as it is measured (replica_of: the
+    model a replica at path stands for)."""
+    from cli.engine.opening import speculate as attach
+    from cli.measure.bench import run_bench
+    from cli.ui import render
 
     def speculate(engine, mode: str) -> None:
         attach(engine, specs[mode], drafted if mode == "draft" else None)
@@ -186,17 +209,16 @@ def bench(
         render.info_line(f"CPU path: {engine.cpu_path.describe()}")
 
     rows = []
-    of = f" (replica of {label})" if replica else ""
+    of = f" (replica of {replica_of})" if replica_of else ""
     for row in run_bench(path, grid, on_load=name_cpu_path, speculate=speculate):
-        rows.append(replace(row, replica_of=label) if replica else row)
+        rows.append(replace(row, replica_of=replica_of) if replica_of else row)
         render.info_line(
             f"{row.test} @ depth {row.depth}, {row.kv_type}, {row.threads} threads, "
             f"batch {row.batch}: {row.tokens_per_s:.1f} ± {row.tokens_per_s_sd:.1f} tok/s{of}"
         )
     for limit in dict.fromkeys(row.read_bandwidth for row in rows if row.read_bandwidth):
         render.info_line(limit.describe())
-    shown = f"replica of {label}" if replica else label
-    _show_bench(rows, shown, output, plot)
+    return rows
 
 
 def _replica(name: str | None, grid: BenchGrid, offline: bool) -> tuple[str, Path]:
