@@ -5,12 +5,18 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from cli.commands import options as shared
 from cli.errors import Interrupted, UsageError
+
+if TYPE_CHECKING:
+    from cli.engine.options import LoadOptions
+    from cli.measure.perplexity import PerplexityProgress
+    from cli.measure.quantreport import ReportRow, ReportSettings
+    from cli.store.models import ModelRequest
 
 PPL_EPILOG = (
     "Scores the text the way llama.cpp's llama-perplexity does: windows of --ctx tokens, each "
@@ -60,15 +66,9 @@ def perplexity(
 ) -> None:
     """Perplexity of a model over a text file, with its ± error: lower is better, and the change
     against the F16 model is what a quantization costs."""
-    from cli.engine.engine import NO_SETTINGS
-    from cli.engine.opening import open_engine
-    from cli.measure.perplexity import perplexity as score
-    from cli.measure.perplexity import windows_in
     from cli.store.models import read_model
     from cli.ui import render
-    from cli.ui.progress import StepProgress
 
-    last = None
     options = dataclasses.replace(
         shared.load_options(ctx, threads, gpu_layers, kv_type, kv_k, kv_v), n_batch=min(ctx, 2048)
     )
@@ -76,36 +76,13 @@ def perplexity(
     text = read_text(file)
     label, path = shared.obtain_model(shared.model_name(name, model), offline)
     _check_window(ctx, read_model(path).context_length or ctx)
-    try:
-        with open_engine(path, options, NO_SETTINGS, verbose) as engine:
-            tokens = engine.tokenize(text)
-            available = windows_in(len(tokens), ctx)
-            scored = f", scoring the first {chunks}" if chunks and chunks < available else ""
-            render.info_line(
-                f"{file.name}: {len(tokens)} tokens, {available} windows of {ctx}{scored}"
-            )
-            with StepProgress("windows") as progress:
-                for last in score(engine, tokens, ctx, chunks):
-                    progress.update(
-                        last.windows_done,
-                        last.windows,
-                        f"PPL {last.perplexity:.4f} ± {last.error:.4f}",
-                    )
-            threads_used = engine.threads
-    except KeyboardInterrupt:
-        so_far = (
-            ""
-            if last is None
-            else (f" after {last.windows_done} windows: PPL so far {last.perplexity:.4f}")
-        )
-        raise Interrupted(f"interrupted{so_far}") from None
-    assert last is not None
+    last, tokens, threads_used = _score(path, options, text, file.name, ctx, chunks, verbose)
     if json_output:
         result = {
             "model": label,
             "path": str(path),
             "file": str(file),
-            "tokens": len(tokens),
+            "tokens": tokens,
             "window": ctx,
             "windows": last.windows,
             "tokens_scored": last.tokens_scored,
@@ -127,6 +104,52 @@ def perplexity(
         f"{last.seconds:.1f} s, {last.tokens_per_s:.0f} tokens/s evaluated, "
         f"{threads_used} threads, KV {type_k}/{type_v}"
     )
+
+
+def _score(
+    path: Path,
+    options: LoadOptions,
+    text: str,
+    file_name: str,
+    window: int,
+    chunks: int | None,
+    verbose: bool,
+) -> tuple[PerplexityProgress, int, int]:
+    """(the last running estimate, the text's tokens, the threads used): the model at path
+    scores the text, window by window, with a progress bar."""
+    from cli.engine.engine import NO_SETTINGS
+    from cli.engine.opening import open_engine
+    from cli.measure.perplexity import perplexity as score
+    from cli.measure.perplexity import windows_in
+    from cli.ui import render
+    from cli.ui.progress import StepProgress
+
+    last = None
+    try:
+        with open_engine(path, options, NO_SETTINGS, verbose) as engine:
+            tokens = engine.tokenize(text)
+            available = windows_in(len(tokens), window)
+            scored = f", scoring the first {chunks}" if chunks and chunks < available else ""
+            render.info_line(
+                f"{file_name}: {len(tokens)} tokens, {available} windows of {window}{scored}"
+            )
+            with StepProgress("windows") as progress:
+                for last in score(engine, tokens, window, chunks):
+                    progress.update(
+                        last.windows_done,
+                        last.windows,
+                        f"PPL {last.perplexity:.4f} ± {last.error:.4f}",
+                    )
+            threads_used = engine.threads
+    except KeyboardInterrupt:
+        so_far = (
+            ""
+            if last is None
+            else (f" after {last.windows_done} windows: PPL so far {last.perplexity:.4f}")
+        )
+        raise Interrupted(f"interrupted{so_far}") from None
+    assert last is not None
+    return last, len(tokens), threads_used
 
 
 def quant_report(
@@ -165,14 +188,10 @@ def quant_report(
     """Which quant should I use on this machine? Quantizes the model to each weight type, then
     measures size, perplexity and its change against F16, prefill and decode speed and KV bytes
     for each KV-cache type."""
-    from cli.engine.hardware import physical_cores
-    from cli.measure.quantreport import ReportSettings, measure
-    from cli.store.making import make_quantized, target_type
-    from cli.store.models import ModelRequest, parse_model_name, read_model
-    from cli.store.registry import load_registry
+    from cli.measure.quantreport import ReportSettings
+    from cli.store.making import target_type
+    from cli.store.models import read_model
     from cli.ui import render
-    from cli.ui.progress import StepProgress
-    from quant.quantize import FLOAT_FILE_TYPES, source_file_type
 
     chosen = shared.model_name(name, model)
     weights = [target_type(t) for t in types.split(",")]
@@ -184,6 +203,45 @@ def quant_report(
     request = shared.model_request(chosen)
     label, source = request.label, shared.obtain_request(request, offline)
     _check_window(ctx, read_model(source).context_length or ctx)
+    models = _quantized_models(request, source, weights, threads)
+    settings = ReportSettings(
+        weight_types=tuple(weights),
+        kv_types=tuple(kvs),
+        window=ctx,
+        max_windows=chunks,
+        prompt_tokens=prompt_tokens,
+        gen_tokens=gen_tokens,
+        repetitions=repetitions,
+        kv_ctx=kv_ctx,
+        threads=threads,
+    )
+    rows = _measured_rows(models, text, settings)
+    if output.json:
+        report = {
+            "model": label,
+            "file": str(file),
+            "settings": settings.__dict__,
+            "rows": [row.as_dict() for row in rows],
+        }
+        render.write_stdout(json.dumps(report, indent=1) + "\n")
+    else:
+        render.quant_report_table(rows, kv_ctx, markdown=output.markdown)
+
+
+def _quantized_models(
+    request: ModelRequest, source: Path, weights: list[str], threads: int | None
+) -> list[tuple[str, Path]]:
+    """(weight type, file) for each of weights, made with a progress bar: the first is the
+    baseline, the source itself when it is of that type; the others are quantized from it."""
+    from cli.engine.hardware import physical_cores
+    from cli.store.making import make_quantized
+    from cli.store.models import parse_model_name
+    from cli.store.registry import load_registry
+    from cli.ui import render
+    from cli.ui.progress import StepProgress
+    from quant.quantize import FLOAT_FILE_TYPES, source_file_type
+
+    label = request.label
     registry = load_registry()
     quantize_threads = threads or physical_cores()
     file_type, _ = source_file_type(source)
@@ -201,24 +259,21 @@ def quant_report(
             )  # fmt: skip
             return Path(made.result.output)
 
-        # The first type is the baseline (the source itself when it is of that type); the others
-        # are quantized from it.
         same = FLOAT_FILE_TYPES.get(file_type) == weights[0]
         baseline = source if same else quantized(request, source, weights[0])
         from_baseline = parse_model_name(str(baseline), registry)
         models = [(weights[0], baseline)]
         models += [(target, quantized(from_baseline, baseline, target)) for target in weights[1:]]
-    settings = ReportSettings(
-        weight_types=tuple(weights),
-        kv_types=tuple(kvs),
-        window=ctx,
-        max_windows=chunks,
-        prompt_tokens=prompt_tokens,
-        gen_tokens=gen_tokens,
-        repetitions=repetitions,
-        kv_ctx=kv_ctx,
-        threads=threads,
-    )
+    return models
+
+
+def _measured_rows(
+    models: list[tuple[str, Path]], text: str, settings: ReportSettings
+) -> list[ReportRow]:
+    """The report's rows, each said as it is measured."""
+    from cli.measure.quantreport import measure
+    from cli.ui import render
+
     cache: dict[str, list[int]] = {}
 
     def tokens_for(engine) -> list[int]:
@@ -236,13 +291,4 @@ def quant_report(
             f"{row.prefill_tokens_per_s_sd:.0f}, tg {row.decode_tokens_per_s:.1f} ± "
             f"{row.decode_tokens_per_s_sd:.1f} tok/s, {row.threads} threads"
         )
-    if output.json:
-        report = {
-            "model": label,
-            "file": str(file),
-            "settings": settings.__dict__,
-            "rows": [row.as_dict() for row in rows],
-        }
-        render.write_stdout(json.dumps(report, indent=1) + "\n")
-    else:
-        render.quant_report_table(rows, kv_ctx, markdown=output.markdown)
+    return rows
