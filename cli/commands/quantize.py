@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from cli.commands.options import JsonOutput, Offline, Threads
+
+if TYPE_CHECKING:
+    from cli.store.models import ModelRequest
+    from cli.store.registry import Registry
 
 
 def quantize(
@@ -39,47 +43,17 @@ def quantize(
     into F16 (it cannot restore the precision already lost)."""
     import json
 
-    from cli.commands.options import obtain_request
     from cli.engine.hardware import physical_cores
     from cli.engine.llamalog import llama_log
-    from cli.errors import ModelNotFoundError
     from cli.store.making import make_quantized, target_type
-    from cli.store.models import parse_model_name
     from cli.store.registry import load_registry
     from cli.ui import render
     from cli.ui.progress import StepProgress
     from cli.units import human_bytes
-    from quant.quantize import FLOAT_FILE_TYPES
 
     target = target_type(to)
     registry = load_registry()
-    request = parse_model_name(name, registry)
-    entry = registry.models.get(name)  # an alias with no tag: its default tag
-    floats = FLOAT_FILE_TYPES.values()
-    # The smallest float file first: f16, then bf16, then f32.
-    float_tag = next((tag for tag in ("f16", "bf16", "f32") if entry and tag in entry.tags), None)
-    if (
-        entry is not None
-        and float_tag
-        and not allow_requantize
-        and target not in floats
-        and entry.default_tag not in floats
-    ):
-        # The default file is quantized: start from the registry's float file of the same
-        # model, so that the weights are rounded once, as a user asking for NAME at int8 means.
-        render.info_line(
-            f"{name}'s default file is {entry.default_tag}; quantizing from {name}:{float_tag}"
-        )
-        request = parse_model_name(f"{name}:{float_tag}", registry)
-        try:
-            source = obtain_request(request, offline)
-        except ModelNotFoundError as error:
-            raise ModelNotFoundError(
-                f"{error}; or pass --allow-requantize to quantize the {entry.default_tag} file "
-                "(its weights are then rounded twice)"
-            ) from None
-    else:
-        source = obtain_request(request, offline)
+    request, source = _source_model(name, target, registry, allow_requantize, offline)
     threads = threads or physical_cores()
     llama_log().verbose = verbose
     with StepProgress("tensors") as progress:
@@ -111,3 +85,42 @@ def quantize(
         f"({result.ratio:.3f}), {result.bits_per_weight:.2f} bits per weight, "
         f"{result.seconds:.1f} s with {result.threads} threads -> {result.output}"
     )
+
+
+def _source_model(
+    name: str, target: str, registry: Registry, allow_requantize: bool, offline: bool
+) -> tuple[ModelRequest, Path]:
+    """(request, local file) of the model to quantize: NAME's own file, or, where NAME is an
+    alias whose default file is quantized and the registry has a float file of it, that."""
+    from cli.commands.options import obtain_request
+    from cli.errors import ModelNotFoundError
+    from cli.store.models import parse_model_name
+    from cli.ui import render
+    from quant.quantize import FLOAT_FILE_TYPES
+
+    request = parse_model_name(name, registry)
+    entry = registry.models.get(name)  # an alias with no tag: its default tag
+    floats = FLOAT_FILE_TYPES.values()
+    # The smallest float file first: f16, then bf16, then f32.
+    float_tag = next((tag for tag in ("f16", "bf16", "f32") if entry and tag in entry.tags), None)
+    if (
+        entry is not None
+        and float_tag
+        and not allow_requantize
+        and target not in floats
+        and entry.default_tag not in floats
+    ):
+        # The default file is quantized: start from the registry's float file of the same
+        # model, so that the weights are rounded once, as a user asking for NAME at int8 means.
+        render.info_line(
+            f"{name}'s default file is {entry.default_tag}; quantizing from {name}:{float_tag}"
+        )
+        request = parse_model_name(f"{name}:{float_tag}", registry)
+        try:
+            return request, obtain_request(request, offline)
+        except ModelNotFoundError as error:
+            raise ModelNotFoundError(
+                f"{error}; or pass --allow-requantize to quantize the {entry.default_tag} file "
+                "(its weights are then rounded twice)"
+            ) from None
+    return request, obtain_request(request, offline)
