@@ -333,11 +333,11 @@ class Engine:
         step = SequenceStep(
             self, prompt_tokens, max_tokens, sampling, stop, cached, started, logprobs=self.logprobs
         )
-        # llama_decode may return while an asynchronous backend (a GPU, RPC servers) still
-        # computes: the prefill ends when its results are in.
-        llama.llama_synchronize(self._ctx)
-        step.prefill_s = time.perf_counter() - started
         try:
+            # llama_decode may return while an asynchronous backend (a GPU, RPC servers) still
+            # computes: the prefill ends when its results are in.
+            llama.llama_synchronize(self._ctx)
+            step.prefill_s = time.perf_counter() - started
             # A grammar's state follows each sampled token: speculation's acceptance test reads
             # the plain chain's probabilities and would bypass it, so constrained replies decode
             # one token at a time. Logprobs are read from each token's own logits: the same.

@@ -92,16 +92,16 @@ class SequenceStep:
         self._grammar: GrammarGate | None = None  # each sequence its own grammar state
         self._wait: ReasoningWait | None = None
         if sampling.grammar:
-            try:
+            try:  # the sampler chain and the grammar are freed if what follows them fails
                 self._grammar = GrammarGate(
                     engine.vocab_handle, sampling.grammar, engine.n_vocab, kept_after_mask(sampling)
                 )
-            except Exception:
+                if engine.reasoning_may_open:
+                    tail = b"".join(engine.piece(t, special=True) for t in prompt_tokens[-8:])
+                    self._wait = ReasoningWait(tail.decode("utf-8", "replace"))
+            except BaseException:
                 self.close()
                 raise
-            if engine.reasoning_may_open:
-                tail = b"".join(engine.piece(t, special=True) for t in prompt_tokens[-8:])
-                self._wait = ReasoningWait(tail.decode("utf-8", "replace"))
         self.text = TextStream(stop)
         self.generated = 0
         self.prefill_s: float | None = None  # None: until the first token, measured from started
