@@ -131,3 +131,22 @@ def test_quant_names_load_on_first_use():
     assert quant.plan is memory.plan and quant.parse_size("1KiB") == 1024
     with pytest.raises(AttributeError, match="no attribute 'nothing'"):
         _ = quant.nothing
+
+
+@pytest.mark.parametrize(("host", "warned"), [("127.0.0.2", False), ("0.0.0.0", True)])
+def test_serve_warns_of_a_keyless_server_only_beyond_loopback(
+    tiny_path, quill_home, tmp_path, host, warned
+):
+    """127.0.0.2 is loopback (the Host check treats it so): no warning there, where the warning
+    once knew only 127.0.0.1, localhost and ::1."""
+    process, _ = start_server(quill_home, tmp_path, str(tiny_path), "--host", host, "--ctx", "256")
+    process.terminate()
+    _, stderr = process.communicate(timeout=30)
+    assert ("without --api-key: anyone who can reach this port" in stderr) == warned, stderr
+
+
+def test_serve_refuses_a_bad_memory_limit_before_fetching_a_model(runner):
+    """--memory-limit is read with the other options, not after the models are downloaded."""
+    result = runner.invoke(app, ["serve", "no-such-model", "--memory-limit", "12XB", "--offline"])
+    assert result.exit_code == 2, result.stderr
+    assert "--memory-limit" in result.stderr and "no-such-model" not in result.stderr

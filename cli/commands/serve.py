@@ -173,6 +173,7 @@ def serve(
 
     check_api_key(api_key)
     park_bytes = shared.size_option("--cache-ram", cache_ram)
+    limit = shared.size_option("--memory-limit", memory_limit) if memory_limit else None
     options = shared.load_options(
         ctx, threads, gpu_layers, kv_type, kv_k, kv_v, rpc, parallel=parallel
     )
@@ -191,7 +192,7 @@ def serve(
         named = [shared.model_label(None)]
     files = dict(shared.obtain_model(n, offline) for n in named)
     catalog = ServeCatalog(files, everything, options, settings, max_queue, park_bytes)
-    pool = _model_pool(catalog, keep_alive_s, max_models, memory_limit)
+    pool = _model_pool(catalog, keep_alive_s, max_models, limit)
     sock = _listen(host, port)
     # No model named: none is loaded yet, and a request may use any model's context.
     n_ctx = _open_first_model(catalog, pool) if named else context_size(ctx, None)
@@ -204,7 +205,7 @@ def serve(
     state = ServerState(
         None, shown, limits, api_key, int(time.time()), on_request=render.info_line, pool=pool
     )
-    if host not in ("127.0.0.1", "localhost", "::1") and not api_key:
+    if http_limits.allowed_hosts is None and not api_key:  # not bound to a loopback address
         render.warning_line(
             f"listening on {host} without --api-key: anyone who can reach this port can use it"
         )
@@ -239,7 +240,7 @@ def _http_limits(
 
 
 def _model_pool(
-    catalog: ServeCatalog, keep_alive_s: float, max_models: int, memory_limit: str | None
+    catalog: ServeCatalog, keep_alive_s: float, max_models: int, limit: int | None
 ) -> ModelPool:
     """The pool that loads the catalog's models on demand, within --memory-limit (default: the
     memory available now)."""
@@ -247,7 +248,6 @@ def _model_pool(
     from cli.commands.models import available_memory
     from cli.ui import render
 
-    limit = shared.size_option("--memory-limit", memory_limit) if memory_limit else None
     return ModelPool(
         catalog,
         keep_alive_s,
