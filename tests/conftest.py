@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -291,8 +293,69 @@ def runner() -> CliRunner:
     return CliRunner()
 
 
+# quill's console script, beside the Python that runs the tests (the venv the README makes).
+QUILL = str(Path(sys.executable).with_name("quill"))
+KEY = "test-key"  # the --api-key of the servers the tests start
+
+
 def quill_env(quill_home: Path, **extra: str) -> dict[str, str]:
     """Environment for quill in a real subprocess."""
     env = dict(os.environ, QUILL_HOME=str(quill_home), HF_HUB_OFFLINE="1")
     env.update(extra)
     return env
+
+
+def hub_env(hub_url: str, quill_home: Path, **extra: str) -> dict[str, str]:
+    """quill_env for a quill that reaches the Hub at hub_url (tests/hubserver.py's), online."""
+    env = quill_env(quill_home, HF_ENDPOINT=hub_url, HF_HOME=str(quill_home / "hf"))
+    env.pop("HF_HUB_OFFLINE")
+    env.update(extra)
+    return env
+
+
+def run_quill(
+    quill_home: Path,
+    *args: str,
+    env: dict[str, str] | None = None,
+    timeout: float = 120,
+    text: bool = True,
+    preexec_fn: Callable[[], None] | None = None,
+) -> subprocess.CompletedProcess:
+    """`quill ARGS` in a real process, output captured; env: the whole environment (default:
+    quill_env(quill_home))."""
+    return subprocess.run(
+        [QUILL, *args],
+        env=env if env is not None else quill_env(quill_home),
+        capture_output=True,
+        text=text,
+        timeout=timeout,
+        preexec_fn=preexec_fn,
+    )
+
+
+def start_server(
+    quill_home: Path,
+    tmp_path: Path,
+    *args: str,
+    stdout: int = subprocess.DEVNULL,
+    preexec_fn: Callable[[], None] | None = None,
+    **env: str,
+) -> tuple[subprocess.Popen, str]:
+    """`quill serve --port 0 ARGS`, once it says which port it took (stdout: PIPE to check
+    nothing reaches it; preexec_fn: limits for the child; env: more environment)."""
+    ready = tmp_path / f"port-{time.monotonic_ns()}"
+    process = subprocess.Popen(
+        [QUILL, "serve", "--port", "0", *args],
+        env=quill_env(quill_home, QUILL_SERVE_READY_FILE=str(ready), **env),
+        stdout=stdout,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=preexec_fn,
+    )
+    deadline = time.monotonic() + 60
+    while not ready.exists() or not ready.read_text():
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            pytest.fail(f"quill serve did not start: {process.stderr.read()}")
+        time.sleep(0.1)
+    return process, f"http://127.0.0.1:{ready.read_text()}"

@@ -151,7 +151,7 @@ def test_help_states_the_batch_and_threads_bench_uses(runner, tiny_path):
 
 @pytest.fixture(scope="module")
 def tiny_server(tiny_path, quill_home, tmp_path_factory):
-    from test_serve import KEY, start_server
+    from conftest import KEY, start_server
 
     process, url = start_server(
         quill_home, tmp_path_factory.mktemp("serve-bench"), str(tiny_path), "--api-key", KEY

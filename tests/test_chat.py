@@ -4,19 +4,16 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pexpect
 import pytest
 
-from conftest import quill_env
+from conftest import QUILL, quill_env
 
-QUILL = shutil.which("quill") or str(Path(sys.executable).with_name("quill"))
 PROMPT = ">>> "
 STATS = re.compile(r"prefill (\d+) new tokens \((\d+) cached\)")
 BRIEF = "You are a helpful assistant. Answer briefly."
@@ -280,9 +277,9 @@ def test_model_in_a_chat_with_an_endpoint_asks_the_server(runner, tiny_path, qui
     """/model NAME in a chat with --endpoint names the server's model, as ollama's /load asks its
     server: no local model opens (no-such-model would be a download refused offline), the server
     answers for the name, and its own name brings replies back."""
-    from test_serve import start_server
-
     from cli.app import app
+
+    from conftest import start_server
 
     process, url = start_server(quill_home, tmp_path, str(tiny_path), "--ctx", "256", "-np", "1")
     transcript = tmp_path / "remote.json"

@@ -7,7 +7,6 @@ import json
 import re
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pexpect
@@ -16,9 +15,8 @@ from test_chat import PROMPT, say
 
 from cli.store.promptcache import files
 
-from conftest import quill_env
+from conftest import QUILL, quill_env
 
-QUILL = str(Path(sys.executable).with_name("quill"))
 STATS = re.compile(r"prefill (\d+) new tokens \((\d+) cached\)")
 FIRST = "Describe a lighthouse keeper's day in four sentences."
 SECOND = "Now describe the night."

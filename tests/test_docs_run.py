@@ -20,15 +20,13 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from test_docs import COMMANDS, ROOT
 
-from conftest import quill_env
+from conftest import QUILL, quill_env
 
-QUILL = str(Path(sys.executable).with_name("quill"))
 LONG = {"bench", "quant-report"}
 SKIP = {
     "gemma3-270m": "downloads Gemma 3 270M (240 MB) from the package index",

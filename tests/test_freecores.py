@@ -17,7 +17,6 @@ import pexpect
 import psutil
 import pytest
 from test_chat import PROMPT, spawn
-from test_serve import start_server
 
 from cli.app import app
 from cli.engine import freecores
@@ -27,6 +26,8 @@ from cli.engine.opening import open_engine
 from cli.engine.options import LoadOptions
 from cli.engine.settings import ModelSettings
 from cli.engine.speculative import SpecOptions
+
+from conftest import start_server
 
 SPIN = "import time\nend = time.monotonic() + 120\nwhile time.monotonic() < end: pass\n"
 LOGICAL, PHYSICAL = psutil.cpu_count(logical=True) or 1, physical_cores()

@@ -12,7 +12,6 @@ import json
 import re
 import resource
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,9 +22,8 @@ import pytest
 from cli.engine import gbnf
 from cli.engine.gbnf import GrammarError, safe_grammar
 
-from conftest import quill_env
+from conftest import quill_env, run_quill
 
-QUILL = str(Path(sys.executable).with_name("quill"))
 MEMORY_LIMIT = 3 << 30  # address space a quill process under test may have
 EMPTY_SET = "root ::= [^\\x00-\\U0010FFFF]"
 HUGE_SCHEMAS = [
@@ -41,15 +39,10 @@ def limited() -> None:
     resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
 
 
-def run_quill(quill_home: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [QUILL, *args],
-        env=quill_env(quill_home, OMP_WAIT_POLICY="passive"),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        preexec_fn=limited,
-    )
+def run_limited(quill_home: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """`quill ARGS` within MEMORY_LIMIT, its OpenMP threads not spinning."""
+    env = quill_env(quill_home, OMP_WAIT_POLICY="passive")
+    return run_quill(quill_home, *args, env=env, timeout=timeout, preexec_fn=limited)
 
 
 # --- the checker, without a model ------------------------------------------------------------
@@ -93,7 +86,7 @@ def test_large_bounds_are_a_few_rules_and_small_ones_stay_native():
 @pytest.mark.parametrize("schema", HUGE_SCHEMAS, ids=["maxLength", "pattern", "max1e9", "min1e9"])
 def test_run_with_a_huge_bound_stays_small_and_alive(tiny_path, quill_home, schema):
     started = time.monotonic()
-    done = run_quill(
+    done = run_limited(
         quill_home, "run", "-m", str(tiny_path), "--schema", json.dumps(schema),
         "--max-tokens", "16", "--seed", "1", "--no-stats", "Say",
     )  # fmt: skip
@@ -109,7 +102,7 @@ def test_run_with_a_grammar_that_matches_nothing_is_exit_2_and_stdout_stays_empt
 ):
     grammar = tmp_path / "empty.gbnf"
     grammar.write_text(EMPTY_SET + "\n")
-    done = run_quill(quill_home, "run", "-m", str(tiny_path), "--grammar", str(grammar), "Say")
+    done = run_limited(quill_home, "run", "-m", str(tiny_path), "--grammar", str(grammar), "Say")
     assert done.returncode == 2, (done.returncode, done.stdout[-500:], done.stderr[-500:])
     assert done.stdout == ""
     lines = done.stderr.strip().splitlines()
@@ -121,7 +114,7 @@ def test_run_with_a_grammar_that_matches_nothing_is_exit_2_and_stdout_stays_empt
 
 @pytest.fixture(scope="module")
 def limited_server(tiny_path, quill_home, tmp_path_factory) -> Iterator[tuple]:
-    from test_serve import start_server
+    from conftest import start_server
 
     process, url = start_server(
         quill_home, tmp_path_factory.mktemp("grammar-serve"),
@@ -189,7 +182,7 @@ def test_a_dead_end_ends_the_reply_not_the_process(tiny_path, quill_home, tmp_pa
     llama.cpp would abort on the next accept; quill ends the reply with exit 7."""
     grammar = tmp_path / "dead.gbnf"
     grammar.write_text('root ::= "a" <[4000000000]>\n')
-    done = run_quill(
+    done = run_limited(
         quill_home, "run", "-m", str(tiny_path), "--grammar", str(grammar), "--no-stats", "Say"
     )
     assert done.returncode == 7, (done.returncode, done.stderr[-1000:])

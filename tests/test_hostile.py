@@ -14,17 +14,15 @@ import time
 from pathlib import Path
 
 import httpx2 as httpx
-from test_serve import start_server
 
 from cli.app import app
 from cli.engine.engine import Engine, LoadOptions
 from cli.engine.sampling import SamplingParams
 from cli.store.models import sha256_of
 
-from conftest import quill_env
+from conftest import QUILL, quill_env, start_server
 from pipindex import Index, pip_environment, serve_index
 
-QUILL = str(Path(sys.executable).with_name("quill"))
 GREEDY = SamplingParams(temperature=0)
 
 

@@ -14,7 +14,6 @@ import httpx2 as httpx
 import numpy as np
 import openai
 import pytest
-from test_serve import KEY, QUILL, start_server
 
 from cli.app import app
 from cli.engine.engine import Engine, LoadOptions
@@ -23,7 +22,7 @@ from cli.engine.logprobs import log_softmax
 from cli.engine.sampling import SamplingParams
 from cli.engine.tokenstep import SequenceStep
 
-from conftest import quill_env
+from conftest import KEY, QUILL, quill_env, start_server
 
 GREEDY = SamplingParams(temperature=0)
 QUESTION = [{"role": "user", "content": "Name three colours of the rainbow."}]

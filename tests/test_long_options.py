@@ -6,11 +6,10 @@ from __future__ import annotations
 import json
 
 import httpx2 as httpx
-from test_serve import start_server
 
 from cli.app import app
 
-from conftest import PPL_TEXT
+from conftest import PPL_TEXT, start_server
 
 PROMPT = "Name three primary colors."
 

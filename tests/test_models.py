@@ -7,7 +7,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -20,11 +19,8 @@ from cli.store.hub import RESUME_CHUNK
 from cli.store.models import ModelRequest, obtain, parse_model_name, sha256_of
 from cli.store.registry import load_registry
 
-from conftest import quill_env
+from conftest import QUILL, hub_env, quill_env, run_quill
 from tinymodel import write_tiny_llama
-
-QUILL = str(Path(sys.executable).parent / "quill")
-
 
 CHUNK = RESUME_CHUNK  # downloads reach the disk a chunk at a time, so resumes start at one
 
@@ -60,12 +56,8 @@ def hub(tiny_path, tmp_path, big_file):
 
 
 def quill(hub: Hub, home: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    environment = quill_env(home, HF_ENDPOINT=hub.url, HF_HOME=str(home / "hf"))
-    environment.pop("HF_HUB_OFFLINE")
-    environment.update(env)
-    return subprocess.run(
-        [QUILL, *args], capture_output=True, text=True, env=environment, timeout=120
-    )
+    """`quill ARGS` with the Hub at hub."""
+    return run_quill(home, *args, env=hub_env(hub.url, home, **env))
 
 
 def blob_dir(home: Path, repo: str) -> Path:

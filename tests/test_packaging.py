@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import re
 import subprocess
-import sys
 from pathlib import Path
+
+from conftest import QUILL
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -36,10 +37,9 @@ def test_readme_has_exactly_two_setup_commands_and_ci_runs_only_the_readmes_comm
 
 
 def test_console_script_help_lists_run_and_the_exit_codes():
-    quill = Path(sys.executable).parent / "quill"
-    top = subprocess.run([str(quill), "--help"], capture_output=True, text=True, check=True)
+    top = subprocess.run([QUILL, "--help"], capture_output=True, text=True, check=True)
     assert "run" in top.stdout
-    run = subprocess.run([str(quill), "run", "--help"], capture_output=True, text=True, check=True)
+    run = subprocess.run([QUILL, "run", "--help"], capture_output=True, text=True, check=True)
     for flag in ("--model", "--max-tokens", "--stop", "--ctx", "--gpu-layers", "--json", "--raw"):
         assert flag in run.stdout
     assert "130 interrupted" in " ".join(run.stdout.split())

@@ -10,16 +10,14 @@ import sys
 import time
 from pathlib import Path
 
-from conftest import quill_env
+from conftest import QUILL, quill_env, run_quill
 
-QUILL = str(Path(sys.executable).parent / "quill")
 PROMPT = "Write an essay about the sea."
 
 
 def quill(home: Path, *args: str, **env: str) -> subprocess.CompletedProcess[bytes]:
-    return subprocess.run(
-        [QUILL, "run", *args], capture_output=True, env=quill_env(home, **env), timeout=120
-    )
+    """`quill run ARGS`, its output as bytes (what a pipe carries)."""
+    return run_quill(home, "run", *args, env=quill_env(home, **env), text=False)
 
 
 def as_line(text: str) -> str:

@@ -140,7 +140,8 @@ def test_keep_prefix_frees_only_the_cells_past_it(smollm2_path, parallel):
 
 def test_the_server_reports_reuse_through_the_openai_client(smollm2_path, quill_home, tmp_path):
     import openai
-    from test_serve import start_server
+
+    from conftest import start_server
 
     process, url = start_server(quill_home, tmp_path, "--parallel", "2", "--ctx", "512")
     try:
@@ -240,7 +241,8 @@ def test_serve_cache_ram_parks_a_conversation_that_loses_its_slot(
     smollm2_path, quill_home, tmp_path
 ):
     import httpx2 as httpx
-    from test_serve import start_server
+
+    from conftest import start_server
 
     process, url = start_server(
         quill_home, tmp_path, "--parallel", "1", "--ctx", "512", "--cache-ram", "64MiB"
@@ -270,14 +272,7 @@ def test_serve_cache_ram_parks_a_conversation_that_loses_its_slot(
 
 
 def test_serve_refuses_a_cache_ram_that_is_not_a_size(quill_home, tmp_path):
-    import subprocess
-    import sys
+    from conftest import run_quill
 
-    from conftest import quill_env
-
-    quill = str(Path(sys.executable).with_name("quill"))
-    result = subprocess.run(
-        [quill, "serve", "--cache-ram", "plenty", "--port", "0"], capture_output=True,
-        text=True, env=quill_env(quill_home), timeout=60,
-    )  # fmt: skip
+    result = run_quill(quill_home, "serve", "--cache-ram", "plenty", "--port", "0", timeout=60)
     assert result.returncode == 2 and "--cache-ram: not a size" in result.stderr

@@ -9,7 +9,6 @@ import json
 import resource
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,11 +17,10 @@ from cli.app import app
 from cli.engine.kvcache import EXACT_BATCH
 from cli.store.promptcache import cache_dir, files, read_header
 
-from conftest import quill_env
+from conftest import QUILL, quill_env
 from neartie import assert_near
 from reference import Reference
 
-QUILL = str(Path(sys.executable).with_name("quill"))
 # One thread count for every run: runs that take the same path print the same text.
 GREEDY = ["--temperature", "0", "--raw", "-n", "12", "-t", "1"]
 

@@ -17,10 +17,7 @@ from test_promptcache import GREEDY, long_prompt
 from cli.store.promptcache import cache_dir, files, read_header, read_state
 from quant.partfiles import write_replacing
 
-from conftest import quill_env
-
-QUILL = str(Path(sys.executable).with_name("quill"))
-
+from conftest import QUILL, quill_env
 
 # quill as its console script runs it, but with SIGXFSZ at its default (Python ignores it):
 # a write past RLIMIT_FSIZE then kills the process where it stands, as a kill or a power cut would.

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,9 +15,7 @@ from cli.engine.engine import Engine, LoadOptions
 from cli.engine.sampling import SamplingParams
 from quant.quantize import quantize, weight_type
 
-from conftest import quill_env
-
-QUILL = str(Path(sys.executable).parent / "quill")
+from conftest import QUILL, quill_env
 
 
 def quantize_cli(runner, *args):

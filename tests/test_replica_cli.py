@@ -12,7 +12,6 @@ import resource
 import shutil
 import struct
 import subprocess
-import sys
 from collections import namedtuple
 from collections.abc import Iterator
 from dataclasses import replace
@@ -33,7 +32,7 @@ from cli.store.replicas import list_replicas, replicas_dir
 from quant import replica
 from quant.gguf import read_header
 
-from conftest import quill_env
+from conftest import QUILL, quill_env
 
 GRID = ["-p", "16", "-n", "8", "-r", "1", "-t", "1"]
 TiB = 2**40
@@ -299,9 +298,8 @@ def test_a_disk_that_fills_while_writing_is_one_line_and_exit_8(home, tiny_path)
     def limited() -> None:
         resource.setrlimit(resource.RLIMIT_FSIZE, (2**20, resource.RLIM_INFINITY))
 
-    quill = str(Path(sys.executable).with_name("quill"))
     full = subprocess.run(
-        [quill, "bench", str(tiny_path), "--replica", *GRID],
+        [QUILL, "bench", str(tiny_path), "--replica", *GRID],
         env=quill_env(home),
         capture_output=True,
         text=True,

@@ -19,13 +19,12 @@ from pathlib import Path
 
 import psutil
 import pytest
-from test_serve import QUILL, start_server
 
 from cli.app import app
 from cli.engine import rpc, rpcrelay
 from cli.errors import EXIT_RPC, EXIT_USAGE
 
-from conftest import quill_env
+from conftest import QUILL, quill_env, run_quill, start_server
 from neartie import assert_near
 from reference import Reference
 
@@ -85,9 +84,7 @@ def reference(smollm2_path: Path) -> Iterator[Reference]:
 
 
 def quill(quill_home: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [QUILL, *args], env=quill_env(quill_home), capture_output=True, text=True, timeout=timeout
-    )
+    return run_quill(quill_home, *args, timeout=timeout)
 
 
 def model_buffers(log: str) -> dict[str, float]:

@@ -7,11 +7,9 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Iterator
 
 import httpx2 as httpx  # httpx's current line, which the openai client is built on
 import openai
@@ -20,41 +18,11 @@ from typer.testing import CliRunner
 
 from cli.app import app
 
-from conftest import quill_env
+from conftest import KEY, QUILL, quill_env, start_server
 from neartie import assert_near
 from reference import Reference
 
-QUILL = str(Path(sys.executable).with_name("quill"))
-KEY = "test-key"
 GREEDY = {"temperature": 0}
-
-
-def start_server(
-    quill_home: Path,
-    tmp_path: Path,
-    *args: str,
-    stdout: int = subprocess.DEVNULL,
-    preexec_fn: Callable[[], None] | None = None,
-    **env: str,
-) -> tuple[subprocess.Popen, str]:
-    """`quill serve --port 0 ARGS`, once it says which port it took (stdout: PIPE to check
-    nothing reaches it; preexec_fn: limits for the child; env: more environment)."""
-    ready = tmp_path / f"port-{time.monotonic_ns()}"
-    process = subprocess.Popen(
-        [QUILL, "serve", "--port", "0", *args],
-        env=quill_env(quill_home, QUILL_SERVE_READY_FILE=str(ready), **env),
-        stdout=stdout,
-        stderr=subprocess.PIPE,
-        text=True,
-        preexec_fn=preexec_fn,
-    )
-    deadline = time.monotonic() + 60
-    while not ready.exists() or not ready.read_text():
-        if process.poll() is not None or time.monotonic() > deadline:
-            process.kill()
-            pytest.fail(f"quill serve did not start: {process.stderr.read()}")
-        time.sleep(0.1)
-    return process, f"http://127.0.0.1:{ready.read_text()}"
 
 
 @pytest.fixture(scope="module")

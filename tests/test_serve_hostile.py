@@ -16,19 +16,16 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx2 as httpx
 import pytest
-from test_serve import start_server
 
 from cli.engine.batching import BatchRequest, BatchScheduler
 from cli.engine.engine import Engine, LoadOptions
 from cli.engine.sampling import SamplingParams
 
-from conftest import quill_env
+from conftest import QUILL, quill_env, start_server
 
-QUILL = str(Path(sys.executable).with_name("quill"))
 KEY = "hostile-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 ALLOWED_ORIGIN = "http://app.example"

@@ -17,7 +17,6 @@ import httpx2 as httpx
 import openai
 import psutil
 import pytest
-from test_serve import start_server
 from typer.testing import CliRunner
 
 from cli.api.pool import FOREVER, ModelPool, parse_duration
@@ -25,6 +24,8 @@ from cli.app import app
 from cli.engine.batching import BatchRequest, BatchScheduler
 from cli.engine.engine import Engine, LoadOptions
 from cli.engine.sampling import SamplingParams
+
+from conftest import start_server
 
 KEY = "models-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}

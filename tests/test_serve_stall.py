@@ -13,7 +13,8 @@ import time
 from pathlib import Path
 
 import httpx2 as httpx
-from test_serve import start_server
+
+from conftest import start_server
 
 KEY = "stall-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}

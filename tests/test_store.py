@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,10 +16,8 @@ from cli.store.models import ModelRequest, obtain, parse_model_name, sha256_of
 from cli.store.registry import TagSpec, load_registry
 from cli.store.wheels import WheelPart, WheelSource
 
-from conftest import quill_env
+from conftest import QUILL, hub_env, quill_env, run_quill
 from pipindex import Index, build_wheel, pip_environment, serve_index, use_pip_environment
-
-QUILL = str(Path(sys.executable).parent / "quill")
 
 
 def test_names():
@@ -101,21 +98,15 @@ def hub(tiny_path):
         yield hub
 
 
-def run_quill(hub: Hub, home: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    environment = quill_env(home, HF_ENDPOINT=hub.url, HF_HOME=str(home / "hf"), **env)
-    environment.pop("HF_HUB_OFFLINE")
-    environment.update(env)
-    return subprocess.run(
-        [QUILL, "run", "-n", "2", "--json", *args, "x"],
-        capture_output=True,
-        text=True,
-        env=environment,
-        timeout=120,
+def run_from_hub(hub: Hub, home: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """`quill run -n 2 --json ARGS x` with the Hub at hub."""
+    return run_quill(
+        home, "run", "-n", "2", "--json", *args, "x", env=hub_env(hub.url, home, **env)
     )
 
 
 def test_hub_download_through_the_real_client(hub, tmp_path, tiny_path):
-    result = run_quill(hub, tmp_path, "-m", "hf://owner/tiny/tiny.gguf")
+    result = run_from_hub(hub, tmp_path, "-m", "hf://owner/tiny/tiny.gguf")
     assert result.returncode == 0, result.stderr
     assert "HEAD /owner/tiny/resolve/main/tiny.gguf" in hub.requests
     assert "GET /cdn/owner/tiny/tiny.gguf" in hub.requests
@@ -123,7 +114,7 @@ def test_hub_download_through_the_real_client(hub, tmp_path, tiny_path):
     assert cached and sha256_of(cached[0]) == sha256_of(tiny_path)
     # Once on disk, it runs offline without asking the Hub anything.
     before = len(hub.requests)
-    again = run_quill(hub, tmp_path, "-m", "hf://owner/tiny/tiny.gguf", "--offline")
+    again = run_from_hub(hub, tmp_path, "-m", "hf://owner/tiny/tiny.gguf", "--offline")
     assert again.returncode == 0, again.stderr
     assert len(hub.requests) == before
 
@@ -131,16 +122,16 @@ def test_hub_download_through_the_real_client(hub, tmp_path, tiny_path):
 @pytest.mark.parametrize("how", ["HF_HUB_OFFLINE=1", "--offline"])
 def test_offline_makes_no_request(hub, tmp_path, how):
     args, env = (["--offline"], {}) if how == "--offline" else ([], {"HF_HUB_OFFLINE": "1"})
-    result = run_quill(hub, tmp_path, "-m", "hf://owner/tiny/tiny.gguf", *args, **env)
+    result = run_from_hub(hub, tmp_path, "-m", "hf://owner/tiny/tiny.gguf", *args, **env)
     assert result.returncode == 3
     assert "skipped, offline" in result.stderr
     assert hub.requests == []
 
 
 def test_missing_file_and_gated_repo_messages(hub, tmp_path):
-    missing = run_quill(hub, tmp_path, "-m", "hf://owner/tiny/other.gguf")
+    missing = run_from_hub(hub, tmp_path, "-m", "hf://owner/tiny/other.gguf")
     assert missing.returncode == 3 and "has no file other.gguf" in missing.stderr
-    gated = run_quill(hub, tmp_path, "-m", "hf://owner/gated/m.gguf")
+    gated = run_from_hub(hub, tmp_path, "-m", "hf://owner/gated/m.gguf")
     assert gated.returncode == 3 and "HF_TOKEN" in gated.stderr
     for result in (missing, gated):
         assert len(result.stderr.strip().splitlines()) <= 2  # the "downloading" note, the error

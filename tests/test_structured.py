@@ -12,13 +12,15 @@ from pathlib import Path
 import openai
 import pydantic
 import pytest
-from test_serve import KEY, health, start_server
+from test_serve import health
 
 from cli.app import app
 from cli.commands.structured_options import read_schema
 from cli.engine import structured
 from cli.engine.schema_grammar import int_range_gbnf
 from cli.errors import EXIT_INVALID_OUTPUT, EXIT_USAGE, UsageError
+
+from conftest import KEY, start_server
 
 SEEDS = range(20)
 

@@ -4,18 +4,15 @@ does, and no test of the fast tier (`pytest -m "not slow"`) asks for a downloade
 from __future__ import annotations
 
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from cli.engine.engine import Engine
 from cli.engine.options import LoadOptions
 
-from conftest import SLOW_BY_DESIGN, collected, needs_a_real_model, quill_env
+from conftest import QUILL, SLOW_BY_DESIGN, collected, needs_a_real_model, quill_env
 from tinymodel import JSON_PIECES, PROMPT_WORDS, SPECIAL_TOKENS, tiny_vocabulary
 
-QUILL = str(Path(sys.executable).with_name("quill"))
 TEXTS = [
     "The river remembers the winter market in year 1800.",
     "Héllo 世界 — naïve café, ünïcödé and an emoji 🦊",

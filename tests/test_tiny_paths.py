@@ -12,12 +12,11 @@ import sys
 from collections.abc import Iterator
 
 import pytest
-from test_serve import KEY, start_server
 
 import quant
 from cli.app import app
 
-from conftest import quill_env
+from conftest import KEY, quill_env, start_server
 
 TEXT = 'Tokens are not characters: 一个常用汉字, {"a": 1}, 🦙'
 

@@ -12,7 +12,6 @@ from pathlib import Path
 import httpx2 as httpx  # the openai client is built on httpx2
 import openai
 import pytest
-from test_serve import start_server
 
 from cli.api.replies import ChatReply
 from cli.engine.engine import Engine
@@ -20,6 +19,7 @@ from cli.engine.options import LoadOptions
 from cli.engine.sampling import SamplingParams
 from cli.engine.toolcalls import call_format, forcing_grammar, parse_tool_calls
 
+from conftest import start_server
 from tinymodel import write_tiny_llama
 
 TEMPLATES = Path(__file__).parent / "data" / "templates"

@@ -9,20 +9,17 @@ import json
 import os
 import struct
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx2 as httpx
 import pytest
-from test_serve import start_server
 
 from cli.app import app
 from cli.store.promptcache import cache_dir, files, model_sha256, read_header
 
-from conftest import quill_env
+from conftest import QUILL, quill_env, start_server
 
-QUILL = str(Path(sys.executable).with_name("quill"))
 GREEDY = ["--temperature", "0", "--raw", "-n", "6", "-t", "1"]  # one thread count: one compute path
 HUGE = "9" * 400
 
