@@ -104,9 +104,41 @@ def run_page(page: str, home: Path, long: bool, workdir: Path) -> list[str]:
     return problems
 
 
-@pytest.mark.parametrize("page", PAGES)
+# A translation whose examples are its original's, in the same order, with the same files and
+# the same expected exits, is run once, as its original (test_a_translation_runs_its_originals
+# holds them equal; tests/test_docs_agree.py holds their outputs equal).
+TRANSLATIONS = {"guide.zh.md": "guide.md"}
+
+
+@pytest.mark.parametrize("page", [page for page in PAGES if page not in TRANSLATIONS])
 def test_documented_examples_run(page, page_home, tmp_path):
     assert run_page(page, page_home, False, tmp_path) == []
+
+
+def page_inputs(page: str, workdir: Path, home: Path) -> tuple[list, dict[str, str]]:
+    """What running a page's examples depends on: each example's typed line and expected exit,
+    in order, and the files the page makes for them."""
+    from scripts.refresh_docs import make_fixtures, make_page_files
+
+    workdir.mkdir()
+    make_page_files(page, workdir, home)
+    raw = (ROOT / "docs" / page).read_text().splitlines()
+    for index in range(len(raw)):
+        make_fixtures(raw, workdir, index, {})
+    typed = [(raw[line - 1][2:], expected_exit(shown)) for line, _, shown in examples(page)]
+    made = {
+        str(path.relative_to(workdir)): path.read_text()
+        for path in sorted(workdir.rglob("*"))
+        if path.is_file() and path.relative_to(workdir).parts[0] != "tests"
+    }
+    return typed, made
+
+
+def test_a_translation_runs_its_originals_examples(tmp_path):
+    for translation, original in TRANSLATIONS.items():
+        inputs = page_inputs(translation, tmp_path / translation, tmp_path / "home")
+        assert inputs == page_inputs(original, tmp_path / original, tmp_path / "home")
+        assert inputs[0], f"{translation} shows no examples"
 
 
 @pytest.mark.docs_long
