@@ -104,6 +104,29 @@ SLOW_BY_DESIGN = {
     "test_pipeline.py::test_the_ctrl_c_test_passes_in_a_suite_started_with_signals_ignored": (
         "a pytest in a subprocess"
     ),
+    "test_rpc.py::test_a_connection_that_says_nothing_does_not_hold_the_server": "a 5 s timeout",
+    "test_rpc.py::test_a_request_larger_than_the_server_serves_is_refused_before_allocating": (
+        "rpc-servers in subprocesses"
+    ),
+    "test_serve_stall.py::test_a_burst_waiting_for_another_model_does_not_freeze_the_server": (
+        "48 requests behind a stream"
+    ),
+    "test_chatresume.py::test_resume_last_takes_the_chat_used_last_wherever_its_transcript_is": (
+        "chats in subprocesses"
+    ),
+    "test_chatresume.py::test_resume_restores_the_settings_and_the_system_prompt": (
+        "chats in subprocesses"
+    ),
+    "test_chatresume.py::test_a_chat_open_elsewhere_goes_on_in_a_copy_and_says_so": (
+        "chats in subprocesses"
+    ),
+    (
+        "test_freecores.py::test_set_threads_fixes_a_chats_count_and_auto_leaves_out_a_core_"
+        "taken_later"
+    ): "a chat beside spinners",
+    "test_freecores.py::test_a_server_leaves_out_a_core_taken_after_it_started": (
+        "a server beside spinners"
+    ),
 }
 FAST_TEST_S = 2.0
 
