@@ -10,14 +10,7 @@ from pathlib import Path
 
 from cli.errors import UsageError
 from cli.units import shortened
-
-_KINDS = {
-    stat.S_IFDIR: "a directory",
-    stat.S_IFIFO: "a named pipe",
-    stat.S_IFCHR: "a device",
-    stat.S_IFBLK: "a device",
-    stat.S_IFSOCK: "a socket",
-}
+from quant.partfiles import file_kind
 
 
 class UserFileError(UsageError):
@@ -42,8 +35,7 @@ def read_user_text(path: str | Path, what: str, max_bytes: int, too_big: str = "
     with os.fdopen(descriptor, "rb") as handle:
         mode = os.fstat(handle.fileno()).st_mode
         if not stat.S_ISREG(mode):
-            kind = _KINDS.get(stat.S_IFMT(mode), "not a file")
-            raise UserFileError(what, shown, f"it is {kind}, not a regular file")
+            raise UserFileError(what, shown, f"it is {file_kind(mode)}, not a regular file")
         try:
             data = handle.read(max_bytes + 1)  # a file that grows as it is read stops here
         except OSError as error:

@@ -93,7 +93,7 @@ def check_replaceable(
             "regular files: give the path it points to, or another one"
         )
     if not stat.S_ISREG(info.st_mode):
-        kind = _kind(info.st_mode)
+        kind = file_kind(info.st_mode)
         raise error(
             f"{target} is {kind}, not a regular file; quill will not replace it: choose a file path"
         )
@@ -104,7 +104,8 @@ def check_replaceable(
         )
 
 
-def _kind(mode: int) -> str:
+def file_kind(mode: int) -> str:
+    """What a file that is not a regular one is, in words: "a directory", "a named pipe"..."""
     kinds = {"a directory": stat.S_ISDIR, "a device": lambda m: stat.S_ISCHR(m) or stat.S_ISBLK(m)}
     kinds |= {"a named pipe": stat.S_ISFIFO, "a socket": stat.S_ISSOCK}
     return next((kind for kind, test in kinds.items() if test(mode)), "a special file")

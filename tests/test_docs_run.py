@@ -69,18 +69,24 @@ def page_home(tmp_path_factory, smollm2_path, quill_home) -> Path:
     return home
 
 
-def run_page(page: str, home: Path, long: bool, workdir: Path) -> list[str]:
-    """The files the page uses are made as scripts/refresh_docs.py makes them when it pastes the
-    page's output: its FIXTURES, and the files the page shows with `$ cat FILE`."""
+def prepare_page(page: str, workdir: Path, home: Path) -> list[str]:
+    """The page's lines, with the files its examples use made in workdir as
+    scripts/refresh_docs.py makes them when it pastes the page's output: its FIXTURES, and the
+    files the page shows with `$ cat FILE`."""
     from scripts.refresh_docs import make_fixtures, make_page_files
 
     make_page_files(page, workdir, home)
-    raw = (ROOT / "docs" / page if page != "README.md" else ROOT / page).read_text()
-    for index in range(len(raw.splitlines())):
-        make_fixtures(raw.splitlines(), workdir, index, {})
+    raw = (ROOT / "docs" / page if page != "README.md" else ROOT / page).read_text().splitlines()
+    for index in range(len(raw)):
+        make_fixtures(raw, workdir, index, {})
+    return raw
+
+
+def run_page(page: str, home: Path, long: bool, workdir: Path) -> list[str]:
+    raw = prepare_page(page, workdir, home)
     problems = []
     for line, argv, shown in examples(page):
-        typed = raw.splitlines()[line - 1][2:]
+        typed = raw[line - 1][2:]
         if "--help" in argv or "-h" in argv or REPLICA_PATH in typed:
             continue  # tests/test_replica_cli.py runs a replica
         reason = next((why for key, why in SKIP.items() if key in argv), None)
@@ -118,13 +124,8 @@ def test_documented_examples_run(page, page_home, tmp_path):
 def page_inputs(page: str, workdir: Path, home: Path) -> tuple[list, dict[str, str]]:
     """What running a page's examples depends on: each example's typed line and expected exit,
     in order, and the files the page makes for them."""
-    from scripts.refresh_docs import make_fixtures, make_page_files
-
     workdir.mkdir()
-    make_page_files(page, workdir, home)
-    raw = (ROOT / "docs" / page).read_text().splitlines()
-    for index in range(len(raw)):
-        make_fixtures(raw, workdir, index, {})
+    raw = prepare_page(page, workdir, home)
     typed = [(raw[line - 1][2:], expected_exit(shown)) for line, _, shown in examples(page)]
     made = {
         str(path.relative_to(workdir)): path.read_text()
