@@ -192,10 +192,13 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 def pytest_terminal_summary(
     terminalreporter: pytest.TerminalReporter, exitstatus: int, config: pytest.Config
 ) -> None:
-    over = sorted((d, n) for n, d in _fast_durations.items() if d > FAST_TEST_S)
+    # Under xdist (-n N) N tests share the cores: each may take up to N times as long.
+    workers = config.getoption("numprocesses", None)
+    limit = FAST_TEST_S * (workers if isinstance(workers, int) and workers > 1 else 1)
+    over = sorted((d, n) for n, d in _fast_durations.items() if d > limit)
     if over and config.getoption("-m") == "not slow":
         terminalreporter.write_line(
-            f"fast tier: {len(over)} test(s) took over {FAST_TEST_S:.0f} s; add them to "
+            f"fast tier: {len(over)} test(s) took over {limit:.0f} s; add them to "
             "SLOW_BY_DESIGN in tests/conftest.py or mark them slow: "
             + ", ".join(f"{name} ({seconds:.1f} s)" for seconds, name in reversed(over))
         )
