@@ -69,7 +69,7 @@ def resume(model: str, text: str, threads: int) -> dict:
     follow_up = [*history, ("user", "And at the library?")]
     with Engine(Path(model), options) as engine:
         key = {"bench": True}
-        store = PromptCacheStore(folder, key, min_tokens=64, max_files=1, exact=False)
+        store = PromptCacheStore(folder, key, min_tokens=64, exact=False)
         conversation = engine.tokenize(engine.conversation_text(history)[0])
         started = time.perf_counter()
         next(engine.stream_generate(conversation, 1, GREEDY))

@@ -13,11 +13,11 @@ import pexpect
 import pytest
 from test_chat import PROMPT, say
 
-from cli.store.promptcache import files
+from cli.store.promptcache import cache_dir, files
 
 from conftest import QUILL, quill_env
 
-STATS = re.compile(r"prefill (\d+) new tokens \((\d+) cached\)")
+STATS = re.compile(r"prefill (\d+) new tokens \((\d+) cached")
 FIRST = "Describe a lighthouse keeper's day in four sentences."
 SECOND = "Now describe the night."
 # A system prompt long enough that the saved state is worth loading even where a random-weight
@@ -41,8 +41,9 @@ def replies(transcript: Path) -> list[str]:
     return [m["content"] for m in messages if m["role"] == "assistant"]
 
 
-def kv_files(transcript: Path) -> list[Path]:
-    return files(transcript.with_name(transcript.stem + ".kvcache"))
+def kv_files(home: Path) -> list[Path]:
+    """The KV store's files (a chat's state is kept there, named by FILE.kvstate)."""
+    return files(cache_dir(home))
 
 
 @pytest.mark.parametrize("model", ["smollm2_path", "tiny_path"])
@@ -50,10 +51,11 @@ def test_a_resumed_chat_answers_as_if_it_had_never_stopped(tmp_path, request, mo
     path = request.getfixturevalue(model)
     home = tmp_path / "home"
     straight = tmp_path / "straight.json"
-    whole = chat(home, path, f"{FIRST}\n{SECOND}\n", "--transcript", str(straight))
+    # Its own QUILL_HOME: its state, in the one KV store, would cover the resumed chat's turn.
+    whole = chat(tmp_path / "other", path, f"{FIRST}\n{SECOND}\n", "--transcript", str(straight))
     split = home / "chats" / "split.json"
     chat(home, path, f"{FIRST}\n", "--transcript", str(split))
-    assert len(kv_files(split)) == 1
+    assert len(kv_files(home)) == 1 and split.with_name("split.kvstate").is_file()
     resumed = chat(home, path, f"{SECOND}\n", "--resume", "split")
     # same path: the KV cells come back bit for bit and the new turn prefills as it did straight
     assert replies(split) == replies(straight)
@@ -63,7 +65,7 @@ def test_a_resumed_chat_answers_as_if_it_had_never_stopped(tmp_path, request, mo
     # whatever of the last reply does not tokenize back as it was sampled).
     assert (new, cached) == tuple(int(n) for n in STATS.findall(whole.stderr)[1])
     assert cached > 100
-    assert len(kv_files(split)) == 1  # the state was saved again, over the old one
+    assert len(kv_files(home)) == 1  # the state was saved again, replacing the one it extends
 
 
 def test_resume_last_takes_the_newest_chat(tmp_path, tiny_path):
@@ -76,7 +78,8 @@ def test_resume_last_takes_the_newest_chat(tmp_path, tiny_path):
     assert len(replies(home / "chats" / "old.json")) == 1
 
 
-@pytest.mark.parametrize("change", [["--kv-type", "q8_0"], ["--ctx", "2048"]])
+# A larger --ctx is no change: a sequence's state is the same bytes in any context that holds it.
+@pytest.mark.parametrize("change", [["--kv-type", "q8_0"], ["--kv-v", "q8_0"]])
 def test_a_stale_cache_is_refused_in_one_line(tmp_path, tiny32_path, change):
     home = tmp_path / "home"
     transcript = home / "chats" / "c.json"
@@ -93,7 +96,7 @@ def test_a_damaged_chat_cache_gives_one_warning(tmp_path, tiny_path):
     home = tmp_path / "home"
     transcript = home / "chats" / "c.json"
     chat(home, tiny_path, f"{FIRST}\n", "--transcript", str(transcript))
-    (state,) = kv_files(transcript)
+    (state,) = kv_files(home)
     data = bytearray(state.read_bytes())
     data[-50] ^= 0xFF
     state.write_bytes(bytes(data))

@@ -176,6 +176,7 @@ def _events(
     generated = 0
     finish: str | None = None
     usage: dict = {}
+    timings: dict = {}
     entries: list[TokenLogprobs] = []
     with response:
         for raw in response:
@@ -187,6 +188,7 @@ def _events(
                 break
             chunk = json.loads(data)
             usage = chunk.get("usage") or usage
+            timings = chunk.get("timings") if isinstance(chunk.get("timings"), dict) else timings
             for choice in chunk.get("choices") or []:
                 delta = choice.get("delta") or {}
                 text = delta.get("content") or choice.get("text") or ""
@@ -218,6 +220,7 @@ def _events(
         now - (first_at or now),
         prompt_tokens=int(usage.get("prompt_tokens") or 0),
         cached_prompt_tokens=_cached_tokens(usage),
+        restored_prompt_tokens=_count(timings.get("cache_disk_n")),
         finish_reason=finish or "stop",
         seed=sampling.seed if sampling.seed is not None else -1,
         logprobs=tuple(entries) if logprobs else None,
@@ -294,8 +297,12 @@ def _event(text: str, generated: int, ttft: float, decode_s: float, **more: Any)
 def _cached_tokens(usage: dict) -> int:
     """OpenAI's usage.prompt_tokens_details.cached_tokens, where the server reports it."""
     details = usage.get("prompt_tokens_details")
-    cached = details.get("cached_tokens") if isinstance(details, dict) else None
-    return cached if isinstance(cached, int) and cached >= 0 else 0
+    return _count(details.get("cached_tokens") if isinstance(details, dict) else None)
+
+
+def _count(value: object) -> int:
+    """A token count a server sent, or 0 where it sent none (or something else)."""
+    return value if type(value) is int and value >= 0 else 0
 
 
 def _failure(url: str, error: OSError) -> QuillError:

@@ -426,7 +426,8 @@ class QuillApp:
             if self.state.on_request is not None:
                 self.state.on_request(
                     f"{request.method} {request.url.path} {events.outcome} · "
-                    f"{len(served.prompt_tokens)} prompt tokens ({served.cached_tokens} cached) · "
+                    f"{len(served.prompt_tokens)} prompt tokens ({served.cached_tokens} cached, "
+                    f"{served.restored_tokens} from disk) · "
                     f"{time.perf_counter() - received:.2f} s"
                 )
 

@@ -416,7 +416,11 @@ class ModelPool:
                 continue
             scheduler, model.scheduler = model.scheduler, None
             scheduler.close()
+            kept = scheduler.persist()  # before it forgets: the KV store keeps its sequences
             scheduler.engine.close()
+            if kept:
+                states = "1 KV state" if kept == 1 else f"{kept} KV states"
+                self.on_event(f"kept {states} of {model.label} in the KV store")
             if why is not None:
                 self.on_event(f"unloaded {model.label} ({why})")
 

@@ -221,7 +221,8 @@ class ReplyWriter:
     @staticmethod
     def _totals(last: StreamEvent, queued_s: float) -> dict[str, Any]:
         """OpenAI's usage, and llama-server's timings (cache_n: prompt tokens reused from the
-        slot's cache, prompt_n: those prefilled) plus TTFT."""
+        slot's cache, prompt_n: those prefilled) plus TTFT and where the cached tokens came
+        from: cache_memory_n (a slot, a parked cache) and cache_disk_n (the KV store)."""
         return {
             "usage": {
                 "prompt_tokens": last.prompt_tokens,
@@ -231,6 +232,8 @@ class ReplyWriter:
             },
             "timings": {
                 "cache_n": last.cached_prompt_tokens,
+                "cache_memory_n": last.cached_prompt_tokens - last.restored_prompt_tokens,
+                "cache_disk_n": last.restored_prompt_tokens,
                 "prompt_n": last.prompt_tokens - last.cached_prompt_tokens,
                 "prompt_ms": last.prefill_s * 1000,
                 "prompt_per_second": last.prefill_tokens_per_s,

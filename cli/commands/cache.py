@@ -100,14 +100,14 @@ def cache(
     if not entries:
         render.info_line(f"no prompt caches in {folder}")
     else:
-        lines.append(f"{'file':<35} {'tokens':>7} {'size':>10}  {'ctx':>6}  {'KV':<10} last used")
+        lines.append(f"{'file':<35} {'tokens':>7} {'size':>10}  {'KV':<10} last used")
         for entry in entries:
             if not isinstance(entry, CacheEntry):
                 lines.append(f"{entry[0].name:<35} unreadable: {entry[1]}")
                 continue
             lines.append(
                 f"{entry.path.name:<35} {len(entry.tokens):>7} {human_bytes(entry.size):>10}  "
-                f"{entry.n_ctx:>6}  {entry.kv_types:<10} {when(entry.used)}"
+                f"{entry.kv_types:<10} {when(entry.used)}"
             )
         total = sum(entry.size for entry in entries if isinstance(entry, CacheEntry))
         lines.append(f"{len(entries)} files, {human_bytes(total)} in {folder}")
@@ -126,11 +126,9 @@ class ChatCacheReport:
     """Says once, after the first turn of a resumed chat, what the saved KV state gave."""
 
     def __init__(self, backend: Backend, resumed: bool) -> None:
-        from cli.store.promptcache import files
-
         self.backend = backend
         self.store = backend.prompt_cache
-        self.had_state = self.store is not None and bool(files(self.store.folder))
+        self.had_state = self.store is not None and self.store.saved()
         self.pending = resumed and self.store is not None
         self.turns = 0
 
@@ -149,14 +147,14 @@ class ChatCacheReport:
             )
         elif self.had_state:
             render.info_line(
-                "the saved KV cache does not fit this chat (another model, context size, KV "
-                "type or llama.cpp build, or an edited transcript): the conversation was "
-                "prefilled again"
+                "the saved KV cache does not fit this chat (another model, KV type or "
+                "llama.cpp build, a smaller context, or an edited transcript): the conversation "
+                "was prefilled again"
             )
 
     def finish(self, backend: Backend) -> None:
-        """Save the conversation's KV state beside the transcript, if this process added to
-        it with the engine the state was attached to."""
+        """Save the conversation's KV state to the store, if this process added to it with the
+        engine the state was attached to."""
         if self.store is None or backend is not self.backend or not self.turns:
             return
         backend.keep_prompt_cache(always=True)

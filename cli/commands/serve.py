@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from cli.commands import options as shared
+from cli.commands.cache import DEFAULT_CACHE_MAX, CacheMax
 from cli.commands.templating import ChatTemplateFile, Think, read_template_option
 from cli.errors import UsageError
 
@@ -153,6 +155,15 @@ def serve(
             "prefilling.",
         ),
     ] = "0",
+    no_cache: Annotated[
+        bool,
+        typer.Option(
+            "--no-cache",
+            help="No KV store on disk: a model unloaded (evicted, stopped, the server ended) "
+            "forgets its conversations, and no request loads what quill run or chat kept.",
+        ),
+    ] = False,
+    cache_max: CacheMax = DEFAULT_CACHE_MAX,
     threads: shared.Threads = None,
     gpu_layers: shared.GpuLayers = None,
     rpc: shared.Rpc = None,
@@ -173,6 +184,7 @@ def serve(
 
     check_api_key(api_key)
     park_bytes = shared.size_option("--cache-ram", cache_ram)
+    store_bytes = None if no_cache else shared.size_option("--cache-max", cache_max)
     limit = shared.size_option("--memory-limit", memory_limit) if memory_limit else None
     options = shared.load_options(
         ctx, threads, gpu_layers, kv_type, kv_k, kv_v, rpc, parallel=parallel
@@ -191,7 +203,7 @@ def serve(
         # when a request names it.
         named = [shared.model_label(None)]
     files = dict(shared.obtain_model(n, offline) for n in named)
-    catalog = ServeCatalog(files, everything, options, settings, max_queue, park_bytes)
+    catalog = ServeCatalog(files, everything, options, settings, max_queue, park_bytes, store_bytes)
     pool = _model_pool(catalog, keep_alive_s, max_models, limit)
     sock = _listen(host, port)
     # No model named: none is loaded yet, and a request may use any model's context.
@@ -308,14 +320,16 @@ class ServeCatalog:
         settings: ModelSettings,
         max_queue: int,
         park_bytes: int,
+        store_bytes: int | None = None,
     ) -> None:
+        """store_bytes: the KV store's bound on disk (None: no store)."""
         self.files, self.any_model, self.options, self.settings = (
             files,
             any_model,
             options,
             settings,
         )
-        self.max_queue, self.park_bytes = max_queue, park_bytes
+        self.max_queue, self.park_bytes, self.store_bytes = max_queue, park_bytes, store_bytes
 
     def models(self) -> dict[str, Path]:
         found = dict(self.files)
@@ -338,13 +352,20 @@ class ServeCatalog:
         from cli.commands.templating import registry_family
         from cli.engine.batching import BatchScheduler
         from cli.engine.opening import open_engine
+        from cli.store.promptcache import serve_cache
+        from cli.ui import render
 
         family = registry_family(label)
-        engine = open_engine(
-            path, self.options, self.settings, family=family, on_note=shared.warn_note
-        )
+        store = serve_cache(self.store_bytes) if self.store_bytes else None
+        settings = replace(self.settings, prompt_cache=store)
+        engine = open_engine(path, self.options, settings, family=family, on_note=shared.warn_note)
         try:
-            return BatchScheduler(engine, max_queued=self.max_queue, park_bytes=self.park_bytes)
+            return BatchScheduler(
+                engine,
+                max_queued=self.max_queue,
+                park_bytes=self.park_bytes,
+                on_note=render.warning_line,
+            )
         except BaseException:
             engine.close()
             raise

@@ -6,6 +6,12 @@ A slot keeps its cells after its request (llama-server's cache_prompt): a new re
 idle slot sharing the longest prefix with its prompt (else the least recently used); with a RAM
 budget (park_bytes) a cache about to be overwritten is parked, and loaded back for a later
 request that shares more with it than with any slot.
+
+With a KV store on disk (cli/store/promptcache.py, shared with quill run and chat), a request
+whose prompt a stored state covers further than any slot or parked cache loads that state; a
+request that prefilled a long prompt (the store's keep_after_prefill) is kept at once, for other
+processes; and persist(), once the scheduler is closed, keeps every slot's and parked sequence of
+the store's min_tokens or more, so that what a model held survives its unloading.
 """
 
 from __future__ import annotations
@@ -14,13 +20,14 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from cli.engine.engine import Engine
 from cli.engine.events import StreamEvent
 from cli.engine.kvcache import DecodeError
 from cli.engine.sampling import SamplingParams
+from cli.engine.settings import PromptCache
 from cli.engine.tokenstep import SequenceStep
 from cli.errors import QueueFullError
 from cli.sequence import common_prefix
@@ -49,6 +56,7 @@ class BatchRequest:
     cancelled: threading.Event = field(default_factory=threading.Event)
     cache_prompt: bool = True  # False: prefill the whole prompt, reusing no slot's cache
     cached_tokens: int = 0  # prompt tokens found in the slot's cache, set when admitted
+    restored_tokens: int = 0  # of cached_tokens, those loaded from the KV store on disk
     logprobs: int | None = None  # alternatives per token's logprobs; None: no logprobs
 
     def stream(self) -> Iterator[StreamEvent]:
@@ -80,7 +88,10 @@ class BatchScheduler:
         max_queued: int = 16,
         park_bytes: int = 0,
         idle_exit_s: float = IDLE_EXIT_S,
+        on_note: Callable[[str], None] = lambda line: None,
     ) -> None:
+        """on_note: one line for the server's log (a KV store entry refused or not written);
+        the KV store on disk is the engine's prompt_cache (None: none)."""
         if engine.parallel > engine.n_batch:
             # Every decoding sequence puts one token with logits into each batch.
             raise ValueError(
@@ -100,6 +111,9 @@ class BatchScheduler:
         self.park_bytes = park_bytes
         self._parked: list[tuple[list[int], bytearray]] = []
         self.parked_bytes = 0
+        self.store: PromptCache | None = engine.prompt_cache
+        self.on_note = on_note
+        self.restored_tokens = 0  # prompt tokens loaded from the store, in all
         self._wake = threading.Condition()
         self._stopping = False
         self.steps = 0
@@ -229,7 +243,10 @@ class BatchScheduler:
             prompt = request.prompt_tokens
             if request.cache_prompt:
                 index = self._choose_slot(prompt, idle)
+                from_disk = self._restore_from_store(index, prompt)
                 cached = self.engine.reuse_prefix(index, prompt)
+                request.restored_tokens = cached if from_disk else 0
+                self.restored_tokens += request.restored_tokens
             else:
                 index = min(idle, key=lambda i: self._last_used[i])
                 self.engine.forget(index)
@@ -253,7 +270,43 @@ class BatchScheduler:
             except Exception as error:  # this request's failure, not the server's
                 request.events.put(error)
                 continue
+            step.restored_prompt_tokens = request.restored_tokens
             self._slots[index] = _Slot(request, step, deque(prompt[cached:]))
+
+    def _restore_from_store(self, index: int, prompt: list[int]) -> bool:
+        """Load into slot index the kept state that spares the most of prompt's prefill, where
+        one is worth loading (engine.stored_state); whether it did. The slot's own cache is
+        parked first."""
+        found = self.engine.stored_state(index, prompt)
+        restored = False
+        if found is not None:
+            self._park(index, keeping=0)
+            restored = self.engine.load_stored(index, found)
+        self._say_store_warnings()
+        return restored
+
+    def _say_store_warnings(self) -> None:
+        if self.store is not None:
+            for warning in dict.fromkeys(self.store.warnings):
+                self.on_note(warning)
+            self.store.warnings.clear()
+
+    def persist(self) -> int:
+        """Once closed: keep in the store every slot's and parked sequence of the store's
+        min_tokens or more (before the model is unloaded); how many were kept."""
+        thread = self._thread
+        if self.store is None or (thread is not None and thread.is_alive()):
+            return 0  # a loop that did not stop still owns the context
+        sequences = [(self.engine.cached(i), i) for i in range(len(self._slots))]
+        kept = 0
+        for tokens, index in sequences:
+            if len(tokens) >= self.store.min_tokens:
+                kept += self.store.keep(tokens, self.engine.sequence_state(index)) is not None
+        for tokens, state in self._parked:
+            if len(tokens) >= self.store.min_tokens:
+                kept += self.store.keep(tokens, state) is not None
+        self._say_store_warnings()
+        return kept
 
     def _drop_cancelled(self) -> None:
         for index, slot in enumerate(self._slots):
@@ -269,6 +322,11 @@ class BatchScheduler:
         slot.step.close()
         if not keep_cache:
             self.engine.forget(index)
+        elif self.store is not None:
+            prefilled = slot.step.prompt_tokens - slot.request.cached_tokens
+            if prefilled >= self.store.keep_after_prefill:  # quill run's rule: a long prompt
+                self.store.keep(self.engine.cached(index), self.engine.sequence_state(index))
+                self._say_store_warnings()
         self._slots[index] = None
 
     def _step(self) -> None:

@@ -24,7 +24,9 @@ from cli.engine.kvcache import (
     EXACT_BATCH,
     KvCache,
     keep_in_prompt_cache,
+    load_stored,
     restore_from_prompt_cache,
+    stored_state,
 )
 from cli.engine.llamalog import llama_log
 from cli.engine.loading import load_failure, load_with_options, model_meta, refuse_non_gguf
@@ -89,7 +91,15 @@ class Engine:
         self._open_context(options)
         self.load_s = time.perf_counter() - started
 
-        self.kv = KvCache(self._ctx, self.parallel, self.n_ctx, self.n_batch, self._look_at_cores)
+        model = self._model
+        plain = not (
+            llama.llama_model_n_swa(model) > 0
+            or llama.llama_model_is_recurrent(model)
+            or llama.llama_model_is_hybrid(model)
+        )
+        self.kv = KvCache(
+            self._ctx, self.parallel, self.n_ctx, self.n_batch, self._look_at_cores, plain
+        )
         self.restored_tokens = 0  # prompt tokens of the last request loaded from prompt_cache
         self.restore_s = 0.0
         self.prefilled_tokens = 0  # prompt tokens the last request decoded
@@ -333,6 +343,7 @@ class Engine:
         step = SequenceStep(
             self, prompt_tokens, max_tokens, sampling, stop, cached, started, logprobs=self.logprobs
         )
+        step.restored_prompt_tokens = self.restored_tokens
         try:
             # llama_decode may return while an asynchronous backend (a GPU, RPC servers) still
             # computes: the prefill ends when its results are in.
@@ -453,6 +464,15 @@ class Engine:
         """Replace sequence seq's cells with a saved state of tokens; False (seq empty) when
         llama.cpp refuses it or it holds other than len(tokens) positions."""
         return self.kv.restore_sequence(seq, state, tokens)
+
+    def stored_state(self, seq: int, tokens: Sequence[int]) -> tuple[list[int], bytes] | None:
+        """The prompt cache's state that would spare sequence seq the most prefill of tokens
+        (kvcache.stored_state); None where none is worth loading."""
+        return stored_state(self.prompt_cache, self.kv, seq, tokens)
+
+    def load_stored(self, seq: int, found: tuple[list[int], bytes]) -> bool:
+        """Load what stored_state found into sequence seq (a refused state leaves the store)."""
+        return self.prompt_cache is not None and load_stored(self.prompt_cache, self.kv, seq, found)
 
     def _load_prompt_cache(self, tokens: Sequence[int]) -> None:
         # Reset first: a lookup that raises leaves no numbers of the request before.

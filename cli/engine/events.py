@@ -52,6 +52,8 @@ class StreamEvent:  # one step of generation; the last has finish_reason set
     # (held-back text releases its tokens later; a stop string's tokens and the end-of-generation
     # token are never released), so that the logprobs follow the text event by event.
     logprobs: tuple[TokenLogprobs, ...] | None = None
+    # Of cached_prompt_tokens, those loaded from the KV store on disk (the rest were in memory).
+    restored_prompt_tokens: int = 0
 
     @property
     def prefill_tokens_per_s(self) -> float:

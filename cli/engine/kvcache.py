@@ -6,6 +6,7 @@ after one)."""
 from __future__ import annotations
 
 import ctypes
+import struct
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -23,6 +24,9 @@ from cli.sequence import common_prefix
 EXACT_BATCH = 64
 
 
+_U32 = struct.Struct("<I")
+
+
 class DecodeError(RuntimeError):
     """llama_decode refused a batch (out of KV cells, or a backend failure)."""
 
@@ -37,9 +41,15 @@ class KvCache:
         n_ctx: int,
         n_batch: int,
         before_decode: Callable[[], None],
+        portable: bool = False,
     ) -> None:
-        """before_decode: called just before each llama_decode (the thread count's check)."""
+        """before_decode: called just before each llama_decode (the thread count's check);
+        portable: the model's memory is one plain KV cache, whose states are framed alike in
+        any context (below)."""
         self._ctx = ctx
+        self.portable = portable and parallel > 1
+        # The stream count the states of this context are framed for: 1 for portable ones.
+        self.state_streams = 1 if portable else parallel
         self.n_ctx = n_ctx
         self.n_batch = n_batch
         self._before_decode = before_decode
@@ -82,7 +92,34 @@ class KvCache:
         written = llama.llama_state_seq_get_data(self._ctx, buffer, size, seq)
         del buffer  # a bytearray with a live export cannot be resized
         del state[written:]
-        return state
+        return self._one_stream(state, seq) if self.portable else state
+
+    # A sequence's state, as llama.cpp writes it, is framed by the context's KV streams (one per
+    # sequence): the stream count, then each stream's cells (a count of 0 for all but the
+    # sequence's own). For a plain KV cache the states kept are framed as a one-stream context's,
+    # whatever --parallel made them, and framed again for the context loading them: quill run,
+    # chat and a server of any --parallel load each other's. (Models with sliding-window or
+    # recurrent memory write several such parts, not told apart here: their states are kept
+    # under their stream count, in the store's key.)
+    def _one_stream(self, state: bytearray, seq: int) -> bytearray:
+        streams = len(self._cached)
+        head, tail = 12 + 4 * seq, 4 * (streams - seq - 1)
+        expected = _U32.pack(seq) + _U32.pack(streams) + bytes(4 * seq)
+        if bytes(state[4:head]) != expected or (tail and any(state[len(state) - tail :])):
+            raise DecodeError(f"sequence {seq}'s state is not framed for {streams} streams")
+        one = bytearray(state[:4])  # the magic number
+        one += _U32.pack(0) + _U32.pack(1)
+        one += memoryview(state)[head : len(state) - tail]
+        return one
+
+    def _framed(self, state: bytes | bytearray, seq: int) -> bytes | bytearray:
+        """A one-stream state, framed for this context's streams at sequence seq."""
+        streams = len(self._cached)
+        if not self.portable or bytes(state[4:12]) != _U32.pack(0) + _U32.pack(1):
+            return state
+        framed = _U32.pack(seq) + _U32.pack(streams) + bytes(4 * seq)
+        tail = bytes(4 * (streams - seq - 1))
+        return b"".join((bytes(state[:4]), framed, memoryview(state)[12:], tail))
 
     def restore_sequence(self, seq: int, state: bytes | bytearray, tokens: Sequence[int]) -> bool:
         """Replace sequence seq's cells with a saved state of tokens; False (seq empty) when
@@ -90,6 +127,7 @@ class KvCache:
         self.forget(seq)
         if not tokens or len(tokens) > self.n_ctx:
             return False
+        state = self._framed(state, seq)
         buffer = (ctypes.c_uint8 * len(state)).from_buffer_copy(state)
         if llama.llama_state_seq_set_data(self._ctx, buffer, len(state), seq) == 0:
             self.forget(seq)
@@ -150,22 +188,39 @@ class KvCache:
             self._batch = None
 
 
+def stored_state(
+    cache: PromptCache | None, kv: KvCache, seq: int, tokens: Sequence[int]
+) -> tuple[list[int], bytes] | None:
+    """(its tokens, the state) of the kept state that covers the most of tokens, where it covers
+    at least the store's min_tokens more than sequence seq holds (a shorter gain prefills faster
+    than a file loads) and fits the sequence; None where there is none."""
+    held = kv.common_prefix(seq, tokens)
+    if cache is None or len(tokens) - 1 - held < cache.min_tokens:
+        return None
+    found = cache.find(tokens, capacity=kv.n_ctx)
+    if found is None or common_prefix(found[0], tokens) - held < cache.min_tokens:
+        return None
+    return found
+
+
+def load_stored(cache: PromptCache, kv: KvCache, seq: int, found: tuple[list[int], bytes]) -> bool:
+    """Load what stored_state found into sequence seq; a state llama.cpp refuses is dropped
+    from the store (one warning), and seq is left empty."""
+    tokens, state = found
+    if kv.restore_sequence(seq, state, tokens):
+        return True
+    cache.refused(tokens)
+    return False
+
+
 def restore_from_prompt_cache(
     cache: PromptCache | None, kv: KvCache, tokens: Sequence[int]
 ) -> tuple[int, float]:
     """Load sequence 0 from the prompt cache where a saved state covers more of a long prompt
     than the cells already here; (prompt tokens loaded, seconds it took): (0, 0.0) if none."""
-    if cache is None or len(tokens) < cache.min_tokens:
-        return 0, 0.0
-    if kv.common_prefix(0, tokens) >= cache.min_tokens:
-        return 0, 0.0  # this process holds it already (a chat's earlier turns)
     started = time.perf_counter()
-    found = cache.find(tokens)
-    if found is None:
-        return 0, 0.0
-    held, state = found
-    if not kv.restore_sequence(0, state, held):
-        cache.refused(held)
+    found = stored_state(cache, kv, 0, tokens)
+    if cache is None or found is None or not load_stored(cache, kv, 0, found):
         return 0, 0.0
     restored = min(kv.common_prefix(0, tokens), len(tokens) - 1)
     return restored, time.perf_counter() - started
@@ -178,5 +233,5 @@ def keep_in_prompt_cache(
     long prompt (or, always, if it holds one: a chat leaving)."""
     if cache is None or kv.cached_count(0) < cache.min_tokens:
         return
-    if always or prefilled >= cache.min_tokens:
+    if always or prefilled >= cache.keep_after_prefill:
         cache.keep(kv.cached(0), kv.sequence_state(0))

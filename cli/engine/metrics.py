@@ -18,6 +18,7 @@ class RunMetrics:
     ttft_s: float | None
     prompt_tokens: int
     cached_prompt_tokens: int
+    restored_prompt_tokens: int  # of those cached, loaded from the KV store on disk
     prefill_s: float
     prefill_tokens_per_s: float
     generation_tokens: int
@@ -94,6 +95,7 @@ class MetricsRecorder:
             ttft_s=times[0] - self.started if times else None,
             prompt_tokens=last.prompt_tokens if last else 0,
             cached_prompt_tokens=last.cached_prompt_tokens if last else 0,
+            restored_prompt_tokens=last.restored_prompt_tokens if last else 0,
             prefill_s=last.prefill_s if last else 0.0,
             prefill_tokens_per_s=last.prefill_tokens_per_s if last else 0.0,
             generation_tokens=last.generation_tokens if last else 0,

@@ -15,16 +15,22 @@ class PromptCache(Protocol):
     """Sequence states that outlive the process (cli.store.promptcache)."""
 
     min_tokens: int  # prompts shorter than this are neither looked up nor kept
+    keep_after_prefill: int  # a request that prefilled this many tokens is kept when it ends
     exact: bool  # after loading, decode EXACT_BATCH prompt tokens again (the uncached logits)
     folder: Path  # where its files are
     warnings: list[str]  # files refused or not written, one line each, for the command to say
 
-    # (the tokens a saved state holds, the state) sharing the longest prefix with tokens
-    def find(self, tokens: Sequence[int]) -> tuple[list[int], bytes] | None: ...
+    # (the tokens a saved state holds, the state) sharing the longest prefix with tokens, among
+    # those of at most capacity tokens
+    def find(
+        self, tokens: Sequence[int], capacity: int | None = None
+    ) -> tuple[list[int], bytes] | None: ...
 
     def keep(self, tokens: Sequence[int], state: bytes | bytearray) -> object: ...
 
     def refused(self, tokens: Sequence[int]) -> None: ...  # llama.cpp would not take its state
+
+    def saved(self) -> bool: ...  # a chat's: the state it kept last is still there
 
 
 @dataclass(frozen=True)

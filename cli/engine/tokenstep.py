@@ -80,6 +80,7 @@ class SequenceStep:
         self._held = HeldLogprobs()
         self.prompt_tokens = len(prompt_tokens)
         self.cached_prompt_tokens = cached_prompt_tokens
+        self.restored_prompt_tokens = 0  # of those cached, loaded from the KV store on disk
         self.max_tokens = max_tokens
         self.started = started
         # A seed is always chosen here and reported, so that any run can be repeated.
@@ -163,6 +164,7 @@ class SequenceStep:
             token=token,
             prompt_tokens=self.prompt_tokens,
             cached_prompt_tokens=self.cached_prompt_tokens,
+            restored_prompt_tokens=self.restored_prompt_tokens,
             prefill_s=self.prefill_s or 0.0,
             generation_tokens=self.generated,
             decode_s=now - self.first_token_at,

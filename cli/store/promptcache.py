@@ -1,11 +1,15 @@
-"""Prompt caches on disk: the KV state of a sequence, kept so that a later process whose prompt
-starts with the same tokens loads it instead of prefilling them again.
+"""The KV store: sequences' KV states on disk, one store for quill run, quill chat and quill serve,
+kept so that a later request or process whose prompt starts with the same tokens loads the state
+instead of prefilling those tokens again.
 
-A file holds a header (the key that makes the state valid: model sha256, context size, KV types,
-llama.cpp build; the tokens; the state's size and sha256) and the state llama.cpp serialized. It
-is used only when all of that checks out; a damaged one is removed with one warning. Files are
-written to a part file and renamed under a lock that also guards eviction (least recently used
-first, beyond a byte budget). No llama.cpp here: the engine serializes and restores.
+A file holds a header (the key that makes the state valid: the model file's sha256, the KV types,
+the llama.cpp build; the tokens; the state's size and sha256) and the state llama.cpp serialized
+for one sequence. The context size is no part of the key: a sequence's state is the same bytes in
+any context that holds its tokens (find() skips one that does not fit). A file is used only when
+all of that checks out; a damaged one is removed with one warning. Files are written to a part
+file and renamed under a lock that also guards eviction (least recently used first, beyond one
+byte budget for the whole store); a state that holds another's tokens and more replaces it. No
+llama.cpp here: the engine serializes and restores.
 """
 
 from __future__ import annotations
@@ -36,7 +40,9 @@ if TYPE_CHECKING:
 MAGIC = b"QUILLKV1"
 SUFFIX = ".kv"
 MIN_TOKENS = 512  # shorter prompts prefill in about a second on a laptop: not worth a file
-CHAT_MIN_TOKENS = 64  # shorter conversations prefill faster than a file loads
+# Shorter sequences prefill faster than a file loads: restoring 64 tokens of SmolLM2 from disk
+# took 2 ms, prefilling them 150 ms (benchmarks/kv_store.py; a larger model widens the gap).
+CHAT_MIN_TOKENS = 64
 DEFAULT_MAX_BYTES = 2 << 30
 _LENGTH = struct.Struct("<I")
 MAX_HEADER_BYTES = 64 << 20  # some 5 million tokens of JSON: far past any context window
@@ -60,10 +66,6 @@ class CacheEntry:
     used: float  # last written or loaded (the file's mtime)
 
     @property
-    def n_ctx(self) -> int | str:
-        return self.key.get("n_ctx", "?")
-
-    @property
     def kv_types(self) -> str:
         return f"{self.key.get('kv_type_k')}/{self.key.get('kv_type_v')}"
 
@@ -73,11 +75,11 @@ def cache_dir(home: Path | None = None) -> Path:
 
 
 def engine_key(engine: Engine) -> dict:
-    """What makes a saved state valid for this engine: the model file's sha256, the context
-    size, the KV types and the llama.cpp build."""
+    """What makes a saved state valid for this engine: the model file's sha256, the KV types and
+    the llama.cpp build (the same for run, chat and serve: each loads what another kept)."""
     return {
         "model_sha256": model_sha256(engine.path, cache_dir()),
-        "n_ctx": engine.n_ctx,
+        "kv_streams": engine.kv.state_streams,
         "kv_type_k": engine.kv_type_k,
         "kv_type_v": engine.kv_type_v,
         "llama": engine.llama_version,
@@ -85,10 +87,23 @@ def engine_key(engine: Engine) -> dict:
 
 
 def run_cache(max_bytes: int) -> Callable[[Engine], PromptCacheStore]:
-    """The prompt caches of quill run, under QUILL_HOME/cache/prompts, for an engine; the
-    replicas beside them count against max_bytes."""
+    """The KV store as quill run uses it, under QUILL_HOME/cache/prompts, for an engine; the
+    replicas beside it count against max_bytes."""
     return lambda engine: PromptCacheStore(
         cache_dir(), lambda: engine_key(engine), max_bytes, replicas=replicas_dir()
+    )
+
+
+def serve_cache(max_bytes: int) -> Callable[[Engine], PromptCacheStore]:
+    """The KV store as quill serve uses it: the same files as run's; a slot's sequence is worth
+    keeping from CHAT_MIN_TOKENS (a conversation), and loads as a slot holding it would."""
+    return lambda engine: PromptCacheStore(
+        cache_dir(),
+        lambda: engine_key(engine),
+        max_bytes,
+        min_tokens=CHAT_MIN_TOKENS,
+        exact=False,
+        replicas=replicas_dir(),
     )
 
 
@@ -102,12 +117,21 @@ def make_room(keep: Path, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
             store._evict(keep)
 
 
-def chat_cache(transcript: Path) -> Callable[[Engine], PromptCacheStore]:
-    """A chat's KV state, one file beside its transcript: loaded by the first turn of a resumed
-    chat, which goes on as the process that kept its cells would have (not exact)."""
-    folder = transcript.with_name(transcript.stem + ".kvcache")
-    return lambda engine: PromptCacheStore(
-        folder, lambda: engine_key(engine), min_tokens=CHAT_MIN_TOKENS, max_files=1, exact=False
+def chat_cache(
+    transcript: Path, max_bytes: int = DEFAULT_MAX_BYTES
+) -> Callable[[Engine], ChatStore]:
+    """A chat's KV state, in the one store, named by a pointer file beside its transcript
+    (FILE.kvstate): loaded by the first turn of a resumed chat, which goes on as the process that
+    kept its cells would have (not exact)."""
+    pointer = transcript.with_name(transcript.stem + ".kvstate")
+    return lambda engine: ChatStore(
+        cache_dir(),
+        lambda: engine_key(engine),
+        max_bytes,
+        min_tokens=CHAT_MIN_TOKENS,
+        exact=False,
+        replicas=replicas_dir(),
+        pointer=pointer,
     )
 
 
@@ -203,7 +227,7 @@ class PromptCacheStore:
     key_source: dict | Callable[[], dict]  # a function: the key is computed when first needed
     max_bytes: int = DEFAULT_MAX_BYTES
     min_tokens: int = MIN_TOKENS
-    max_files: int | None = None
+    keep_after_prefill: int = MIN_TOKENS
     # True: a loaded state decodes its last prompt tokens again in one long batch, for the
     # logits a run without the cache gets; False: as few as a process that had kept its
     # cells would (a resumed chat continues exactly as if it had never stopped).
@@ -226,11 +250,16 @@ class PromptCacheStore:
             elif found.key == self.key:
                 yield found
 
-    def find(self, tokens: Sequence[int]) -> tuple[list[int], bytes] | None:
+    def find(
+        self, tokens: Sequence[int], capacity: int | None = None
+    ) -> tuple[list[int], bytes] | None:
         """(the tokens a cache file holds, its state) for the file sharing the longest prefix
-        with tokens, if at least min_tokens; None if there is none."""
+        with tokens, if at least min_tokens, among those of at most capacity tokens (what one
+        sequence of the context holds); None if there is none."""
         best, best_common = None, 0
         for entry in self.entries():
+            if capacity is not None and len(entry.tokens) > capacity:
+                continue  # kept by a larger context: another's to load
             common = common_prefix(entry.tokens, tokens)
             if common > best_common:
                 best, best_common = entry, common
@@ -247,6 +276,9 @@ class PromptCacheStore:
             os.utime(best.path)  # used now: the last to be evicted
         return best.tokens, state
 
+    def saved(self) -> bool:
+        return False  # a chat's store knows (ChatStore); this one names no entry of its own
+
     def refused(self, tokens: Sequence[int]) -> None:
         """llama.cpp refused a state that passed every check here: drop the file."""
         self._discard(self.folder / entry_name(self.key, tokens), "llama.cpp refused its state")
@@ -261,9 +293,13 @@ class PromptCacheStore:
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
             with self._lock():
+                if self._holds(target, tokens, len(state)):  # the same state, kept already
+                    os.utime(target)
+                    return target
                 # Unsynced: a file torn by a crash fails its sha256 and is dropped on load; an
                 # fsync of a 1B model's 37 MB state took 30 to 120 ms (median) more here.
                 write_replacing(target, header, state, sync=False)
+                self._supersede(target, tokens)
                 self._evict(keep=target)
         except OSError as error:
             self.warnings.append(
@@ -273,6 +309,31 @@ class PromptCacheStore:
             return None
         return target
 
+    def _holds(self, path: Path, tokens: Sequence[int], state_bytes: int) -> bool:
+        """Whether path is this key's file of these tokens, whole (its header says so)."""
+        try:
+            entry = read_header(path)
+        except (CacheFileError, OSError):
+            return False
+        return (
+            entry.key == self.key
+            and entry.tokens == list(tokens)
+            and entry.state_bytes == state_bytes
+        )
+
+    def _supersede(self, kept: Path, tokens: Sequence[int]) -> None:
+        """Remove this key's files whose tokens begin what kept holds: kept serves every prompt
+        they served (a conversation's earlier turns, a slot's shorter past)."""
+        for found in headers(self.folder):
+            if (
+                isinstance(found, CacheEntry)
+                and found.path != kept
+                and found.key == self.key
+                and len(found.tokens) < len(tokens)
+                and common_prefix(found.tokens, tokens) == len(found.tokens)
+            ):
+                found.path.unlink(missing_ok=True)
+
     def _evict(self, keep: Path) -> None:
         entries = []
         for path in files(self.folder):
@@ -280,9 +341,9 @@ class PromptCacheStore:
                 entries.append((path.stat().st_mtime, path.stat().st_size, path))
         if self.replicas is not None:
             entries += [(r.used, r.size, r.folder) for r in list_replicas(self.replicas)]
-        total, count = sum(size for _, size, _ in entries), len(entries)
+        total = sum(size for _, size, _ in entries)
         for _, size, path in sorted(entries):
-            if total <= self.max_bytes and (self.max_files is None or count <= self.max_files):
+            if total <= self.max_bytes:
                 break
             if path == keep:
                 continue
@@ -291,7 +352,6 @@ class PromptCacheStore:
             else:
                 path.unlink(missing_ok=True)
             total -= size
-            count -= 1
 
     @contextlib.contextmanager
     def _lock(self) -> Iterator[None]:
@@ -318,6 +378,31 @@ class PromptCacheStore:
             )
             return
         self.warnings.append(f"prompt cache {path.name} ignored and removed: {why}")
+
+
+@dataclass
+class ChatStore(PromptCacheStore):
+    """The store as a chat uses it: the entry it kept last is named in pointer, so that a resumed
+    chat can say when its saved state no longer fits (another model, KV type or build)."""
+
+    pointer: Path | None = None
+
+    def keep(self, tokens: Sequence[int], state: bytes | bytearray) -> Path | None:
+        kept = super().keep(tokens, state)
+        if kept is not None and self.pointer is not None:
+            with contextlib.suppress(OSError):  # unrecorded, the state is still found by prefix
+                write_replacing(self.pointer, json.dumps({"entry": kept.name}))
+        return kept
+
+    def saved(self) -> bool:
+        """Whether the state this chat kept last is still in the store."""
+        if self.pointer is None:
+            return False
+        try:
+            name = json.loads(self.pointer.read_text(encoding="utf-8")).get("entry")
+        except (OSError, ValueError, RecursionError, AttributeError):
+            return False
+        return isinstance(name, str) and (self.folder / Path(name).name).is_file()
 
 
 def files(folder: Path) -> list[Path]:

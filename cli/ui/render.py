@@ -56,7 +56,7 @@ def stats_parts(metrics: RunMetrics, local: bool = True) -> list[tuple[str, str]
     m = metrics
     prefill = f"{m.prompt_tokens - m.cached_prompt_tokens} tok, {m.prefill_tokens_per_s:.1f} tok/s"
     if m.cached_prompt_tokens:
-        prefill += f" ({m.cached_prompt_tokens} cached)"
+        prefill += f" ({_cached_text(m)})"
     p50, p95 = m.inter_token_latency_p50_ms, m.inter_token_latency_p95_ms
     itl = "n/a" if p50 is None or p95 is None else f"p50 {p50:.1f} ms, p95 {p95:.1f} ms"
     finish = m.finish_reason or "n/a"
@@ -93,12 +93,19 @@ def _threads_text(m: RunMetrics) -> str:
     return f"{m.threads} ({m.busy_cores} {'core' if m.busy_cores == 1 else 'cores'} busy elsewhere)"
 
 
+def _cached_text(m: RunMetrics) -> str:
+    """The prompt tokens not prefilled, and how many of them were read from disk."""
+    if not m.restored_prompt_tokens:
+        return f"{m.cached_prompt_tokens} cached"
+    return f"{m.cached_prompt_tokens} cached, {m.restored_prompt_tokens} from disk"
+
+
 def turn_stats_line(m: RunMetrics, context_used: int | None) -> str:
     """The line after each chat reply (and /stats): what the turn prefilled next to what was
     cached, the speeds, the context filled (None: a server keeps its own), speculation."""
     line = (
         f"prefill {m.prompt_tokens - m.cached_prompt_tokens} new tokens "
-        f"({m.cached_prompt_tokens} cached), {m.prefill_tokens_per_s:.0f} tok/s · "
+        f"({_cached_text(m)}), {m.prefill_tokens_per_s:.0f} tok/s · "
         f"TTFT {_ms(m.ttft_s or 0.0)} · decode {m.generation_tokens} tok, "
         f"{m.decode_tokens_per_s:.1f} tok/s · finish {m.finish_reason}"
     )

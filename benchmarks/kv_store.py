@@ -1,0 +1,164 @@
+"""The KV store (issue 43): what loading a kept sequence from disk costs against prefilling it
+again, and what a conversation through quill serve costs when its model leaves memory between
+turns.
+
+Usage (inside quill's venv; the machine otherwise idle):
+  python -m benchmarks.kv_store --model PATH.gguf [--prefix 64 1024 4096] [--threads 2]
+      [--turns 8] [--words 60] [--json FILE]
+
+Part 1, in process: a prefix of N tokens is prefilled (the cost of recomputing it), its state
+kept in a KV store in a temporary folder (the write), then found and restored into a fresh
+context (the read: the file's header and state checked, llama.cpp's restore); the page cache is
+warm, as it is for a state just written. Part 2, through `quill serve --max-models 1` serving
+the model and a copy of it under another name (a request to the copy evicts the model): a
+conversation of --turns turns, each turn's TTFT as the client sees it (1) with the model kept
+loaded, (2) evicted before every turn (the turn's TTFT includes loading the model again), (3)
+with the server restarted before every turn (its start apart: TTFT from the first request).
+Each turn's user message is about --words words; replies are 16 tokens, greedy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import httpx2 as httpx
+
+from benchmarks.harness import QUILL, machine_line, start_server, stop_server, users_env
+from cli.engine.engine import Engine, LoadOptions
+from cli.engine.sampling import SamplingParams
+from cli.store.promptcache import PromptCacheStore
+
+GREEDY = SamplingParams(temperature=0.0)
+
+
+def restore_vs_prefill(model: Path, n_tokens: int, threads: int) -> dict:
+    options = LoadOptions(n_ctx=max(1024, n_tokens + 64), threads=threads)
+    folder = Path(tempfile.mkdtemp(prefix="quill-kv-bench-"))
+    try:
+        with Engine(model, options) as engine:
+            words = " ".join(f"w{n % 997}" for n in range(n_tokens * 2))
+            tokens = engine.tokenize(words)[:n_tokens]
+            started = time.perf_counter()
+            next(engine.stream_generate(tokens, 1, GREEDY))
+            prefill_s = time.perf_counter() - started
+            store = PromptCacheStore(folder, {"bench": 1}, max_bytes=1 << 40, min_tokens=1)
+            started = time.perf_counter()
+            kept = engine.kv.cached(0)
+            store.keep(kept, engine.kv.sequence_state(0))
+            write_s = time.perf_counter() - started
+            size = sum(p.stat().st_size for p in folder.glob("*.kv"))
+        with Engine(model, options) as engine:
+            store = PromptCacheStore(folder, {"bench": 1}, max_bytes=1 << 40, min_tokens=1)
+            started = time.perf_counter()
+            found = store.find(kept, capacity=engine.n_ctx)
+            assert found is not None
+            assert engine.kv.restore_sequence(0, found[1], found[0])
+            restore_s = time.perf_counter() - started
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    return {
+        "tokens": n_tokens,
+        "prefill_s": prefill_s,
+        "write_s": write_s,
+        "restore_s": restore_s,
+        "file_bytes": size,
+        "restore_over_prefill": restore_s / prefill_s,
+    }
+
+
+def message(turn: int, words: int) -> str:
+    filler = " ".join(
+        f"Note {turn}.{i}: the tide rose in year {1700 + i * 7}." for i in range(words // 8)
+    )
+    return f"{filler} Summarize turn {turn} in one sentence."
+
+
+def ask(url: str, model: str, history: list[dict]) -> tuple[float, dict]:
+    """(TTFT as the client sees it, the last chunk's timings) for a streamed reply."""
+    body = {"model": model, "messages": history, "max_tokens": 16, "temperature": 0,
+            "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
+    started, ttft, text, timings = time.perf_counter(), None, [], {}
+    with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=600) as response:
+        for line in response.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            timings = chunk.get("timings") or timings
+            for choice in chunk.get("choices") or []:
+                if (choice.get("delta") or {}).get("content"):
+                    ttft = ttft or time.perf_counter() - started
+                    text.append(choice["delta"]["content"])
+    history.append({"role": "assistant", "content": "".join(text)})
+    return ttft or 0.0, timings
+
+
+def conversation(model: Path, mode: str, turns: int, words: int, threads: int) -> list[dict]:
+    home = Path(tempfile.mkdtemp(prefix="quill-kv-home-"))
+    other = home / "other.gguf"
+    shutil.copyfile(model, other)
+    command = [str(QUILL), "serve", str(model), str(other), "--max-models", "1",
+               "--parallel", "1", "--ctx", "8192", "--threads", str(threads)]  # fmt: skip
+    env = users_env(QUILL_HOME=str(home))
+    history: list[dict] = [{"role": "system", "content": "You summarize notes briefly."}]
+    rows = []
+    process, url = start_server(command, env)
+    try:
+        for turn in range(turns):
+            if mode == "evicted" and turn:
+                ask(url, "other", [{"role": "user", "content": "Hello."}])
+            if mode == "restarted" and turn:
+                stop_server(process)
+                process, url = start_server(command, env)
+            history.append({"role": "user", "content": message(turn, words)})
+            ttft, timings = ask(url, model.stem, history)
+            rows.append({"turn": turn + 1, "mode": mode, "ttft_s": ttft, **timings})
+    finally:
+        stop_server(process)
+        shutil.rmtree(home, ignore_errors=True)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", type=Path, required=True)
+    parser.add_argument("--prefix", type=int, nargs="*", default=[64, 1024, 4096])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--turns", type=int, default=8)
+    parser.add_argument("--words", type=int, default=60)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    print(machine_line())
+    costs = [restore_vs_prefill(args.model, n, args.threads) for n in args.prefix]
+    print("| prefix tokens | prefill s | write s | restore s | file MiB | restore / prefill |")
+    print("|---:|---:|---:|---:|---:|---:|")
+    for c in costs:
+        print(f"| {c['tokens']} | {c['prefill_s']:.3f} | {c['write_s']:.3f} | {c['restore_s']:.3f} "
+              f"| {c['file_bytes'] / 2**20:.1f} | {c['restore_over_prefill']:.3f} |")  # fmt: skip
+    runs = {mode: conversation(args.model, mode, args.turns, args.words, args.threads)
+            for mode in ("kept", "evicted", "restarted")}  # fmt: skip
+    print(
+        "| turn | prompt tokens | TTFT kept ms | evicted ms (x kept, from disk) "
+        "| restarted ms (x kept, from disk) |"
+    )
+    print("|---:|---:|---:|---:|---:|")
+    for kept, evicted, restarted in zip(
+        runs["kept"], runs["evicted"], runs["restarted"], strict=True
+    ):
+        base = kept["ttft_s"]
+        cells = [f"{r['ttft_s'] * 1000:.0f} ({r['ttft_s'] / base:.2f}x, {r.get('cache_disk_n', 0)})"
+                 for r in (evicted, restarted)]  # fmt: skip
+        prompt = kept.get("cache_n", 0) + kept.get("prompt_n", 0)
+        print(f"| {kept['turn']} | {prompt} | {base * 1000:.0f} | {cells[0]} | {cells[1]} |")
+    if args.json:
+        args.json.write_text(
+            json.dumps({"machine": machine_line(), "costs": costs, "turns": runs}, indent=1)
+        )
+
+
+if __name__ == "__main__":
+    main()
