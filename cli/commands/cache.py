@@ -65,9 +65,9 @@ def cache(
         typer.Argument(help="list: the cached prompts and replicas; clear: remove them all."),
     ] = "list",
 ) -> None:
-    """The prompt caches and replicas quill keeps under QUILL_HOME/cache: list or clear them.
-    Replicas are quill bench --replica's; they count against quill run's --cache-max, the least
-    recently used going first."""
+    """The KV store (the prompt caches quill run, chat and serve keep) and the replicas under
+    QUILL_HOME/cache: list or clear them. Replicas are quill bench --replica's; they count
+    against --cache-max, the least recently used going first."""
     import time
 
     from cli.store.promptcache import CacheEntry, cache_dir, clear, headers
