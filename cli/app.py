@@ -78,7 +78,8 @@ SUMMARIES: dict[str, str] = {
     ),
     "quant-report": "Which quant should I use on this machine?",
     "cache": (
-        "The prompt caches and replicas quill keeps under QUILL_HOME/cache: list or clear them."
+        "The KV store (the prompt caches quill run, chat and serve keep) and the replicas "
+        "under QUILL_HOME/cache: list or clear them."
     ),
     "rpc-server": (
         "Serve this machine's CPU (or GPUs) to quill and llama.cpp clients over llama.cpp's "

@@ -352,11 +352,11 @@ class ServeCatalog:
         from cli.commands.templating import registry_family
         from cli.engine.batching import BatchScheduler
         from cli.engine.opening import open_engine
-        from cli.store.promptcache import serve_cache
+        from cli.store.promptcache import conversation_cache
         from cli.ui import render
 
         family = registry_family(label)
-        store = serve_cache(self.store_bytes) if self.store_bytes else None
+        store = conversation_cache(self.store_bytes) if self.store_bytes else None
         settings = replace(self.settings, prompt_cache=store)
         engine = open_engine(path, self.options, settings, family=family, on_note=shared.warn_note)
         try:

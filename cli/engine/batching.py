@@ -113,7 +113,6 @@ class BatchScheduler:
         self.parked_bytes = 0
         self.store: PromptCache | None = engine.prompt_cache
         self.on_note = on_note
-        self.restored_tokens = 0  # prompt tokens loaded from the store, in all
         self._wake = threading.Condition()
         self._stopping = False
         self.steps = 0
@@ -246,7 +245,6 @@ class BatchScheduler:
                 from_disk = self._restore_from_store(index, prompt)
                 cached = self.engine.reuse_prefix(index, prompt)
                 request.restored_tokens = cached if from_disk else 0
-                self.restored_tokens += request.restored_tokens
             else:
                 index = min(idle, key=lambda i: self._last_used[i])
                 self.engine.forget(index)

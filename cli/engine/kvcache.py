@@ -95,12 +95,13 @@ class KvCache:
         return self._one_stream(state, seq) if self.portable else state
 
     # A sequence's state, as llama.cpp writes it, is framed by the context's KV streams (one per
-    # sequence): the stream count, then each stream's cells (a count of 0 for all but the
-    # sequence's own). For a plain KV cache the states kept are framed as a one-stream context's,
-    # whatever --parallel made them, and framed again for the context loading them: quill run,
-    # chat and a server of any --parallel load each other's. (Models with sliding-window or
-    # recurrent memory write several such parts, not told apart here: their states are kept
-    # under their stream count, in the store's key.)
+    # sequence): after a magic number and the sequence's id, the stream count, then each
+    # stream's cells (a count of 0 for all but the sequence's own). For a plain KV cache the
+    # states kept are framed as a one-stream context's, whatever --parallel made them, and
+    # framed again for the context loading them: quill run, chat and a server of any --parallel
+    # load each other's. (Models with sliding-window or recurrent memory write several such
+    # parts, not told apart here: their states are kept under their stream count, in the
+    # store's key.)
     def _one_stream(self, state: bytearray, seq: int) -> bytearray:
         streams = len(self._cached)
         head, tail = 12 + 4 * seq, 4 * (streams - seq - 1)

@@ -96,16 +96,20 @@ def run_cache(max_bytes: int) -> Callable[[Engine], PromptCacheStore]:
     )
 
 
-def serve_cache(max_bytes: int) -> Callable[[Engine], PromptCacheStore]:
-    """The KV store as quill serve uses it: the same files as run's; a slot's sequence is worth
-    keeping from CHAT_MIN_TOKENS (a conversation), and loads as a slot holding it would."""
-    return lambda engine: PromptCacheStore(
+def conversation_cache(
+    max_bytes: int, pointer: Path | None = None
+) -> Callable[[Engine], ConversationStore]:
+    """The KV store as quill serve and quill chat use it: the same files as run's; a sequence is
+    worth keeping from CHAT_MIN_TOKENS (a conversation), and loads as the process that kept its
+    cells would go on (not exact). pointer: a file that names the entry kept last (a chat's)."""
+    return lambda engine: ConversationStore(
         cache_dir(),
         lambda: engine_key(engine),
         max_bytes,
         min_tokens=CHAT_MIN_TOKENS,
         exact=False,
         replicas=replicas_dir(),
+        pointer=pointer,
     )
 
 
@@ -121,20 +125,10 @@ def make_room(keep: Path, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
 
 def chat_cache(
     transcript: Path, max_bytes: int = DEFAULT_MAX_BYTES
-) -> Callable[[Engine], ChatStore]:
+) -> Callable[[Engine], ConversationStore]:
     """A chat's KV state, in the one store, named by a pointer file beside its transcript
-    (FILE.kvstate): loaded by the first turn of a resumed chat, which goes on as the process that
-    kept its cells would have (not exact)."""
-    pointer = transcript.with_name(transcript.stem + ".kvstate")
-    return lambda engine: ChatStore(
-        cache_dir(),
-        lambda: engine_key(engine),
-        max_bytes,
-        min_tokens=CHAT_MIN_TOKENS,
-        exact=False,
-        replicas=replicas_dir(),
-        pointer=pointer,
-    )
+    (FILE.kvstate): loaded by the first turn of a resumed chat."""
+    return conversation_cache(max_bytes, transcript.with_name(transcript.stem + ".kvstate"))
 
 
 def entry_name(key: dict, tokens: Sequence[int]) -> str:
@@ -279,7 +273,7 @@ class PromptCacheStore:
         return best.tokens, state
 
     def saved(self) -> bool:
-        return False  # a chat's store knows (ChatStore); this one names no entry of its own
+        return False  # a chat's store knows (ConversationStore); this one names no entry of its own
 
     def refused(self, tokens: Sequence[int]) -> None:
         """llama.cpp refused a state that passed every check here: drop the file."""
@@ -383,9 +377,10 @@ class PromptCacheStore:
 
 
 @dataclass
-class ChatStore(PromptCacheStore):
-    """The store as a chat uses it: the entry it kept last is named in pointer, so that a resumed
-    chat can say when its saved state no longer fits (another model, KV type or build)."""
+class ConversationStore(PromptCacheStore):
+    """The store as serve and chat use it; a chat's names the entry it kept last in pointer, so
+    that a resumed chat can say when its saved state no longer fits (another model, KV type or
+    build)."""
 
     pointer: Path | None = None
 
