@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import threading
 from pathlib import Path
 
 import httpx2 as httpx
@@ -238,3 +239,79 @@ def test_run_and_serve_load_what_the_other_kept(tmp_path, tiny_path):
     assert again.returncode == 0, again.stderr
     out = json.loads(again.stdout)
     assert out["restored_prompt_tokens"] > out["prompt_tokens"] * 0.8
+
+
+# --- llama-server's slot actions, on the same store ---------------------------------------------
+
+
+def slot(url: str, index: int | str, action: str, **body) -> httpx.Response:
+    return httpx.post(f"{url}/slots/{index}?action={action}", json=body, timeout=120)
+
+
+def test_slot_save_restore_and_erase_answer_as_llama_server_and_survive_a_restart(
+    tmp_path, tiny_path
+):
+    home = tmp_path / "home"
+    process, url = start_server(home, tmp_path, str(tiny_path), "--ctx", "1024", "--parallel", "1")
+    try:
+        third = two_turns(url, tiny_path.stem)
+        saved = slot(url, 0, "save", filename="rivers.bin")
+        assert saved.status_code == 200, saved.text
+        answer = saved.json()
+        assert answer["id_slot"] == 0 and answer["filename"] == "rivers.bin"
+        assert answer["n_saved"] > len(SYSTEM) // 8 and answer["n_written"] > 0
+        erased = slot(url, 0, "erase").json()
+        assert erased == {"id_slot": 0, "n_erased": answer["n_saved"]}
+    finally:
+        stop(process)
+    assert (cache_dir(home) / "slots" / "rivers.bin.json").is_file()
+    process, url = start_server(home, tmp_path, str(tiny_path), "--ctx", "1024", "--parallel", "2")
+    try:
+        restored_slot = slot(url, 1, "restore", filename="rivers.bin")
+        assert restored_slot.status_code == 200, restored_slot.text
+        assert restored_slot.json()["n_restored"] == answer["n_saved"]
+        back = ask(url, tiny_path.stem, third)
+        # The conversation was in slot 1's memory: nothing came from disk for the request.
+        assert back["timings"]["cache_memory_n"] > len(SYSTEM) // 8
+        assert restored(back) == 0
+        refusals = [
+            (slot(url, 0, "restore", filename="never-saved"), 404, "no slot state"),
+            (slot(url, 0, "save", filename="../outside"), 400, "'filename'"),
+            (slot(url, 0, "save", filename=".hidden"), 400, "'filename'"),
+            (slot(url, 0, "save"), 400, "'filename'"),
+            (slot(url, 0, "defragment"), 400, "'action'"),
+            (slot(url, 7, "erase"), 400, "no slot 7"),
+            (slot(url, "x", "erase"), 400, "must be a number"),
+            (slot(url, 0, "save", filename="empty"), 400, "no tokens"),
+        ]
+    finally:
+        stop(process)
+    for response, status, needle in refusals:
+        assert response.status_code == status and needle in response.text, response.text
+
+
+def test_a_busy_slot_is_a_409_and_no_store_is_a_501(tmp_path, tiny_path):
+    home = tmp_path / "home"
+    process, url = start_server(
+        home, tmp_path, str(tiny_path), "--ctx", "4096", "--parallel", "1", "--no-cache"
+    )
+    try:
+        started = threading.Event()
+
+        def stream() -> None:
+            body = {"prompt": "once upon a time", "max_tokens": 3000, "ignore_eos": True,
+                    "temperature": 0, "stream": True}  # fmt: skip
+            with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=120) as r:
+                for _ in r.iter_lines():
+                    started.set()
+
+        streamer = threading.Thread(target=stream)
+        streamer.start()
+        assert started.wait(60)
+        busy = slot(url, 0, "erase")
+        no_store = slot(url, 0, "save", filename="kept")
+        streamer.join(timeout=120)
+    finally:
+        stop(process)
+    assert busy.status_code == 409 and "serving a request" in busy.text, busy.text
+    assert no_store.status_code == 501 and "without one" in no_store.text, no_store.text

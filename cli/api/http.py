@@ -221,6 +221,7 @@ class QuillApp:
             Route("/health", self.health, methods=["GET"]),
             Route("/api/ps", self.ps, methods=["GET"]),
             Route("/models/unload", self.unload, methods=["POST"]),
+            Route("/slots/{id_slot}", self.slot, methods=["POST"]),
         ]
         # ApiError and HTTPException are answered where raised; any other exception is then
         # raised on to __call__, which logs it.
@@ -390,6 +391,24 @@ class QuillApp:
             raise bad_request("'model' must name the model to unload", "model")
         said = await anyio.to_thread.run_sync(self.pool.stop, body["model"])
         return JsonResponse({"success": True, "message": said})
+
+    async def slot(self, request: Request) -> Response:
+        """llama-server's POST /slots/{id}?action=save|restore|erase (cli/api/slots.py)."""
+        from cli.api.slots import slot_action, slot_request
+
+        self._refuse_if_unavailable()
+        raw = await self._read_body(request)
+        body = parse_body(raw) if raw.strip() else {}
+        action, index, name = slot_request(
+            request.query_params.get("action"), request.path_params["id_slot"], body
+        )
+        model = request.query_params.get("model") or body.get("model")
+        if model is not None and not isinstance(model, str):
+            raise bad_request("'model' must name a model", "model")
+        answer = await anyio.to_thread.run_sync(
+            slot_action, self.pool, model, action, index, name, limiter=self._model_waits()
+        )
+        return JsonResponse(answer)
 
     async def _completion(self, request: Request) -> Response:
         self._refuse_if_unavailable()

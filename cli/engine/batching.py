@@ -21,7 +21,9 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
+from typing import Any
 
 from cli.engine.engine import Engine
 from cli.engine.events import StreamEvent
@@ -44,6 +46,19 @@ IDLE_EXIT_S = 5.0
 
 class SchedulerStoppedError(Exception):
     """The scheduler's thread has stopped (shut down, or died of an error): it takes no requests."""
+
+
+class SlotBusyError(Exception):
+    """A slot action named a slot that is serving a request."""
+
+
+class SlotStateNotFoundError(Exception):
+    """A slot restore named a state the KV store does not hold (never saved, another model's,
+    evicted, or refused by llama.cpp)."""
+
+
+# How long a slot action waits for the scheduler's thread to take it (it runs between steps).
+SLOT_ACTION_TIMEOUT_S = 120.0
 
 
 @dataclass
@@ -114,6 +129,8 @@ class BatchScheduler:
         self.store: PromptCache | None = engine.prompt_cache
         self.on_note = on_note
         self._wake = threading.Condition()
+        # Work that needs the context (slot save, restore, erase), run by the loop between steps.
+        self._tasks: deque[tuple[Callable[[], Any], Future]] = deque()
         self._stopping = False
         self.steps = 0
         self.max_sequences_in_a_step = 0
@@ -170,14 +187,23 @@ class BatchScheduler:
         try:
             while True:
                 with self._wake:
-                    while not self._stopping and not self._waiting and not self.busy_slots:
+                    while not (self._stopping or self._waiting or self.busy_slots or self._tasks):
                         # Rechecked under the lock: a submit that came as the wait timed out saw
                         # this thread and started none.
-                        if not self._wake.wait(self.idle_exit_s) and not self._waiting:
+                        if not self._wake.wait(self.idle_exit_s) and not (
+                            self._waiting or self._tasks
+                        ):
                             self._thread, ended_idle = None, True
                             return
                     if self._stopping:
                         return
+                    tasks, self._tasks = self._tasks, deque()
+                for work, done in tasks:  # outside the lock: a save writes a file
+                    try:
+                        done.set_result(work())
+                    except Exception as error:  # the action's failure, not the server's
+                        done.set_exception(error)
+                with self._wake:
                     self._admit()
                 self._drop_cancelled()
                 if self.busy_slots:
@@ -195,6 +221,8 @@ class BatchScheduler:
             ending = RuntimeError(self.stopped_reason)
             while self._waiting:
                 self._waiting.popleft().events.put(ending)
+            while self._tasks:
+                self._tasks.popleft()[1].set_exception(SchedulerStoppedError(self.stopped_reason))
         for index, slot in enumerate(self._slots):
             if slot is not None:
                 slot.request.events.put(ending)
@@ -282,6 +310,81 @@ class BatchScheduler:
             restored = self.engine.load_stored(index, found)
         self._say_store_warnings()
         return restored
+
+    # --- llama-server's slot actions, on the KV store -----------------------------------------
+
+    def _in_loop(self, work: Callable[[], Any]) -> Any:
+        """work's result, run by the loop's thread (which alone uses the context) between
+        steps; its exception is raised here."""
+        done: Future = Future()
+        with self._wake:
+            if not self.alive:
+                raise SchedulerStoppedError(self.stopped_reason)
+            self._tasks.append((work, done))
+            if self._thread is None:
+                self._start()
+            self._wake.notify()
+        return done.result(timeout=SLOT_ACTION_TIMEOUT_S)
+
+    def _idle(self, index: int) -> None:
+        if not 0 <= index < len(self._slots):
+            raise ValueError(f"there is no slot {index}: this model has {len(self._slots)}")
+        if self._slots[index] is not None:
+            raise SlotBusyError(f"slot {index} is serving a request")
+
+    def save_slot(self, index: int, name: str) -> dict[str, Any]:
+        """Keep slot index's sequence in the KV store under name: llama-server's answer."""
+
+        def work() -> dict[str, Any]:
+            self._idle(index)
+            tokens = self.engine.cached(index)
+            if self.store is None:
+                raise ValueError("this server keeps no KV store: nothing to save to")
+            if not tokens:
+                raise ValueError(f"slot {index} holds no tokens to save")
+            started = time.perf_counter()
+            written = self.store.keep_named(name, tokens, self.engine.sequence_state(index))
+            self._say_store_warnings()
+            if not written:
+                raise OSError(f"slot {index} could not be saved (the server's log says why)")
+            save_ms = (time.perf_counter() - started) * 1000
+            return {"id_slot": index, "filename": name, "n_saved": len(tokens),
+                    "n_written": written, "timings": {"save_ms": save_ms}}  # fmt: skip
+
+        return self._in_loop(work)
+
+    def restore_slot(self, index: int, name: str) -> dict[str, Any]:
+        """Load what save_slot kept under name into slot index: llama-server's answer."""
+
+        def work() -> dict[str, Any]:
+            self._idle(index)
+            started = time.perf_counter()
+            found = self.engine.named_state(name)
+            if found is None:
+                raise SlotStateNotFoundError(
+                    f"the KV store holds no slot state {name!r} for this model"
+                )
+            tokens, held, state = found
+            if not self.engine.load_stored(index, (held, state)):
+                self._say_store_warnings()
+                raise SlotStateNotFoundError(f"llama.cpp refused the slot state {name!r}")
+            self.engine.keep_prefix(index, len(tokens))
+            restore_ms = (time.perf_counter() - started) * 1000
+            return {"id_slot": index, "filename": name, "n_restored": len(tokens),
+                    "n_read": len(state), "timings": {"restore_ms": restore_ms}}  # fmt: skip
+
+        return self._in_loop(work)
+
+    def erase_slot(self, index: int) -> dict[str, Any]:
+        """Empty slot index's cache: llama-server's answer."""
+
+        def work() -> dict[str, Any]:
+            self._idle(index)
+            erased = self.engine.cached_count(index)
+            self.engine.forget(index)
+            return {"id_slot": index, "n_erased": erased}
+
+        return self._in_loop(work)
 
     def _say_store_warnings(self) -> None:
         if self.store is not None:

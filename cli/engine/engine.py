@@ -25,6 +25,7 @@ from cli.engine.kvcache import (
     KvCache,
     keep_in_prompt_cache,
     load_stored,
+    named_state,
     restore_from_prompt_cache,
     stored_state,
 )
@@ -469,6 +470,10 @@ class Engine:
         """The prompt cache's state that would spare sequence seq the most prefill of tokens
         (kvcache.stored_state); None where none is worth loading."""
         return stored_state(self.prompt_cache, self.kv, seq, tokens)
+
+    def named_state(self, name: str) -> tuple[list[int], list[int], bytes] | None:
+        """What the prompt cache keeps under name (llama-server's slot save), if it fits."""
+        return named_state(self.prompt_cache, self.kv, name)
 
     def load_stored(self, seq: int, found: tuple[list[int], bytes]) -> bool:
         """Load what stored_state found into sequence seq (a refused state leaves the store)."""

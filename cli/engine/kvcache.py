@@ -204,6 +204,13 @@ def stored_state(
     return found
 
 
+def named_state(
+    cache: PromptCache | None, kv: KvCache, name: str
+) -> tuple[list[int], list[int], bytes] | None:
+    """What the store keeps under name (a slot save) that fits one of kv's sequences."""
+    return None if cache is None else cache.find_named(name, kv.n_ctx)
+
+
 def load_stored(cache: PromptCache, kv: KvCache, seq: int, found: tuple[list[int], bytes]) -> bool:
     """Load what stored_state found into sequence seq; a state llama.cpp refuses is dropped
     from the store (one warning), and seq is left empty."""

@@ -23,7 +23,7 @@ class PromptCache(Protocol):
     # (the tokens a saved state holds, the state) sharing the longest prefix with tokens, among
     # those of at most capacity tokens
     def find(
-        self, tokens: Sequence[int], capacity: int | None = None
+        self, tokens: Sequence[int], capacity: int | None = None, least: int | None = None
     ) -> tuple[list[int], bytes] | None: ...
 
     def keep(self, tokens: Sequence[int], state: bytes | bytearray) -> object: ...
@@ -31,6 +31,12 @@ class PromptCache(Protocol):
     def refused(self, tokens: Sequence[int]) -> None: ...  # llama.cpp would not take its state
 
     def saved(self) -> bool: ...  # a chat's: the state it kept last is still there
+
+    # llama-server's slot save and restore, by name: the bytes written (0: not kept); (the
+    # tokens named, those of the entry holding them, its state), None where there is none
+    def keep_named(self, name: str, tokens: Sequence[int], state: bytes | bytearray) -> int: ...
+
+    def find_named(self, name: str, capacity: int) -> tuple[list[int], list[int], bytes] | None: ...
 
 
 @dataclass(frozen=True)

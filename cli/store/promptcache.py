@@ -51,6 +51,8 @@ MAX_HEADER_BYTES = 64 << 20  # some 5 million tokens of JSON: far past any conte
 MAX_TOKEN = 2**31 - 1  # llama_token is an int32
 MAX_FILE_BYTES = 1 << 60
 _SHA256 = re.compile(r"[0-9a-f]{64}")
+# A name llama-server's slot save and restore take (its filename): no folder, nothing hidden.
+SLOT_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}")
 
 
 class CacheFileError(Exception):
@@ -247,11 +249,11 @@ class PromptCacheStore:
                 yield found
 
     def find(
-        self, tokens: Sequence[int], capacity: int | None = None
+        self, tokens: Sequence[int], capacity: int | None = None, least: int | None = None
     ) -> tuple[list[int], bytes] | None:
         """(the tokens a cache file holds, its state) for the file sharing the longest prefix
-        with tokens, if at least min_tokens, among those of at most capacity tokens (what one
-        sequence of the context holds); None if there is none."""
+        with tokens, if at least least (default min_tokens), among those of at most capacity
+        tokens (what one sequence of the context holds); None if there is none."""
         best, best_common = None, 0
         for entry in self.entries():
             if capacity is not None and len(entry.tokens) > capacity:
@@ -259,7 +261,7 @@ class PromptCacheStore:
             common = common_prefix(entry.tokens, tokens)
             if common > best_common:
                 best, best_common = entry, common
-        if best is None or best_common < self.min_tokens:
+        if best is None or best_common < (self.min_tokens if least is None else least):
             return None
         try:
             state = read_state(best)
@@ -274,6 +276,41 @@ class PromptCacheStore:
 
     def saved(self) -> bool:
         return False  # a chat's store knows (ConversationStore); this one names no entry of its own
+
+    def keep_named(self, name: str, tokens: Sequence[int], state: bytes | bytearray) -> int:
+        """Keep a state under a name (llama-server's slot save): the entry, and a file under
+        slots/ naming its key and tokens; the bytes written, 0 where it was not kept (noted
+        in warnings)."""
+        kept = self.keep(tokens, state)
+        if kept is None:
+            return 0
+        record = json.dumps({"key": self.key, "tokens": list(tokens)})
+        try:
+            (self.folder / "slots").mkdir(exist_ok=True)
+            write_replacing(self.folder / "slots" / f"{name}.json", record)
+        except OSError as error:
+            self.warnings.append(f"slot {name} not named: {error.strerror or error}")
+            return 0
+        return kept.stat().st_size
+
+    def find_named(self, name: str, capacity: int) -> tuple[list[int], list[int], bytes] | None:
+        """What keep_named kept under name: (its tokens, the tokens of the entry that holds
+        them, which a later state of the same sequence may have replaced, and that entry's
+        state); None where the name is unknown, another model's, or its state has left the
+        store."""
+        try:
+            record = json.loads((self.folder / "slots" / f"{name}.json").read_text("utf-8"))
+        except (OSError, ValueError, RecursionError):
+            return None
+        if not isinstance(record, dict) or record.get("key") != self.key:
+            return None
+        tokens = record.get("tokens")
+        if not isinstance(tokens, list) or not tokens:
+            return None
+        if not all(_int_in(t, 0, MAX_TOKEN) for t in tokens):
+            return None
+        found = self.find(tokens, capacity, least=len(tokens))
+        return None if found is None else (tokens, *found)
 
     def refused(self, tokens: Sequence[int]) -> None:
         """llama.cpp refused a state that passed every check here: drop the file."""
