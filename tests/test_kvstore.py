@@ -288,6 +288,9 @@ def test_slot_save_restore_and_erase_answer_as_llama_server_and_survive_a_restar
         stop(process)
     for response, status, needle in refusals:
         assert response.status_code == status and needle in response.text, response.text
+    cleared = run_quill(home, "cache", "clear")
+    assert cleared.returncode == 0 and files(cache_dir(home)) == []
+    assert list((cache_dir(home) / "slots").iterdir()) == []  # no name left pointing nowhere
 
 
 def test_a_busy_slot_is_a_409_and_no_store_is_a_501(tmp_path, tiny_path):

@@ -492,6 +492,11 @@ def clear(folder: Path, replicas: Path | None = None) -> Cleared:
             continue
         cleared.count += 1
         cleared.bytes += size
+    for name in sorted((folder / "slots").glob("*.json")):  # slot saves' names: nothing left
+        try:
+            name.unlink(missing_ok=True)
+        except OSError as error:
+            cleared.failed.append((name, error.strerror or str(error)))
     return cleared
 
 
