@@ -346,9 +346,10 @@ def run_quill(
     timeout: float = 120,
     text: bool = True,
     preexec_fn: Callable[[], None] | None = None,
+    input_text: str | None = None,
 ) -> subprocess.CompletedProcess:
     """`quill ARGS` in a real process, output captured; env: the whole environment (default:
-    quill_env(quill_home))."""
+    quill_env(quill_home)); input_text: its stdin."""
     return subprocess.run(
         [QUILL, *args],
         env=env if env is not None else quill_env(quill_home),
@@ -356,6 +357,7 @@ def run_quill(
         text=text,
         timeout=timeout,
         preexec_fn=preexec_fn,
+        input=input_text,
     )
 
 

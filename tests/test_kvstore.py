@@ -8,6 +8,7 @@ store stays within --cache-max, and quill cache clear empties it under a running
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import threading
@@ -318,3 +319,28 @@ def test_a_busy_slot_is_a_409_and_no_store_is_a_501(tmp_path, tiny_path):
         stop(process)
     assert busy.status_code == 409 and "serving a request" in busy.text, busy.text
     assert no_store.status_code == 501 and "without one" in no_store.text, no_store.text
+
+
+def test_a_chat_kept_locally_goes_on_through_a_server_that_loads_its_state(tmp_path, tiny_path):
+    """quill chat keeps its conversation in the store; resumed through --endpoint, the server
+    (same model, same KV types) loads it instead of prefilling the conversation."""
+    home = tmp_path / "home"
+    system = "You are a patient writer of short, plain prose. " * 12
+    common = ["--temperature", "0", "-n", "16", "-s", system]
+    first = run_quill(
+        home, "chat", "-m", str(tiny_path), *common, "--transcript", str(home / "c.json"),
+        input_text="Describe a lighthouse keeper's day.\n",
+    )  # fmt: skip
+    assert first.returncode == 0 and len(files(cache_dir(home))) == 1, first.stderr
+    process, url = start_server(home, tmp_path, str(tiny_path), "--ctx", "1024")
+    try:
+        resumed = run_quill(
+            home, "chat", "--endpoint", f"{url}/v1", "--resume", "c",
+            "--temperature", "0", "-n", "16", input_text="Now describe the night.\n",
+        )  # fmt: skip
+    finally:
+        log = stop(process)
+    assert resumed.returncode == 0, resumed.stderr
+    disk = [int(n) for n in re.findall(r"cached, (\d+) from disk\)", log)]
+    assert disk and disk[0] > len(system) // 8, log
+    assert f"{disk[0]} from disk" in resumed.stderr  # the chat's stats line, from the timings
