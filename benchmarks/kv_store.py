@@ -5,6 +5,7 @@ turns.
 Usage (inside quill's venv; the machine otherwise idle):
   python -m benchmarks.kv_store --model PATH.gguf [--prefix 64 1024 4096] [--threads 2]
       [--turns 8] [--words 60] [--json FILE]
+      [--llama-server benchmarks/.build/llama-cpp-python-0.3.36/build/bin/llama-server]
 
 Part 1, in process: a prefix of N tokens is prefilled (the cost of recomputing it), its state
 kept in a KV store in a temporary folder (the write), then found and restored into a fresh
@@ -14,7 +15,10 @@ the model and a copy of it under another name (a request to the copy evicts the 
 conversation of --turns turns, each turn's TTFT as the client sees it (1) with the model kept
 loaded, (2) evicted before every turn (the turn's TTFT includes loading the model again), (3)
 with the server restarted before every turn (its start apart: TTFT from the first request).
-Each turn's user message is about --words words; replies are 16 tokens, greedy.
+With --llama-server, (4) llama-server's router (--models-dir, --models-max 1) serving the same
+two files, the model evicted before every turn: it loads the model again and prefills the whole
+conversation, which is what the KV store spares quill. Each turn's user message is about --words
+words; replies are 16 tokens, greedy.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -82,7 +87,8 @@ def ask(url: str, model: str, history: list[dict]) -> tuple[float, dict]:
     """(TTFT as the client sees it, the last chunk's timings) for a streamed reply."""
     body = {"model": model, "messages": history, "max_tokens": 16, "temperature": 0,
             "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
-    started, ttft, text, timings = time.perf_counter(), None, [], {}
+    started, ttft, text = time.perf_counter(), None, []
+    timings: dict = {}
     with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=600) as response:
         for line in response.iter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
@@ -97,24 +103,37 @@ def ask(url: str, model: str, history: list[dict]) -> tuple[float, dict]:
     return ttft or 0.0, timings
 
 
-def conversation(model: Path, mode: str, turns: int, words: int, threads: int) -> list[dict]:
+def server_command(model: Path, folder: Path, threads: int, llama_server: Path | None) -> list:
+    """quill serve, or llama-server's router, serving model and a copy of it named other, one
+    model loaded at a time, one slot of 8,192 tokens."""
+    shutil.copyfile(model, folder / "other.gguf")
+    if llama_server is None:
+        return [str(QUILL), "serve", str(model), str(folder / "other.gguf"), "--max-models", "1",
+                "--parallel", "1", "--ctx", "8192", "--threads", str(threads)]  # fmt: skip
+    shutil.copyfile(model, folder / model.name)
+    return [str(llama_server), "--models-dir", str(folder), "--models-max", "1", "-np", "1",
+            "-c", "8192", "-t", str(threads), "--jinja"]  # fmt: skip
+
+
+def conversation(
+    model: Path, mode: str, settings: argparse.Namespace, llama_server: Path | None = None
+) -> list[dict]:
+    """Each turn's TTFT and timings; mode: kept (the model stays loaded), evicted (a request to
+    the other model before each turn), restarted (the server started again before each)."""
     home = Path(tempfile.mkdtemp(prefix="quill-kv-home-"))
-    other = home / "other.gguf"
-    shutil.copyfile(model, other)
-    command = [str(QUILL), "serve", str(model), str(other), "--max-models", "1",
-               "--parallel", "1", "--ctx", "8192", "--threads", str(threads)]  # fmt: skip
+    command = server_command(model, home, settings.threads, llama_server)
     env = users_env(QUILL_HOME=str(home))
     history: list[dict] = [{"role": "system", "content": "You summarize notes briefly."}]
     rows = []
-    process, url = start_server(command, env)
+    process, url = start_server(command, env, stderr=subprocess.DEVNULL)
     try:
-        for turn in range(turns):
+        for turn in range(settings.turns):
             if mode == "evicted" and turn:
                 ask(url, "other", [{"role": "user", "content": "Hello."}])
             if mode == "restarted" and turn:
                 stop_server(process)
-                process, url = start_server(command, env)
-            history.append({"role": "user", "content": message(turn, words)})
+                process, url = start_server(command, env, stderr=subprocess.DEVNULL)
+            history.append({"role": "user", "content": message(turn, settings.words)})
             ttft, timings = ask(url, model.stem, history)
             rows.append({"turn": turn + 1, "mode": mode, "ttft_s": ttft, **timings})
     finally:
@@ -131,6 +150,9 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=8)
     parser.add_argument("--words", type=int, default=60)
     parser.add_argument("--json", type=Path)
+    parser.add_argument(
+        "--llama-server", type=Path, help="also llama-server's router, which recomputes"
+    )
     args = parser.parse_args()
     print(machine_line())
     costs = [restore_vs_prefill(args.model, n, args.threads) for n in args.prefix]
@@ -139,25 +161,30 @@ def main() -> None:
     for c in costs:
         print(f"| {c['tokens']} | {c['prefill_s']:.3f} | {c['write_s']:.3f} | {c['restore_s']:.3f} "
               f"| {c['file_bytes'] / 2**20:.1f} | {c['restore_over_prefill']:.3f} |")  # fmt: skip
-    runs = {mode: conversation(args.model, mode, args.turns, args.words, args.threads)
-            for mode in ("kept", "evicted", "restarted")}  # fmt: skip
+    runs = {mode: conversation(args.model, mode, args) for mode in ("kept", "evicted", "restarted")}
+    if args.llama_server is not None:
+        runs["router"] = conversation(args.model, "evicted", args, args.llama_server)
     print(
         "| turn | prompt tokens | TTFT kept ms | evicted ms (x kept, from disk) "
-        "| restarted ms (x kept, from disk) |"
+        "| restarted ms (x kept, from disk) | llama-server router, evicted ms "
+        "(quill evicted / it) |"
     )
-    print("|---:|---:|---:|---:|---:|")
-    for kept, evicted, restarted in zip(
-        runs["kept"], runs["evicted"], runs["restarted"], strict=True
-    ):
+    print("|---:|---:|---:|---:|---:|---:|")
+    for n, kept in enumerate(runs["kept"]):
         base = kept["ttft_s"]
-        cells = [f"{r['ttft_s'] * 1000:.0f} ({r['ttft_s'] / base:.2f}x, {r.get('cache_disk_n', 0)})"
-                 for r in (evicted, restarted)]  # fmt: skip
+        cells = [
+            f"{r['ttft_s'] * 1000:.0f} ({r['ttft_s'] / base:.2f}x, {r.get('cache_disk_n', 0)})"
+            for r in (runs["evicted"][n], runs["restarted"][n])
+        ]
+        router = runs.get("router")
+        if router:
+            ratio = runs["evicted"][n]["ttft_s"] / router[n]["ttft_s"]
+            cells.append(f"{router[n]['ttft_s'] * 1000:.0f} ({ratio:.2f})")
         prompt = kept.get("cache_n", 0) + kept.get("prompt_n", 0)
-        print(f"| {kept['turn']} | {prompt} | {base * 1000:.0f} | {cells[0]} | {cells[1]} |")
+        print(f"| {kept['turn']} | {prompt} | {base * 1000:.0f} | {' | '.join(cells)} |")
     if args.json:
-        args.json.write_text(
-            json.dumps({"machine": machine_line(), "costs": costs, "turns": runs}, indent=1)
-        )
+        report = {"machine": machine_line(), "costs": costs, "turns": runs}
+        args.json.write_text(json.dumps(report, indent=1))
 
 
 if __name__ == "__main__":

@@ -41,8 +41,8 @@ MAGIC = b"QUILLKV1"
 SUFFIX = ".kv"
 MIN_TOKENS = 512  # shorter prompts prefill in about a second on a laptop: not worth a file
 # The least a kept state must spare to be loaded or kept. Loading is far cheaper than
-# prefilling from the first tokens (64 tokens of SmolLM2 on 2 cores: 4 ms to load, 169 ms to
-# prefill; 4096: 0.21 s against 15.1 s; benchmarks/kv_store.py): the floor is what a file and a
+# prefilling from the first tokens (64 tokens of SmolLM2 on 2 cores: 4 ms to load, 229 ms to
+# prefill; 4096: 0.27 s against 16.7 s; benchmarks/kv_store.py): the floor is what a file and a
 # lookup are worth, not the crossover.
 CHAT_MIN_TOKENS = 64
 DEFAULT_MAX_BYTES = 2 << 30
