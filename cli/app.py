@@ -35,6 +35,10 @@ COMMANDS: tuple[tuple[str, str, str, str | None], ...] = (
     ("bench", "bench", "bench", None),
     ("chat", "chat", "chat", "CHAT_EPILOG"),
     ("tokenize", "tokenize", "tokenize", "EPILOG"),
+    ("embed", "embed", "embed", "EMBED_EPILOG"),
+    ("rerank", "embed", "rerank", None),
+    ("similar", "similar", "similar", None),
+    ("collections", "similar", "collections", None),
     ("serve", "serve", "serve", "SERVE_EPILOG"),
     ("ps", "serve", "ps", None),
     ("stop", "serve", "stop", None),
@@ -69,6 +73,16 @@ SUMMARIES: dict[str, str] = {
         "Show the tokens a text becomes: tokens, not characters, are what context, "
         "max_tokens and speed are counted in."
     ),
+    "embed": (
+        "Embed texts: one vector per text, as JSON lines on stdout (or a .npy matrix, or into "
+        "a collection quill similar searches)."
+    ),
+    "rerank": (
+        "Rank documents (one per line of stdin) by relevance to QUERY with a reranker model: "
+        "the best first, each with its score."
+    ),
+    "similar": "Show the items of a collection nearest a text, best first, by cosine similarity.",
+    "collections": "List the embedding collections: name, model, items, dimensions, last update.",
     "serve": "Serve a model over an OpenAI-compatible HTTP API, batching concurrent requests.",
     "ps": "List the models a running quill serve holds: memory, slots busy, time to unload.",
     "stop": "Unload a model from a running quill serve (once its requests in flight finish).",

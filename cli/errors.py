@@ -47,6 +47,10 @@ COMMAND_EXIT_CODES: dict[str, tuple[int, ...]] = {
     "bench": (*_MODEL, EXIT_ENDPOINT, EXIT_DOES_NOT_FIT, EXIT_RPC),
     "chat": (*_MODEL, EXIT_CONTEXT_OVERFLOW, EXIT_ENDPOINT, EXIT_RPC),
     "tokenize": _MODEL,
+    "embed": (*_MODEL, EXIT_CONTEXT_OVERFLOW),
+    "rerank": (*_MODEL, EXIT_CONTEXT_OVERFLOW),
+    "similar": (*_MODEL, EXIT_CONTEXT_OVERFLOW),
+    "collections": (),
     "serve": (*_MODEL, EXIT_RPC),
     "rpc-server": (EXIT_RPC,),
     "ps": (EXIT_ENDPOINT,),
@@ -139,6 +143,16 @@ class ChatNotFoundError(UsageError):
 
 class ChatTemplateError(UsageError):
     """A chat template that cannot render this conversation, and no fallback could."""
+
+
+class TextTooLongError(QuillError):
+    """A text to embed or rerank is longer than the model reads."""
+
+    exit_code = EXIT_CONTEXT_OVERFLOW
+
+    def __init__(self, label: str, tokens: int, n_ctx: int):
+        self.tokens, self.n_ctx = tokens, n_ctx
+        super().__init__(f"{label} is {tokens} tokens; the model reads at most {n_ctx}")
 
 
 class ContextOverflowError(QuillError):

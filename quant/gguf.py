@@ -498,6 +498,31 @@ def quant_type(path: Path) -> str | None:
     return file_type_name(read_header(path, tensors=False, only=("general.file_type",)))
 
 
+# llama.h's enum llama_pooling_type: how an embedding model makes one vector of a text's tokens.
+POOLING_TYPES = {0: "none", 1: "mean", 2: "cls", 3: "last", 4: "rank"}
+
+
+RANK_HEAD = "cls.output.weight"  # a sequence classifier's head: what makes BERT a reranker
+
+
+def model_kind(pooling: int | None, rank_head: bool = False) -> str:
+    """generation, embedding or rerank: a file that declares a pooling other than none is read as
+    a whole text, into one vector; one with a classifier head (RANK_HEAD), into a relevance score.
+    llama.cpp's converter writes no pooling for a reranker: its head is what says so, and
+    llama-server's --rerank is what pools it."""
+    if rank_head or POOLING_TYPES.get(pooling or 0) == "rank":
+        return "rerank"
+    return "embedding" if pooling else "generation"
+
+
+def file_kind(path: Path) -> str:
+    """model_kind of a GGUF file, from its header's fields and tensor names (no arrays read)."""
+    header = read_header(path)
+    arch = header.text("general.architecture", "unknown") or "unknown"
+    rank_head = any(tensor.name == RANK_HEAD for tensor in header.tensors)
+    return model_kind(header.integer(f"{arch}.pooling_type"), rank_head)
+
+
 @dataclass(frozen=True)
 class Hyperparameters:
     """The model's numbers that quill plans with and shows, each checked as llama.cpp reads it
@@ -512,6 +537,7 @@ class Hyperparameters:
     value_length: int | None
     context_length: int | None
     sliding_window: int | None
+    pooling: int | None  # POOLING_TYPES; None: the file declares none
 
 
 def hyperparameters(header: GGUFHeader) -> Hyperparameters:
@@ -529,6 +555,7 @@ def hyperparameters(header: GGUFHeader) -> Hyperparameters:
         value_length=header.integer(f"{arch}.attention.value_length"),
         context_length=header.integer(f"{arch}.context_length"),
         sliding_window=header.integer(f"{arch}.attention.sliding_window"),
+        pooling=header.integer(f"{arch}.pooling_type"),
     )
 
 
@@ -571,6 +598,8 @@ class GGUFInfo:
     tokenizer: str | None
     chat_template: bool
     tensor_types: list[TensorType] = field(default_factory=list)
+    kind: str = "generation"  # model_kind's
+    pooling: str | None = None  # POOLING_TYPES' name, where the file declares one
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -613,4 +642,6 @@ def read_gguf(
         tensor_types=[
             TensorType(name, counts[name], sizes[name]) for name, _ in sizes.most_common()
         ],
+        kind=model_kind(model.pooling, any(t.name == RANK_HEAD for t in header.tensors)),
+        pooling=POOLING_TYPES.get(model.pooling) if model.pooling is not None else None,
     )

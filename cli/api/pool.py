@@ -18,6 +18,7 @@ from typing import Any, Protocol
 
 from cli.api.server import ApiError
 from cli.engine.batching import BatchScheduler
+from cli.engine.embedqueue import EmbeddingScheduler
 from cli.errors import ModelLoadError
 from cli.units import human_bytes
 
@@ -43,6 +44,10 @@ def parse_duration(value: Any) -> float:
     raise ValueError(f"not a duration: {value!r}; write seconds or one like 5m, 30s, 1h (-1: ever)")
 
 
+# What runs a loaded model's requests: a generation model's batches, or an embedding model's.
+Scheduler = BatchScheduler | EmbeddingScheduler
+
+
 @dataclass(frozen=True)
 class PoolAdvice:
     """What a refused client is told to do, past the facts: the command that starts the server
@@ -56,7 +61,7 @@ class PoolAdvice:
 class PooledModel:
     label: str
     memory_bytes: int  # the memory plan's total, weights to buffers
-    scheduler: BatchScheduler | None = None  # None while loading
+    scheduler: Scheduler | None = None  # None while loading
     loaded: threading.Event = field(default_factory=threading.Event)
     failure: ApiError | None = None  # why the load failed
     in_flight: int = 0
@@ -85,7 +90,7 @@ class Catalog(Protocol):
     and its memory plan's total with the parts in words (serve.py's ServeCatalog)."""
 
     def models(self) -> dict[str, Path]: ...
-    def open(self, label: str, path: Path) -> BatchScheduler: ...
+    def open(self, label: str, path: Path) -> Scheduler: ...
     def memory_bytes(self, path: Path) -> tuple[int, str]: ...
 
 
@@ -115,7 +120,7 @@ class ModelPool:
         self._reaper = threading.Thread(target=self._reap, name="quill-keep-alive", daemon=True)
         self._reaper.start()
 
-    def add_loaded(self, label: str, scheduler: BatchScheduler, memory_bytes: int = 0) -> None:
+    def add_loaded(self, label: str, scheduler: Scheduler, memory_bytes: int = 0) -> None:
         """A model loaded before serving: kept until stopped or evicted (no keep-alive)."""
         with self._lock:
             model = PooledModel(label, memory_bytes, scheduler)

@@ -30,7 +30,10 @@ from cli.engine.toolcalls import ToolsError, call_format, check_tools, forcing_g
 from cli.errors import ChatTemplateError, UsageError
 
 if TYPE_CHECKING:
+    from cli.engine.embedqueue import EmbeddingScheduler
     from cli.engine.engine import Engine
+
+    Scheduler = BatchScheduler | EmbeddingScheduler
 
 
 @dataclass(frozen=True)
@@ -70,7 +73,7 @@ def bad_request(message: str, param: str | None = None, code: str | None = None)
 
 @dataclass
 class ServerState:
-    scheduler: BatchScheduler | None  # a model loaded before serving (None: none)
+    scheduler: Scheduler | None  # a model loaded before serving (None: none)
     model_name: str
     limits: ServerLimits
     api_key: str | None = None

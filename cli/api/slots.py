@@ -10,7 +10,7 @@ from typing import Any
 
 from cli.api.pool import ModelPool
 from cli.api.server import ApiError, bad_request
-from cli.engine.batching import SlotBusyError, SlotStateNotFoundError
+from cli.engine.batching import BatchScheduler, SlotBusyError, SlotStateNotFoundError
 from cli.store.promptcache import SLOT_NAME
 
 ACTIONS = ("save", "restore", "erase")
@@ -43,6 +43,8 @@ def slot_action(
     try:
         scheduler = model.scheduler
         assert scheduler is not None  # acquired: loaded
+        if not isinstance(scheduler, BatchScheduler):
+            raise bad_request(f"{model.label} is an embedding model: it has no slots", "model")
         if action != "erase" and scheduler.store is None:
             raise ApiError(
                 HTTPStatus.NOT_IMPLEMENTED,

@@ -19,11 +19,17 @@ from cli.commands.options import (
 from cli.errors import Interrupted, ModelNotFoundError, UsageError
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from quant.gguf import GGUFHeader
     from quant.memory import DeviceShare
 
 # What pull and inspect say of a base model (models.yaml `base: true`).
 BASE_NOTE = "base model, not instruction-tuned: it continues text (quill run --raw)"
+KIND_NOTES = {
+    "embedding": "embedding model: one vector per text (quill embed, /v1/embeddings)",
+    "rerank": "reranker: a relevance score per query and document (quill rerank, /v1/rerank)",
+}
 
 
 def pull(
@@ -62,6 +68,17 @@ def pull(
     render.info_line(f"{request.label}: {size}{base}")
 
 
+def _file_kind(path: Path) -> str | None:
+    """embedding or rerank where the file's header declares a pooling; else None."""
+    from quant.gguf import GGUFError, file_kind
+
+    try:
+        kind = file_kind(path)
+    except (GGUFError, OSError):
+        return None
+    return None if kind == "generation" else kind
+
+
 def list_models(
     json_output: Annotated[bool, typer.Option("--json", help="One JSON array on stdout.")] = False,
 ) -> None:
@@ -76,7 +93,9 @@ def list_models(
     models = list_local(registry)
     quants = {str(m.path): m.quant or file_quant(m.path) or "?" for m in models}
     kinds = {
-        str(m.path): model_kind(m.name, registry) or model_kind(str(m.path), registry)
+        str(m.path): _file_kind(m.path)
+        or model_kind(m.name, registry)
+        or model_kind(str(m.path), registry)
         for m in models
     }
     if json_output:
@@ -194,7 +213,11 @@ def inspect(
     )
     template = _template_facts(header.get("tokenizer.chat_template"), name)
     of = replica_of(header)
-    kind = "replica" if of else model_kind(name, registry)
+    # One word for what the file is for: a replica, an embedding model or reranker (its own
+    # header says), else what the registry says of a generation model (instruct or base).
+    kind = (
+        "replica" if of else info.kind if info.kind != "generation" else model_kind(name, registry)
+    )
     available = available_memory()
     split = _rpc_split(header, parse_rpc(rpc), n_ctx, type_k, type_v)
     if json_output:
@@ -208,7 +231,7 @@ def inspect(
             data["rpc_split"] = [share.as_dict() for share in split]
         render.write_stdout(json.dumps(data, indent=1) + "\n")
     else:
-        note = BASE_NOTE if kind == "base" else None
+        note = BASE_NOTE if kind == "base" else KIND_NOTES.get(kind or "")
         if of:
             note = f"replica of {of}: its weights are noise, so is its text (quill bench --replica)"
         render.gguf_report(info, template["template_summary"], note, model.read)

@@ -427,6 +427,7 @@ def open_model(
     from cli.ui import render
 
     label, path = obtain_model(name, offline, verbose)
+    refuse_other_kinds(label, path)
     draft = None
     if settings.spec is not None and settings.spec.draft is not None:
         draft = obtain_model(settings.spec.draft, offline, verbose)
@@ -445,6 +446,22 @@ def open_model(
 
     family = registry_family(name)
     return label, open_engine(path, options, settings, verbose, family, draft, warn_note)
+
+
+def refuse_other_kinds(label: str, path: Path) -> None:
+    """An embedding or rerank model cannot continue a text: one line saying what it is for."""
+    from quant.gguf import GGUFError, file_kind
+
+    try:
+        kind = file_kind(path)
+    except GGUFError:
+        return  # the load says what is wrong with the file, in its words
+    if kind == "embedding":
+        raise UsageError(
+            f"{label} is an embedding model: it makes vectors, not text; use quill embed"
+        )
+    if kind == "rerank":
+        raise UsageError(f"{label} is a reranker: it scores documents, not text; use quill rerank")
 
 
 def warn_note(note: str) -> None:

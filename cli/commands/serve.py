@@ -19,8 +19,8 @@ if TYPE_CHECKING:
     import socket
 
     from cli.api.http import HttpLimits
-    from cli.api.pool import ModelPool, PoolAdvice
-    from cli.engine.batching import BatchScheduler
+    from cli.api.pool import ModelPool, PoolAdvice, Scheduler
+    from cli.engine.embedqueue import EmbeddingScheduler
     from cli.engine.options import LoadOptions
     from cli.engine.settings import ModelSettings
 
@@ -348,13 +348,16 @@ class ServeCatalog:
                 found.setdefault(local.name, local.path)
         return found
 
-    def open(self, label: str, path: Path) -> BatchScheduler:
+    def open(self, label: str, path: Path) -> Scheduler:
         from cli.commands.templating import registry_family
         from cli.engine.batching import BatchScheduler
         from cli.engine.opening import open_engine
         from cli.store.promptcache import conversation_cache
         from cli.ui import render
+        from quant.gguf import file_kind
 
+        if file_kind(path) != "generation":
+            return self._open_embedder(path)
         family = registry_family(label)
         store = conversation_cache(self.store_bytes) if self.store_bytes else None
         settings = replace(self.settings, prompt_cache=store)
@@ -369,6 +372,16 @@ class ServeCatalog:
         except BaseException:
             engine.close()
             raise
+
+    def _open_embedder(self, path: Path) -> EmbeddingScheduler:
+        """An embedding or rerank model, beside the chat models: its own context and queue."""
+        from cli.engine.embedding import Embedder
+        from cli.engine.embedqueue import EmbeddingScheduler
+        from cli.engine.options import LoadOptions
+
+        options = LoadOptions(threads=self.options.threads, gpu_layers=self.options.gpu_layers)
+        embedder = Embedder(path, options)
+        return EmbeddingScheduler(embedder, max_queued=self.max_queue)
 
     def memory_bytes(self, path: Path) -> tuple[int, str]:
         """The plan's total for path at this server's context, slots and KV types, and its parts."""

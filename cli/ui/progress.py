@@ -72,7 +72,8 @@ def download_progress() -> type[tqdm]:
 
 class StepProgress:
     """Counted steps (tensors, windows) on stderr: a rich bar on a terminal, otherwise a plain
-    line at each tenth. Use as a context manager; call update(done, total, detail)."""
+    line at each tenth. Use as a context manager; call update(done, total, detail), total 0 where
+    it is not known (a count on a terminal, nothing otherwise)."""
 
     def __init__(self, description: str) -> None:
         self.description = description
@@ -98,9 +99,10 @@ class StepProgress:
 
     def update(self, done: int, total: int, detail: str = "") -> None:
         if self._bar is not None:
+            known = total or None
             if self._task is None:
-                self._task = self._bar.add_task(self.description, total=total, detail=detail)
-            self._bar.update(self._task, completed=done, total=total, detail=detail)
+                self._task = self._bar.add_task(self.description, total=known, detail=detail)
+            self._bar.update(self._task, completed=done, total=known, detail=detail)
             return
         if total and done * 10 >= self._next_tenth * total:
             print(f"{self.description}: {done}/{total} {detail}".rstrip(), file=sys.stderr)

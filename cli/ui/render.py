@@ -285,6 +285,7 @@ def gguf_report(
         ("sliding window", number(info.sliding_window)),
         ("vocabulary", f"{number(info.vocab_size)} tokens ({info.tokenizer or '-'})"),
         ("chat template", template or ("yes" if info.chat_template else "no")),
+        *([("pooling", info.pooling)] if info.pooling else []),
         *([("kind", base)] if base else []),
         ("file size", f"{human_bytes(info.file_size)} ({info.file_size:,} bytes)"),
         *(
