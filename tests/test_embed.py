@@ -297,3 +297,55 @@ def test_similar_finds_by_id_and_text_in_a_collection(tmp_path, tiny_bert_path):
     assert best == "2" and float(score) == pytest.approx(1.0, abs=1e-3)
     pooled = run_quill(home, "embed", str(tiny_bert_path), "--into", "x", "--pooling", "cls", "a")
     assert pooled.returncode == 2 and "drop --pooling" in pooled.stderr
+
+
+def _peak_rss_kib(home: Path, model: Path, stdin: bytes) -> int:
+    """quill embed over stdin, its output drained as it comes: the process's peak RSS."""
+    import os
+    import threading
+
+    process = subprocess.Popen(
+        [QUILL, "embed", str(model), "--no-stats"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        env=quill_env(home),
+    )
+    assert process.stdout is not None and process.stdin is not None
+    counted: list[int] = []
+    reader = threading.Thread(target=lambda: counted.append(sum(1 for _ in process.stdout)))
+    reader.start()
+    process.stdin.write(stdin)
+    process.stdin.close()
+    _, status, usage = os.wait4(process.pid, 0)
+    reader.join()
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert counted == [stdin.count(b"\n")]
+    return usage.ru_maxrss
+
+
+@pytest.mark.slow
+def test_a_hundred_thousand_lines_run_in_bounded_memory(tmp_path, tiny_bert_path):
+    words = ["hello", "world", "the", "cat", "sat", "on", "mat", "run", "a", "cafe"]
+    lines = [" ".join(words[(n * 7 + k) % 10] for k in range(3 + n % 9)) for n in range(100_000)]
+    every = "".join(f"{line}\n" for line in lines).encode()
+    few = _peak_rss_kib(tmp_path, tiny_bert_path, b"".join(every.splitlines(True)[:1000]))
+    many = _peak_rss_kib(tmp_path, tiny_bert_path, every)
+    # Kept whole, 100,000 vectors and their JSON would take tens of MiB more.
+    assert many - few < 8 * 1024, (few, many)
+
+
+def test_a_terminal_sees_a_progress_count_and_a_pipe_only_the_stats_line(
+    tmp_path, quill_home, tiny_bert_path
+):
+    import pexpect
+
+    lines = tmp_path / "lines.txt"
+    lines.write_text("".join(f"hello world the cat {n}\n" for n in range(3000)))
+    command = f"{QUILL} embed {tiny_bert_path} --threads 1 < {lines} > /dev/null"
+    child = pexpect.spawn("bash", ["-c", command], env=quill_env(quill_home), encoding="utf-8")
+    shown = child.read()
+    child.wait()
+    assert "embedding" in shown and "3000/?" in shown and "3000 texts" in shown
+    piped = run_quill(quill_home, "embed", str(tiny_bert_path), input_text=lines.read_text())
+    assert piped.stderr.count("\n") == 1 and "3000 texts" in piped.stderr
+    assert "\x1b[" not in piped.stderr  # no colour and no bar into a pipe
