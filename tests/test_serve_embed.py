@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import concurrent.futures
 import json
+import time
 
 import httpx2 as httpx
 import numpy as np
@@ -101,6 +102,8 @@ def test_concurrent_clients_share_batches_and_get_their_own_vectors(embed_server
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
         together = list(pool.map(ask, TEXTS[:4]))
     for one, many in zip(alone, together, strict=True):
+        # same path: indexes number each request's own inputs, however the pass grouped them
+        assert [item["index"] for item in many["data"]] == list(range(8))
         for item in many["data"]:
             assert float(np.dot(item["embedding"], one["data"][0]["embedding"])) >= 0.9999
 
@@ -195,3 +198,31 @@ def test_hostile_rerank_bodies_are_a_400(tiny_server, body, needle):
     reply = post(tiny_server, "/v1/rerank", {"model": RANKER, **body})
     assert reply.status_code == 400, reply.text
     assert needle in reply.json()["error"]["message"]
+
+
+def test_requests_waiting_together_share_a_pass_and_keep_their_own_numbering(tiny_bert_path):
+    from cli.engine.embedding import Embedder
+    from cli.engine.embedqueue import EmbeddingJob, EmbeddingScheduler
+    from cli.engine.options import LoadOptions
+
+    embedder = Embedder(tiny_bert_path, LoadOptions(threads=1))
+    scheduler = EmbeddingScheduler(embedder)
+    try:
+        cat, world = embedder.tokenize("the cat sat"), embedder.tokenize("hello world")
+        first = EmbeddingJob([cat] * 3000)  # busy the loop while the next two wait together
+        scheduler.submit(first)
+        while not scheduler.busy_slots:  # the first pass has taken it: the next two queue
+            time.sleep(0.001)
+        second, third = EmbeddingJob([cat] * 5), EmbeddingJob([world] * 7)
+        scheduler.submit(second)
+        scheduler.submit(third)
+        for job in (first, second, third):
+            assert job.done.wait(60) and job.error is None
+        assert scheduler.max_sequences_in_a_step == 3000
+        assert scheduler.steps == 2  # the two waiting requests shared one pass
+        assert [r.index for r in second.results] == list(range(5))
+        assert [r.index for r in third.results] == list(range(7))
+        assert float(third.results[6].vector @ second.results[0].vector) < 0.999
+    finally:
+        scheduler.close()
+        embedder.close()

@@ -199,7 +199,8 @@ def open_embedder(
 
 def _wrong_kind(label: str, found: str, wanted: str) -> str:
     if wanted == "rerank":
-        return f"{label} is not a reranker (its pooling is {found}): quill rerank needs one"
+        what = "an embedding model" if found == "embedding" else "a generation model"
+        return f"{label} is not a reranker ({what}): quill rerank needs one"
     return (
         f"{label} is a {'reranker' if found == 'rerank' else 'generation model'} with no "
         "pooling of its own: give --pooling mean (or cls, last) to embed with it anyway"
@@ -355,10 +356,11 @@ def _threads(count: int) -> str:
 
 
 def _stats_line(tally: Tally, seconds: float, embedder: Embedder) -> str:
+    texts = "1 text" if tally.texts == 1 else f"{tally.texts} texts"
     rate = f"{tally.texts / seconds:.1f} texts/s, {tally.tokens / seconds:.0f} tokens/s"
     skipped = f", {tally.skipped} unchanged skipped" if tally.skipped else ""
     return (
-        f"{tally.texts} texts, {tally.tokens} tokens in {seconds:.2f} s: {rate}{skipped}; "
+        f"{texts}, {tally.tokens} tokens in {seconds:.2f} s: {rate}{skipped}; "
         f"{embedder.dimensions} dimensions, {embedder.pooling} pooling, "
         f"{_threads(embedder.threads)}, load {embedder.load_s:.2f} s"
     )

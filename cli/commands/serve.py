@@ -282,10 +282,17 @@ def _listen(host: str, port: int) -> socket.socket:
 
 
 def _open_first_model(catalog: ServeCatalog, pool: ModelPool) -> int:
-    """Load the first model named, kept in the pool from the start; its context size."""
+    """Load the first model named, kept in the pool from the start; the context size of the
+    slots of the chat models it serves."""
+    from cli.engine.engine import Engine
+
     label, path = next(iter(catalog.files.items()))
     scheduler = catalog.open(label, path)
     pool.add_loaded(label, scheduler, catalog.memory_bytes(path)[0])
+    if not isinstance(scheduler.engine, Engine):  # an embedding model: its context is no slot's
+        from cli.engine.options import context_size
+
+        return context_size(catalog.options.n_ctx, None)
     return scheduler.engine.n_ctx
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from cli.engine.batching import SchedulerStoppedError
 from cli.engine.embedding import EUCLIDEAN, Embedder, Embedding
@@ -103,7 +103,8 @@ class EmbeddingScheduler:
                     yield from job.texts
 
             for owner, result in zip(owners, self.engine.embed(texts(), norm), strict=True):
-                owner.results.append(result)
+                # Numbered within its own request: the pass counts over every request in it.
+                owner.results.append(replace(result, index=len(owner.results)))
             self.steps += 1
             self.max_sequences_in_a_step = max(self.max_sequences_in_a_step, len(owners))
 
