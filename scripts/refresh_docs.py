@@ -8,15 +8,16 @@ Usage: python scripts/refresh_docs.py [--help-blocks] [PAGE ...]
                  line then differs from the others', which tests/test_docs_agree.py refuses
 
 Each page runs in a quill home of its own at /tmp/qdoc holding only the default model (as after
-the README's first run), in a scratch folder with the files the page uses (FIXTURES, and any file
-the page shows with `$ cat FILE`), its examples in page order, `rm` last. stdout and stderr go to
-one pipe, in the order a terminal shows them; a plain `quill run --json` is shown indented. A
-`$ quill serve` starts that server on a free port of 127.0.0.1 (the page's port is written back
-into what is pasted); its block gets the server's log when the next server for its port starts
-or the page ends (then SIGTERM). guide.zh.md, a translation, shows guide.md's output of each
-command the two share. Each example first waits for a quiet machine (WAIT_S, WAIT_BUDGET_S), so
-that quill picks the same threads for all. Timings are pasted as they come; read the prose around
-them after a run.
+the README's first run) and any model its EXTRA_MODELS entry names (both copied from your own
+quill home: pull them there first), in a scratch folder with the files the page uses (FIXTURES,
+and any file the page shows with `$ cat FILE`), its examples in page order, `rm` last. stdout
+and stderr go to one pipe, in the order a terminal shows them; a plain `quill run --json` is
+shown indented. A `$ quill serve` starts that server on a free port of 127.0.0.1 (the page's
+port is written back into what is pasted); its block gets the server's log when the next server
+for its port starts or the page ends (then SIGTERM). guide.zh.md, a translation, shows
+guide.md's output of each command the two share. Each example first waits for a quiet machine
+(WAIT_S, WAIT_BUDGET_S), so that quill picks the same threads for all. Timings are pasted as
+they come; read the prose around them after a run.
 SKIP names what is not run here, and why: those blocks keep the output of an earlier run.
 """
 
@@ -53,6 +54,7 @@ SKIP = {  # a part of the command line: why it is not run here
     "--rpc": "needs quill rpc-server on the ports it names, and scale.md stops one mid-run",
     "quill rpc-server": "serves until stopped",
     "10.0.0.": "a load balancer on another machine",
+    "quill pull all-minilm-l6-v2": "the first pull downloads and converts; the page home has it",
 }
 # The first of two equal commands on a page, when only the first is not run here.
 SKIP_FIRST = {"quill pull smollm2-135m": "the first pull downloads from the package index"}
@@ -202,19 +204,32 @@ class Server:
         return self.log
 
 
-def fresh_home(model: Path) -> None:
-    """A quill home holding only the default model, as the README's first run leaves it."""
+def fresh_home(models: list[Path]) -> None:
+    """A quill home holding only the default model, as the README's first run leaves it, and
+    the page's EXTRA_MODELS: each file, and its manifest entry, as in the user's own home."""
     shutil.rmtree(HOME, ignore_errors=True)
-    target = HOME / "models/smollm2-135m/q4_1" / model.name
-    target.parent.mkdir(parents=True)
-    shutil.copy(model, target)
-    manifest = json.loads((model.parents[3] / "manifest.json").read_text())
-    entry = next(e for e in manifest["downloads"] if e["name"] == "smollm2-135m:q4_1")
-    (HOME / "manifest.json").write_text(json.dumps({"downloads": [{**entry, "path": str(target)}]}))
+    entries = []
+    for model in models:
+        own_home = model.parents[3]  # models/ALIAS/TAG/FILE under the user's quill home
+        target = HOME / model.relative_to(own_home)
+        target.parent.mkdir(parents=True)
+        shutil.copy(model, target)
+        manifest = json.loads((own_home / "manifest.json").read_text())
+        entry = next(e for e in manifest["downloads"] if e["path"] == str(model))
+        entries.append({**entry, "path": str(target)})
+    (HOME / "manifest.json").write_text(json.dumps({"downloads": entries}))
 
 
-def default_model() -> Path:
-    """The default model in the user's own quill home."""
+DEFAULT_MODEL = "smollm2-135m:q4_1"
+# Models a page's examples need beside the default one, as `quill list` names them: copied from
+# the user's own quill home (`quill pull ALIAS` there first), as the default model is.
+EXTRA_MODELS = {"embeddings.md": ("all-minilm-l6-v2:f16",)}
+
+
+def own_model(name: str) -> Path:
+    """Where the model NAME (as `quill list` names it) lies in the user's own quill home: one
+    fetched from the package index, so that it lies under that home's models/ as a page's home
+    keeps it."""
     env = environment()
     env.pop("QUILL_HOME")
     env.update({"QUILL_HOME": os.environ["QUILL_HOME"]} if "QUILL_HOME" in os.environ else {})
@@ -222,9 +237,10 @@ def default_model() -> Path:
         ["quill", "list", "--json"], capture_output=True, text=True, check=True, env=env
     )
     for entry in json.loads(listed.stdout):
-        if entry["name"] == "smollm2-135m:q4_1" and entry["source"] == "pypi":
+        if entry["name"] == name and entry["source"] == "pypi":
             return Path(entry["path"])
-    raise SystemExit("the default model is not on disk: quill pull smollm2-135m")
+    what = "the default model" if name == DEFAULT_MODEL else f"{name} (the docs use it)"
+    raise SystemExit(f"{what} is not on disk: quill pull {name.split(':')[0]}")
 
 
 def excerpt(old: list[str], new: list[str]) -> list[str] | None:
@@ -321,14 +337,14 @@ def make_fixtures(lines: list[str], workdir: Path, index: int, servers: dict) ->
         (workdir / argv[1]).write_text(text)
 
 
-def refresh_page(path: Path, model: Path, outputs: dict, skipped: list[str]) -> None:
+def refresh_page(path: Path, models: dict, outputs: dict, skipped: list[str]) -> None:
     """Run the page's examples and paste their output; outputs keeps each page's by command."""
     page = path.name
     lines = path.read_text(encoding="utf-8").split("\n")
     commands = [(i, line[2:]) for i, line in enumerate(lines) if line.startswith("$ ")]
     original = outputs.get(TRANSLATIONS.get(page, ""), {})
     mine: dict[str, list[list[str]]] = {}
-    fresh_home(model)
+    fresh_home([models[name] for name in (DEFAULT_MODEL, *EXTRA_MODELS.get(page, ()))])
     pasted: dict[int, list[str]] = {}
     with tempfile.TemporaryDirectory(prefix="qdoc-page-") as scratch:
         workdir = Path(scratch)
@@ -420,11 +436,12 @@ def main(arguments: list[str]) -> int:
         return 0
     chosen = [p for p in PAGES if not arguments or p.name in arguments]
     chosen.sort(key=lambda p: p.name in TRANSLATIONS)  # an original before its translation
-    model = default_model()
+    needed = {DEFAULT_MODEL}.union(*(EXTRA_MODELS.get(p.name, ()) for p in chosen))
+    models = {name: own_model(name) for name in sorted(needed)}
     outputs: dict = {"long": {}}
     skipped: list[str] = []
     for path in chosen:
-        refresh_page(path, model, outputs, skipped)
+        refresh_page(path, models, outputs, skipped)
     paste_machine_line(chosen)
     print("not run here (their blocks keep earlier output):", *skipped, sep="\n  ")
     print(

@@ -1,5 +1,6 @@
 """Every plain `$ quill ...` example in the docs, run verbatim, in the order the page shows them,
-in a quill home of the page's own that starts with only the default model.
+in a quill home of the page's own that starts with only the default model (and the models its
+EXTRA_MODELS entry names). On PIPELINE_PAGES the pipelines with quill in them run too.
 
 An example whose output shows `quill: error:` must fail (with the exit code the page shows after
 it, if it shows one); any other must succeed. Examples that take minutes (bench grids,
@@ -16,6 +17,7 @@ near-tie comparator.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -35,37 +37,69 @@ SKIP = {
     "--rpc": "needs quill rpc-server on the ports it names (tests/test_rpc.py covers it)",
     "rpc-server": "serves until stopped (tests/test_rpc.py starts and stops it)",
 }
+# Pages whose plain examples use what a pipeline before them made (embeddings.md: `quill embed
+# --into notes < notes.txt` fills the collection `quill similar notes` searches): all their
+# examples with quill in them run, pipelines too, in page order, as scripts/refresh_docs.py runs
+# them.
+PIPELINE_PAGES = {"embeddings.md"}
+# Models a page needs beside the default one: the session fixture that pulls each (as
+# scripts/refresh_docs.py's EXTRA_MODELS copies them from the user's own quill home).
+EXTRA_MODELS = {"embeddings.md": ("minilm_path",)}
 REPLICA_PATH = "/cache/replicas/"  # the replica a bench --replica example builds in the long pass
 PAGES = sorted({doc for doc, *_ in COMMANDS})
 
 
 def examples(page: str) -> list[tuple[int, list[str], str]]:
-    """The page's plain examples in order, its `rm` examples last (a page shows deleting a model
-    as an example, not as a step before the examples that follow it)."""
+    """The page's plain examples (on PIPELINE_PAGES, all its examples) in order, its `rm`
+    examples last (a page shows deleting a model as an example, not as a step before the
+    examples that follow it)."""
     chosen = [(line, argv, shown) for doc, line, argv, shown, plain in COMMANDS
-              if doc == page and plain and argv]  # fmt: skip
+              if doc == page and (plain or page in PIPELINE_PAGES) and argv]  # fmt: skip
     return sorted(chosen, key=lambda example: example[1][0] == "rm")
 
 
-def expected_exit(shown: str) -> int | None:
-    """0 for success; the code after `$ echo $?` if the page shows one; None: any failure."""
+def expected_exit(shown: str, page: str | None = None, line: int = 0) -> int | None:
+    """0 for success; the code a `$ echo $?` right after the command's output on the page shows
+    (page and line: the command's), or one inside the output; None: any failure."""
     if "quill: error:" not in shown:
         return 0
+    if page is not None:
+        after = _after_output(page, line)
+        if after[:1] == ["$ echo $?"] and len(after) > 1 and after[1].strip().isdigit():
+            return int(after[1])
     match = re.search(r"^\$ echo \$\?\n(\d+)", shown, re.MULTILINE)
     return int(match[1]) if match else None
 
 
+def _after_output(page: str, line: int) -> list[str]:
+    """The page's lines after the output of the command on line (1-based)."""
+    raw = (ROOT / "docs" / page if page != "README.md" else ROOT / page).read_text().splitlines()
+    end = line
+    while end < len(raw) and not raw[end].startswith(("$ ", "```")):
+        end += 1
+    return raw[end : end + 2]
+
+
 @pytest.fixture
-def page_home(tmp_path_factory, smollm2_path, quill_home) -> Path:
+def page_home(request, tmp_path_factory, smollm2_path, quill_home) -> Path:
     """A quill home of each page's own, holding only the default model, as after the README's
-    first run."""
+    first run, and the models the page's EXTRA_MODELS entry names, each with its manifest
+    entry."""
     home = tmp_path_factory.mktemp("docs-home")
-    relative = smollm2_path.relative_to(quill_home)
-    (home / relative).parent.mkdir(parents=True)
-    shutil.copy(smollm2_path, home / relative)
-    manifest = (quill_home / "manifest.json").read_text()
-    entries = [line for line in manifest.splitlines()]
-    (home / "manifest.json").write_text("\n".join(entries).replace(str(quill_home), str(home)))
+    callspec = getattr(request.node, "callspec", None)
+    page = callspec.params.get("page") if callspec is not None else None
+    models = [smollm2_path, *(request.getfixturevalue(f) for f in EXTRA_MODELS.get(page, ()))]
+    for model in models:
+        relative = model.relative_to(quill_home)
+        (home / relative).parent.mkdir(parents=True)
+        shutil.copy(model, home / relative)
+    manifest = json.loads((quill_home / "manifest.json").read_text())
+    entries = [
+        {**entry, "path": entry["path"].replace(str(quill_home), str(home))}
+        for entry in manifest["downloads"]
+        if Path(entry["path"]) in models
+    ]
+    (home / "manifest.json").write_text(json.dumps({"downloads": entries}, indent=1))
     return home
 
 
@@ -100,7 +134,7 @@ def run_page(page: str, home: Path, long: bool, workdir: Path) -> list[str]:
             ["bash", "-c", typed], env=env, cwd=workdir, capture_output=True, text=True,
             stdin=subprocess.DEVNULL, timeout=900,
         )  # fmt: skip
-        want = expected_exit(shown)
+        want = expected_exit(shown, page, line)
         ok = result.returncode == want if want is not None else result.returncode not in (0, 1)
         if not ok or "Traceback" in result.stderr:
             problems.append(
@@ -126,7 +160,9 @@ def page_inputs(page: str, workdir: Path, home: Path) -> tuple[list, dict[str, s
     in order, and the files the page makes for them."""
     workdir.mkdir()
     raw = prepare_page(page, workdir, home)
-    typed = [(raw[line - 1][2:], expected_exit(shown)) for line, _, shown in examples(page)]
+    typed = [
+        (raw[line - 1][2:], expected_exit(shown, page, line)) for line, _, shown in examples(page)
+    ]
     made = {
         str(path.relative_to(workdir)): path.read_text()
         for path in sorted(workdir.rglob("*"))
