@@ -89,14 +89,23 @@ SLOW_BY_DESIGN = {
     "test_chatresume.py::test_a_stale_cache_is_refused_in_one_line": "chats in subprocesses",
     "test_chatresume.py::test_resume_last_takes_the_newest_chat": "chats in subprocesses",
     "test_chatresume.py::test_a_damaged_chat_cache_gives_one_warning": "chats in subprocesses",
-    "test_untrusted.py::test_a_crafted_cache_header_is_removed_and_the_run_goes_on": "many runs",
-    "test_embed.py::test_the_other_options_by_their_long_names": "six quill processes",
-    "test_untrusted.py::test_a_number_past_its_range_is_one_line_and_exit_2": "many subprocesses",
-    "test_untrusted.py::test_chat_overflow_under_on_overflow_error_exits_4": "chat subprocesses",
-    "test_untrusted.py::test_serve_answers_400_for_bad_templates_and_tools_and_keeps_serving": (
-        "a server"
+    "test_files_read_back.py::test_a_crafted_cache_header_is_removed_and_the_run_goes_on": (
+        "many runs"
     ),
-    "test_untrusted.py::test_a_bad_chat_template_is_one_line_not_a_traceback": "many subprocesses",
+    "test_embed.py::test_the_other_options_by_their_long_names": "six quill processes",
+    "test_number_ranges.py::test_a_number_past_its_range_is_one_line_and_exit_2": (
+        "many subprocesses"
+    ),
+    "test_chat_overflow.py::test_chat_overflow_under_on_overflow_error_exits_4": (
+        "chat subprocesses"
+    ),
+    (
+        "test_template_errors.py::test_serve_answers_400_for_bad_templates_and_tools_and_"
+        "keeps_serving"
+    ): "a server",
+    "test_template_errors.py::test_a_bad_chat_template_is_one_line_not_a_traceback": (
+        "many subprocesses"
+    ),
     "test_grammar_safety.py::test_run_with_a_huge_bound_stays_small_and_alive": "subprocesses",
     "test_grammar_safety.py::test_one_request_cannot_end_the_server": "a server per case",
     "test_serve_hostile.py::test_parallel_beyond_the_batch_is_refused_before_loading": (

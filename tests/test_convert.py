@@ -15,6 +15,15 @@ from typing import Any
 import gguf
 import numpy as np
 import pytest
+
+from cli.errors import ModelNotFoundError, RegistryError
+from cli.store.models import ModelRequest, obtain, parse_model_name, sha256_of
+from cli.store.registry import load_registry, parse_registry
+from cli.store.wheels import WheelPart, WheelSource, _folder_name
+from quant.convert import CHKTXT, ConversionError, WordPiece, convert_bert
+
+from conftest import MINILM, quill_env, run_quill
+from pipindex import Index, build_wheel, pip_environment, serve_index, use_pip_environment
 from tinybert import (
     TINY_TEXTS,
     VOCAB,
@@ -25,15 +34,6 @@ from tinybert import (
     tokenizer_json,
     with_rank_head,
 )
-
-from cli.errors import ModelNotFoundError, RegistryError
-from cli.store.models import ModelRequest, obtain, parse_model_name, sha256_of
-from cli.store.registry import load_registry, parse_registry
-from cli.store.wheels import WheelPart, WheelSource, _folder_name
-from quant.convert import CHKTXT, ConversionError, WordPiece, convert_bert
-
-from conftest import MINILM, quill_env, run_quill
-from pipindex import Index, build_wheel, pip_environment, serve_index, use_pip_environment
 
 TEXTS = [
     "hello world",

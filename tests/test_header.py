@@ -11,7 +11,6 @@ from pathlib import Path
 import psutil
 import pytest
 from gguf import GGUFReader, GGUFValueType, GGUFWriter
-from hubserver import Hub, serve_hub
 from test_fuzz_gguf import STRING, encode, patch, replaced, scan, typed
 
 from cli.app import app
@@ -22,6 +21,7 @@ from cli.store.models import Download, ModelRequest, model_header, parse_model_n
 from cli.store.registry import load_registry
 from quant.gguf import GGUFError, HeaderIncomplete, read_header
 
+from hubserver import Hub, serve_hub
 from tinymodel import write_tiny_llama
 
 MiB = 2**20

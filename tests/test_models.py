@@ -11,7 +11,6 @@ import time
 from pathlib import Path
 
 import pytest
-from hubserver import Hub, serve_hub
 
 from cli.app import app
 from cli.errors import DiskSpaceError, ModelNotFoundError
@@ -20,6 +19,7 @@ from cli.store.models import ModelRequest, obtain, parse_model_name, sha256_of
 from cli.store.registry import load_registry
 
 from conftest import QUILL, hub_env, quill_env, run_quill
+from hubserver import Hub, serve_hub
 from tinymodel import write_tiny_llama
 
 CHUNK = RESUME_CHUNK  # downloads reach the disk a chunk at a time, so resumes start at one

@@ -8,7 +8,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from hubserver import Hub, serve_hub
 
 from cli.app import app
 from cli.engine.engine import Engine, LoadOptions
@@ -16,6 +15,7 @@ from cli.engine.sampling import SamplingParams
 from quant.quantize import quantize, weight_type
 
 from conftest import QUILL, quill_env
+from hubserver import Hub, serve_hub
 
 
 def quantize_cli(runner, *args):

@@ -8,7 +8,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from hubserver import Hub, serve_hub
 
 from cli.errors import ModelNotFoundError
 from cli.store.hub import HubSource
@@ -17,6 +16,7 @@ from cli.store.registry import TagSpec, load_registry
 from cli.store.wheels import WheelPart, WheelSource
 
 from conftest import QUILL, hub_env, quill_env, run_quill
+from hubserver import Hub, serve_hub
 from pipindex import Index, build_wheel, pip_environment, serve_index, use_pip_environment
 
 
