@@ -182,7 +182,10 @@ def _stored(home: Path, name: str) -> int:
     return int(row[0])
 
 
-def test_a_collection_survives_ctrl_c_and_resumes_without_embedding_again(tmp_path, minilm_path):
+@pytest.mark.parametrize(("stop", "code"), [(signal.SIGINT, 130), (signal.SIGKILL, -9)])
+def test_a_collection_survives_a_kill_and_resumes_without_embedding_again(
+    tmp_path, minilm_path, stop, code
+):
     home = tmp_path / "home"
     lines = _lines(1000)
     stdin = "".join(f"{line}\n" for line in lines).encode()
@@ -197,8 +200,8 @@ def test_a_collection_survives_ctrl_c_and_resumes_without_embedding_again(tmp_pa
     deadline = time.monotonic() + 60
     while _stored(home, "notes") < 100 and time.monotonic() < deadline:
         time.sleep(0.02)
-    process.send_signal(signal.SIGINT)
-    assert process.wait(timeout=60) == 130, process.stderr.read()
+    process.send_signal(stop)
+    assert process.wait(timeout=60) == code, process.stderr.read()
     kept = _stored(home, "notes")
     assert 100 <= kept < 1000  # whole batches of 64 only
     again = embed_bytes(home, minilm_path, "--into", "notes", stdin=stdin)

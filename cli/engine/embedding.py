@@ -107,6 +107,11 @@ class Embedder:
             raise load_failure(self.path, llama_log().drain())
         self.pooling = POOLING_TYPES.get(llama.llama_pooling_type(self._ctx), "none")
         self.kind = model_kind(llama.llama_pooling_type(self._ctx))
+        if self.kind == "rerank":
+            # One pair a decode, as llama-server scores them: packed together, the same pairs
+            # score up to 5e-3 apart (another kernel's rounding, amplified by the layers), and
+            # users compare a reranker's scores across tools (benchmarks/rerank_vs_llama_server.py).
+            self.n_seq_max = 1
         self.dimensions = (
             llama.llama_model_n_cls_out(model)
             if self.kind == "rerank"
