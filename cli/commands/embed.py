@@ -34,8 +34,14 @@ Truncate = Annotated[
     typer.Option("--truncate", help="Cut a text longer than the model reads, instead of failing."),
 ]
 Batch = Annotated[
-    int,
-    typer.Option("--batch", "-b", min=16, help="Tokens per decode (several texts share one)."),
+    int | None,
+    typer.Option(
+        "--batch",
+        "-b",
+        min=16,
+        help="Tokens per decode, several texts to one (default: the model's context, 512 for "
+        "MiniLM).",
+    ),
 ]
 
 
@@ -86,7 +92,7 @@ def embed(
         str, typer.Option("--normalize", help="l2, l1, max (int16 range) or none.")
     ] = "l2",
     truncate: Truncate = False,
-    batch: Batch = 2048,
+    batch: Batch = None,
     threads: shared.Threads = None,
     no_stats: shared.NoStats = False,
     offline: shared.Offline = False,
@@ -128,7 +134,7 @@ def rerank(
         int | None, typer.Option("--top", "-n", min=1, help="Only the best N (default: all).")
     ] = None,
     truncate: Truncate = False,
-    batch: Batch = 2048,
+    batch: Batch = None,
     json_output: shared.JsonOutput = False,
     threads: shared.Threads = None,
     no_stats: shared.NoStats = False,
@@ -174,7 +180,7 @@ def rank(embedder: Embedder, query: str, documents: list[str], truncate: bool) -
 def open_embedder(
     name: str | None,
     pooling: str | None,
-    batch: int,
+    batch: int | None,
     threads: int | None,
     offline: bool,
     verbose: bool,
@@ -190,7 +196,8 @@ def open_embedder(
         )
     shared.check_at_most("--threads", threads, shared.MAX_THREADS, "llama.cpp runs at most 512")
     label, path = shared.obtain_model(name, offline, verbose)
-    embedder = Embedder(path, LoadOptions(n_batch=batch, threads=threads), pooling, verbose)
+    options = LoadOptions(n_batch=batch or 0, threads=threads)  # 0: the model's context
+    embedder = Embedder(path, options, pooling, verbose)
     if embedder.kind != kind:
         embedder.close()
         raise UsageError(_wrong_kind(label, embedder.kind, kind))

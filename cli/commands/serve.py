@@ -387,7 +387,9 @@ class ServeCatalog:
         from cli.engine.embedqueue import EmbeddingScheduler
         from cli.engine.options import LoadOptions
 
-        options = LoadOptions(threads=self.options.threads, gpu_layers=self.options.gpu_layers)
+        options = LoadOptions(
+            n_batch=0, threads=self.options.threads, gpu_layers=self.options.gpu_layers
+        )
         embedder = Embedder(path, options)
         return EmbeddingScheduler(embedder, max_queued=self.max_queue)
 
