@@ -63,6 +63,7 @@ from benchmarks.harness import (
     QUILL,
     RESULTS,
     TOOLS,
+    add_quiet_wait,
     command_line,
     in_threads,
     interleave,
@@ -446,12 +447,7 @@ def main() -> None:
     parser.add_argument("--per-request", type=int, default=16, help="short texts a request")
     parser.add_argument("--long-per-request", type=int, default=8, help="long texts a request")
     parser.add_argument("--tests", nargs="+", choices=list(TESTS), default=list(TESTS))
-    parser.add_argument(
-        "--quiet-wait",
-        type=float,
-        default=30.0,
-        help="seconds to wait at most for a quiet machine, each measurement",
-    )
+    add_quiet_wait(parser, 30.0)
     parser.add_argument("--json", type=Path, default=RESULTS / "embed.json")
     args = parser.parse_args()
     refuse_omp_wait_policy()

@@ -13,6 +13,7 @@ Scripts run from the repository root: `python -m benchmarks.NAME`.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import re
@@ -292,6 +293,16 @@ def interleave(
             print(f"round {number + 1}: {name} {measured[name]}", file=sys.stderr, flush=True)
         results.append(measured)
     return results
+
+
+def add_quiet_wait(parser: argparse.ArgumentParser, default: float) -> None:
+    """--quiet-wait: how long interleave waits for a quiet machine before each measurement."""
+    parser.add_argument(
+        "--quiet-wait",
+        type=float,
+        default=default,
+        help="seconds to wait at most for a quiet machine, each measurement",
+    )
 
 
 def quiet(result: dict) -> bool:

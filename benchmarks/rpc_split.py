@@ -54,6 +54,7 @@ from benchmarks.harness import (
     RESULTS,
     ROOT,
     TOOLS,
+    add_quiet_wait,
     command_line,
     free_port,
     interleave,
@@ -333,12 +334,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="per server, client, local run")
     parser.add_argument("--only", nargs="+", help="these contenders instead of the six")
     parser.add_argument("--servers-from", metavar="REV", help="a git revision of quill")
-    parser.add_argument(
-        "--quiet-wait",
-        type=float,
-        default=120.0,
-        help="seconds to wait at most for a quiet machine, each measurement",
-    )
+    add_quiet_wait(parser, 120.0)
     parser.add_argument("--json", type=Path, default=RESULTS / "rpc-split-2026-12-02.json")
     args = parser.parse_args()
     refuse_omp_wait_policy()
