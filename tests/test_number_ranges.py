@@ -37,6 +37,11 @@ HUGE = "9" * 400
         (["chat", "--threads", "99999"], "--threads"),
         (["serve", "--cache-ram", HUGE], "--cache-ram"),
         (["serve", "--threads", "1000"], "--threads"),
+        (["run", "--endpoint", "http://127.0.0.1:9", "--threads", "513", "hi"], "--threads"),
+        (["bench", "--threads", "1,600", "-p", "8", "-n", "0"], "--threads"),
+        (["quantize", "--to", "q8_0", "--threads", "999"], "--threads"),
+        (["quant-report", "--threads", "999", "-f", "/dev/null"], "--threads"),
+        (["embed", "--threads", "999", "x"], "--threads"),
         (["inspect", "--mem", HUGE], "--mem"),
         (["inspect", "--mem", "inf"], "--mem"),
         (["inspect", "--cache-ram", HUGE], "--cache-ram"),
@@ -46,7 +51,8 @@ HUGE = "9" * 400
 def test_a_number_past_its_range_is_one_line_and_exit_2(tiny_path, home, args, needle):
     # A real process: before the checks, --threads 99999 ended in a segfault.
     command, *rest = args
-    model = [str(tiny_path)] if command == "inspect" else ["-m", str(tiny_path)]
+    positional = command in ("inspect", "embed", "quantize")
+    model = [str(tiny_path)] if positional else ["-m", str(tiny_path)]
     result = subprocess.run(
         [QUILL, command, *model, *rest], capture_output=True, text=True,
         env=quill_env(home), timeout=120, stdin=subprocess.DEVNULL,

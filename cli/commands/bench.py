@@ -38,6 +38,8 @@ def _check_grid(grid: BenchGrid, trained_ctx: int | None = None) -> None:
         raise UsageError("nothing to measure: give -p or -n a length")
     if grid.repetitions < 1:
         raise UsageError(f"-r/--repetitions must be at least 1, not {grid.repetitions}")
+    for threads in grid.threads:
+        shared.check_threads(threads)
     for kv in grid.kv_types:
         try:
             check_kv_type(kv, "--kv-type")

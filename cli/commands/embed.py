@@ -194,7 +194,7 @@ def open_embedder(
         _choice(
             "--pooling", pooling, {k: v for k, v in POOLING.items() if k in ("mean", "cls", "last")}
         )
-    shared.check_at_most("--threads", threads, shared.MAX_THREADS, "llama.cpp runs at most 512")
+    shared.check_threads(threads)
     label, path = shared.obtain_model(name, offline, verbose)
     options = LoadOptions(n_batch=batch or 0, threads=threads)  # 0: the model's context
     embedder = Embedder(path, options, pooling, verbose)

@@ -193,6 +193,11 @@ def check_at_most(option: str, value: int | None, most: int, why: str) -> None:
         raise UsageError(f"{option} {shown_number(value)} is more than {most} ({why})")
 
 
+def check_threads(threads: int | None) -> None:
+    """--threads within llama.cpp's bound: past it ggml crashes the process."""
+    check_at_most("--threads", threads, MAX_THREADS, "llama.cpp runs at most 512 threads")
+
+
 def size_option(option: str, text: str) -> int:
     """A size a user typed for option (--cache-max, --cache-ram, --mem), in bytes."""
     from quant.memory import parse_size
@@ -356,7 +361,7 @@ def load_options(
     parallel: int = 1,
 ) -> LoadOptions:
     """The engine's LoadOptions from the options run, chat, serve and perplexity share."""
-    check_at_most("--threads", threads, MAX_THREADS, "llama.cpp runs at most 512 threads")
+    check_threads(threads)
     if ctx is not None and ctx * parallel > MAX_CTX:
         what = f"--ctx {shown_number(ctx)}"
         if parallel != 1:

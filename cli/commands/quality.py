@@ -194,6 +194,7 @@ def quant_report(
     from cli.ui import render
 
     chosen = shared.model_name(name, model)
+    shared.check_threads(threads)
     weights = [target_type(t) for t in types.split(",")]
     kvs = kv_types_option.split(",")
     for kv in kvs:

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from cli.commands.options import JsonOutput, Offline, Threads
+from cli.commands.options import JsonOutput, Offline, Threads, check_threads
 
 if TYPE_CHECKING:
     from cli.store.models import ModelRequest
@@ -54,6 +54,7 @@ def quantize(
     target = target_type(to)
     registry = load_registry()
     request, source = _source_model(name, target, registry, allow_requantize, offline)
+    check_threads(threads)
     threads = threads or physical_cores()
     llama_log().verbose = verbose
     with StepProgress("tensors") as progress:

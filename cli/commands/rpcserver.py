@@ -52,7 +52,7 @@ def rpc_server(
     memory = shared.size_option("--mem", mem) if mem is not None else None
     if memory == 0:
         raise UsageError("--mem 0 would offer nothing: give a size such as 8GiB, or leave it out")
-    shared.check_at_most("--threads", threads, shared.MAX_THREADS, "llama.cpp runs at most 512")
+    shared.check_threads(threads)
     if not rpc.supports_rpc():
         raise RpcError("", rpc.NO_RPC_BUILD)
     endpoint = rpcrelay.join_endpoint(host, port)

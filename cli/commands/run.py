@@ -184,10 +184,10 @@ def run(
         constraint=constraint,
         logprobs=logprobs,
     )
-    options = None
-    if not endpoint:
-        options = shared.load_options(ctx, threads, gpu_layers, kv_type, kv_k, kv_v, rpc)
-    name, backend = shared.open_backend(model, source, options, settings, verbose)
+    # Checked with a server too, as chat checks them: a typo is one line whichever runs the model.
+    options = shared.load_options(ctx, threads, gpu_layers, kv_type, kv_k, kv_v, rpc)
+    local = None if endpoint else options
+    name, backend = shared.open_backend(model, source, local, settings, verbose)
     if not endpoint:  # named as the user named it (the default: its alias)
         name = model or load_registry().default
     raise typer.Exit(run_once(request, name, backend))

@@ -57,7 +57,7 @@ def similar(
             vector = collection.vector(item_id)
         else:
             assert text is not None
-            shared.check_at_most("--threads", threads, shared.MAX_THREADS, "llama.cpp's limit")
+            shared.check_threads(threads)
             vector = _embedded_query(collection, text, truncate, threads, offline, verbose)
         searched = time.perf_counter()
         hits = collection.nearest(vector, number, exclude=item_id)
