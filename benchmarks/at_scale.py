@@ -97,7 +97,8 @@ def fresh_commands(args: argparse.Namespace, repack: bool, n_ctx: int) -> tuple[
 
 
 def decode_rounds(args: argparse.Namespace) -> tuple[list[dict], dict]:
-    from cli.engine.engine import Engine, LoadOptions
+    from cli.engine.engine import Engine
+    from cli.engine.options import LoadOptions
     from cli.engine.sampling import SamplingParams
 
     greedy = SamplingParams(temperature=0.0, ignore_eos=True)
@@ -188,7 +189,8 @@ def overhead_rounds(args: argparse.Namespace) -> tuple[list[dict], dict]:
     quill adds, with the host's drift (minutes long) cancelled."""
     import llama_cpp as llama
 
-    from cli.engine.engine import Engine, LoadOptions
+    from cli.engine.engine import Engine
+    from cli.engine.options import LoadOptions
     from cli.engine.sampling import SamplingParams
 
     greedy = SamplingParams(temperature=0.0, ignore_eos=True)

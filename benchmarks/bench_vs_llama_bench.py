@@ -28,8 +28,9 @@ from pathlib import Path
 
 import llama_cpp
 
-from cli.engine.engine import Engine, LoadOptions
+from cli.engine.engine import Engine
 from cli.engine.hardware import cpu_model, physical_cores
+from cli.engine.options import LoadOptions
 from cli.measure.bench import measure_generation, measure_prompt
 from cli.store.models import obtain, parse_model_name
 from cli.store.registry import load_registry

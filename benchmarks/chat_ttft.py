@@ -14,7 +14,8 @@ import statistics
 import time
 
 from cli.engine.chatsession import ChatSession, ChatSettings, TurnStart
-from cli.engine.engine import Engine, LoadOptions
+from cli.engine.engine import Engine
+from cli.engine.options import LoadOptions
 from cli.engine.sampling import SamplingParams
 from cli.store.models import obtain, parse_model_name
 from cli.store.registry import load_registry

@@ -34,7 +34,8 @@ from pathlib import Path
 import httpx2 as httpx
 
 from benchmarks.harness import QUILL, machine_line, start_server, stop_server, users_env
-from cli.engine.engine import Engine, LoadOptions
+from cli.engine.engine import Engine
+from cli.engine.options import LoadOptions
 from cli.engine.sampling import SamplingParams
 from cli.store.promptcache import PromptCacheStore
 

@@ -21,7 +21,8 @@ import time
 from pathlib import Path
 
 from cli.engine.batching import BatchRequest, BatchScheduler
-from cli.engine.engine import Engine, LoadOptions
+from cli.engine.engine import Engine
+from cli.engine.options import LoadOptions
 from cli.engine.sampling import SamplingParams
 
 GREEDY = SamplingParams(temperature=0, ignore_eos=True)

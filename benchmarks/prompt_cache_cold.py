@@ -38,7 +38,8 @@ from pathlib import Path
 import llama_cpp as llama
 
 from benchmarks.harness import QUILL, median_ms
-from cli.engine.engine import Engine, LoadOptions
+from cli.engine.engine import Engine
+from cli.engine.options import LoadOptions
 from cli.store.promptcache import PromptCacheStore, cache_dir, engine_key, model_sha256
 from quant.partfiles import write_replacing
 

@@ -22,7 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from cli.engine.engine import Engine, LoadOptions
+from cli.engine.engine import Engine
+from cli.engine.options import LoadOptions
 from cli.engine.sampling import SamplingParams
 from cli.store.promptcache import PromptCacheStore, files
 from quant.kv import kv_cache_bytes

@@ -20,8 +20,9 @@ import statistics
 import sys
 from pathlib import Path
 
-from cli.engine.engine import Engine, LoadOptions
+from cli.engine.engine import Engine
 from cli.engine.loading import cpu_backend_features
+from cli.engine.options import LoadOptions
 from cli.measure.bench import measure_generation, measure_prompt
 
 PATHS = {

@@ -71,7 +71,8 @@ def one_round(engine: Engine, rng: random.Random) -> dict[str, float]:
 def speed(paths: dict[str, Path], threads: int, rounds: int) -> list[dict[str, dict]]:
     """Rounds of one_round for each file, alternating, with others_cores: the CPU that other
     processes took meanwhile."""
-    from cli.engine.engine import Engine, LoadOptions
+    from cli.engine.engine import Engine
+    from cli.engine.options import LoadOptions
 
     rng = random.Random(0)
     options = LoadOptions(n_ctx=1024, n_batch=512, threads=threads, repack=True)
@@ -97,7 +98,8 @@ def speed(paths: dict[str, Path], threads: int, rounds: int) -> list[dict[str, d
 
 def peak_rss(path: Path, threads: int) -> float:
     """In this process: load path, one pp512 and one tg128; the process's peak RSS in MiB."""
-    from cli.engine.engine import Engine, LoadOptions
+    from cli.engine.engine import Engine
+    from cli.engine.options import LoadOptions
 
     options = LoadOptions(n_ctx=1024, n_batch=512, threads=threads, repack=True)
     with Engine(path, options) as engine:

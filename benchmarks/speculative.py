@@ -81,7 +81,8 @@ def f16_target(name: str) -> Path:
 
 
 def templated(model: Path, prompt: str) -> str:
-    from cli.engine.engine import Engine, LoadOptions
+    from cli.engine.engine import Engine
+    from cli.engine.options import LoadOptions
 
     with Engine(model, LoadOptions(n_ctx=2048, threads=1)) as engine:
         return engine.conversation_text([("user", prompt)])[0]

@@ -149,7 +149,8 @@ def main() -> int:
         for row in json.loads(args.costs.read_text(encoding="utf-8")):
             measured[row["target"], row["task"]] = row
 
-    from cli.engine.engine import Engine, LoadOptions
+    from cli.engine.engine import Engine
+    from cli.engine.options import LoadOptions
     from cli.engine.sampling import SamplingParams
     from cli.engine.speculative import SpecOptions, attach
 

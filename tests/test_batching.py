@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 
 from cli.engine.batching import BatchRequest, BatchScheduler
-from cli.engine.engine import Engine, LoadOptions
+from cli.engine.engine import Engine
+from cli.engine.options import LoadOptions
 from cli.engine.sampling import SamplingParams
 
 import threadcount
@@ -91,7 +92,8 @@ from pathlib import Path
 import llama_cpp
 from threadcount import settle, threads
 from cli.engine.batching import BatchRequest, BatchScheduler
-from cli.engine.engine import Engine, LoadOptions
+from cli.engine.engine import Engine
+from cli.engine.options import LoadOptions
 from cli.engine.sampling import SamplingParams
 
 llama_cpp.llama_backend_init()

@@ -132,7 +132,8 @@ def decoders(smollm2_path):
     """quill's engine (to build the prompt exactly as `quill run` does) and the independent
     reference decoders, one per KV cache type an example asks for (to feed the documented reply
     back, token by token)."""
-    from cli.engine.engine import Engine, LoadOptions
+    from cli.engine.engine import Engine
+    from cli.engine.options import LoadOptions
 
     from reference import Reference
 
@@ -153,7 +154,8 @@ def decoders(smollm2_path):
 def example_prompt(engine, options: dict) -> list[int]:
     """The prompt tokens `quill run` builds for an example's options (system prompt, chat
     template file), with quill's own templating."""
-    from cli.engine.engine import Engine, LoadOptions
+    from cli.engine.engine import Engine
+    from cli.engine.options import LoadOptions
     from cli.engine.settings import ModelSettings
     from cli.engine.templates import template_from_file
 

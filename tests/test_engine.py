@@ -6,7 +6,8 @@ import re
 
 import pytest
 
-from cli.engine.engine import Engine, LoadOptions
+from cli.engine.engine import Engine
+from cli.engine.options import LoadOptions
 from cli.engine.sampling import SamplingParams
 
 import threadcount
@@ -134,7 +135,8 @@ def test_the_load_warm_up_leaves_no_compute_threads_behind(tiny_path):
 from pathlib import Path
 import llama_cpp
 from threadcount import settle, threads
-from cli.engine.engine import Engine, LoadOptions
+from cli.engine.engine import Engine
+from cli.engine.options import LoadOptions
 llama_cpp.llama_backend_init()
 before = threads()
 with Engine(Path({str(tiny_path)!r}), LoadOptions(threads=2)):

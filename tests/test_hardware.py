@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from cli.engine.engine import Engine, LoadOptions
+from cli.engine.engine import Engine
 from cli.engine.hardware import cpu_flags, cpu_has_amx, physical_cores
 from cli.engine.loading import (
     MATMUL_WEIGHT,
@@ -22,6 +22,7 @@ from cli.engine.loading import (
     repack_plan,
     tensor_infos,
 )
+from cli.engine.options import LoadOptions
 from cli.engine.sampling import SamplingParams
 from quant.quantize import quantize
 

@@ -7,7 +7,8 @@ import json
 import subprocess
 
 from cli.app import app
-from cli.engine.engine import Engine, LoadOptions
+from cli.engine.engine import Engine
+from cli.engine.options import LoadOptions
 
 from conftest import QUILL, quill_env
 from refusals import one_error_line

@@ -16,9 +16,10 @@ import openai
 import pytest
 
 from cli.app import app
-from cli.engine.engine import Engine, LoadOptions
+from cli.engine.engine import Engine
 from cli.engine.events import MAX_TOP_LOGPROBS
 from cli.engine.logprobs import log_softmax
+from cli.engine.options import LoadOptions
 from cli.engine.sampling import SamplingParams
 from cli.engine.tokenstep import SequenceStep
 

@@ -10,7 +10,8 @@ import time
 import pytest
 
 from cli.app import app
-from cli.engine.engine import Engine, LoadOptions
+from cli.engine.engine import Engine
+from cli.engine.options import LoadOptions
 from quant.gguf import GGUFError, GGUFHeader
 from quant.memory import ModelShape, largest_context, parse_size, plan
 

@@ -11,7 +11,8 @@ import subprocess
 import httpx2 as httpx
 
 from cli.app import app
-from cli.engine.engine import Engine, LoadOptions
+from cli.engine.engine import Engine
+from cli.engine.options import LoadOptions
 from cli.engine.sampling import SamplingParams
 
 from conftest import QUILL, quill_env, start_server

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from cli.engine.batching import BatchRequest, BatchScheduler
-from cli.engine.engine import Engine, LoadOptions
+from cli.engine.engine import Engine
+from cli.engine.options import LoadOptions
 from cli.engine.sampling import SamplingParams
 
 from neartie import assert_near, assert_near_tokens, token_mismatch

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from cli.app import app
-from cli.engine.engine import Engine, LoadOptions
+from cli.engine.engine import Engine
+from cli.engine.options import LoadOptions
 from cli.engine.sampling import SamplingParams
 from quant.quantize import quantize, weight_type
 

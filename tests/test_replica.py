@@ -11,7 +11,8 @@ import pytest
 from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter
 from gguf.quants import dequantize
 
-from cli.engine.engine import Engine, LoadOptions
+from cli.engine.engine import Engine
+from cli.engine.options import LoadOptions
 from cli.engine.sampling import SamplingParams
 from quant.gguf import GGML_TYPES, GGUFError, HeaderIncomplete, read_header
 from quant.partfiles import partial_path

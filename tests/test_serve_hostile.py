@@ -21,7 +21,8 @@ import httpx2 as httpx
 import pytest
 
 from cli.engine.batching import BatchRequest, BatchScheduler
-from cli.engine.engine import Engine, LoadOptions
+from cli.engine.engine import Engine
+from cli.engine.options import LoadOptions
 from cli.engine.sampling import SamplingParams
 
 from conftest import QUILL, quill_env, start_server

@@ -22,7 +22,8 @@ from typer.testing import CliRunner
 from cli.api.pool import FOREVER, ModelPool, parse_duration
 from cli.app import app
 from cli.engine.batching import BatchRequest, BatchScheduler
-from cli.engine.engine import Engine, LoadOptions
+from cli.engine.engine import Engine
+from cli.engine.options import LoadOptions
 from cli.engine.sampling import SamplingParams
 
 from conftest import start_server

@@ -80,7 +80,8 @@ def _generate(engine, constraint, seed: int, chat: bool):
 @pytest.mark.parametrize("schema", [RECORD, LIST_OF_POINTS], ids=["record", "points"])
 @pytest.mark.parametrize("which", ["tiny", "smollm2"])
 def test_the_zoo_holds_for_twenty_seeds(schema, which, request):
-    from cli.engine.engine import Engine, LoadOptions
+    from cli.engine.engine import Engine
+    from cli.engine.options import LoadOptions
 
     # The tiny vocabulary's byte tokens once let seeds 5 and 17 write f6 a2 96 9d into a string,
     # one character to llama.cpp's grammar and four U+FFFD to UTF-8, past maxLength: the grammar
@@ -99,7 +100,8 @@ def test_the_zoo_holds_for_twenty_seeds(schema, which, request):
 
 def test_without_the_grammar_the_tiny_model_writes_noise(tiny_path):
     """The zoo test can fail: the same model and seeds, unconstrained, give no valid JSON."""
-    from cli.engine.engine import Engine, LoadOptions
+    from cli.engine.engine import Engine
+    from cli.engine.options import LoadOptions
     from cli.engine.sampling import SamplingParams
 
     constraint = structured.schema_constraint(RECORD)
@@ -113,8 +115,9 @@ def test_without_the_grammar_the_tiny_model_writes_noise(tiny_path):
 def test_bytes_that_cannot_be_utf8_never_pass_the_grammar_gate(tiny_path):
     """llama.cpp's grammar counts f6 a2 96 9d as one character; the gate refuses such bytes
     (the zoo's tiny case writes them past maxLength without it, seeds 5 and 17)."""
-    from cli.engine.engine import Engine, LoadOptions
+    from cli.engine.engine import Engine
     from cli.engine.grammar import utf8_tables
+    from cli.engine.options import LoadOptions
 
     with Engine(tiny_path, LoadOptions(n_ctx=256)) as engine:
         invalid, _, _ = utf8_tables(engine._vocab, engine.n_vocab)
@@ -137,7 +140,8 @@ QUOTED = [
 def test_quotes_and_backslashes_hold_in_consts_enums_patterns_and_keys(schema, tiny_path):
     """Each is JSON-escaped inside GBNF's own escaping (a const with a quote once made a
     grammar llama.cpp could not parse)."""
-    from cli.engine.engine import Engine, LoadOptions
+    from cli.engine.engine import Engine
+    from cli.engine.options import LoadOptions
 
     constraint = structured.schema_constraint(schema)
     assert constraint.unenforced == ()
@@ -455,7 +459,8 @@ RECURSIVE = [
 @pytest.mark.parametrize("schema", RECURSIVE, ids=["self", "defs"])
 def test_recursive_refs_compile_and_hold(schema, tiny_path):
     """Upstream's converter names a '#' ref 'input#' and skips the $defs beside a root $ref."""
-    from cli.engine.engine import Engine, LoadOptions
+    from cli.engine.engine import Engine
+    from cli.engine.options import LoadOptions
 
     constraint = structured.schema_constraint(schema)
     finished = 0
@@ -506,8 +511,9 @@ def test_the_shortlist_samples_what_the_full_mask_samples(which, temperature, re
                                                           monkeypatch):  # fmt: skip
     """The grammar masks a shortlist of the highest logits before the whole vocabulary; with
     the same seed the reply must be token for token what masking the whole vocabulary gives."""
-    from cli.engine.engine import Engine, LoadOptions
+    from cli.engine.engine import Engine
     from cli.engine.grammar import GrammarGate
+    from cli.engine.options import LoadOptions
     from cli.engine.sampling import SamplingParams
 
     path = request.getfixturevalue("tiny_path" if which == "tiny" else "smollm2_path")

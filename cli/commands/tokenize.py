@@ -27,8 +27,9 @@ def tokenize(
 ) -> None:
     """Show the tokens a text becomes: tokens, not characters, are what context, max_tokens and
     speed are counted in."""
-    from cli.engine.engine import NO_SETTINGS, LoadOptions
+    from cli.engine.engine import NO_SETTINGS
     from cli.engine.opening import open_engine
+    from cli.engine.options import LoadOptions
     from cli.ui import render
 
     content = read_prompt(text)

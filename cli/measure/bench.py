@@ -22,11 +22,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
-from cli.engine.engine import Engine, LoadOptions
+from cli.engine.engine import Engine
 from cli.engine.events import StreamEvent
 from cli.engine.freecores import measure_free_cores
 from cli.engine.opening import open_engine
-from cli.engine.options import ALL_LAYERS
+from cli.engine.options import ALL_LAYERS, LoadOptions
 from cli.engine.sampling import SamplingParams
 from cli.engine.settings import ModelSettings
 from cli.measure.bandwidth import (

@@ -14,8 +14,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from cli.engine.engine import Engine, LoadOptions
+from cli.engine.engine import Engine
 from cli.engine.opening import open_engine
+from cli.engine.options import LoadOptions
 from cli.engine.settings import ModelSettings
 from cli.measure.bench import measure_generation, measure_prompt
 from cli.measure.perplexity import PerplexityProgress, perplexity
