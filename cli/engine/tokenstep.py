@@ -8,7 +8,7 @@ from __future__ import annotations
 import random
 import resource
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 import llama_cpp as llama
@@ -45,12 +45,9 @@ class StepEngine(Protocol):
 
     def output_logits(self, output: int) -> np.ndarray: ...
 
+    # Engine.sample: a GrammarGate and its free-token test, where given (typed there).
     def sample(
-        self,
-        sampler: object,
-        output: int,
-        grammar: GrammarGate | None = None,
-        free: Callable[[int], bool] | None = None,
+        self, sampler: object, output: int, grammar: Any = None, free: Any = None
     ) -> int: ...
 
     def token_logprobs(self, logits: np.ndarray, token: int, top: int) -> TokenLogprobs: ...
