@@ -1,5 +1,6 @@
 """Run every `$ ...` example of docs/ and the README again and paste what it prints now, so that
-all pasted output comes from one run on one machine, which each page names in one line.
+each page's output comes from one run on one machine, which it names in one line (pages that show
+one command must come from one run: tests/test_docs_agree.py; run them all together).
 
 Usage: python scripts/refresh_docs.py [--help-blocks] [PAGE ...]
   --help-blocks  paste today's `quill ... --help` only: no model runs, seconds (after changing

@@ -1,6 +1,7 @@
 """Docs that cannot disagree with themselves: a command shown twice shows the same output (its
-measured numbers aside), and every page that pastes output names the one run it came from
-(scripts/refresh_docs.py writes that line, and the output, in one go)."""
+measured numbers aside), every page that pastes output names the one run it came from
+(scripts/refresh_docs.py writes that line, and the output, in one go), and pages that show the
+same command come from the same run."""
 
 from __future__ import annotations
 
@@ -99,15 +100,23 @@ def machine_lines(paths: list[Path]) -> dict[str, list[str]]:
 
 
 def machine_problems(paths: list[Path]) -> list[str]:
+    """Each page names the one run its output came from; pages that show the same command name
+    the same run (their outputs are compared, so they must come from one machine and day). A
+    page whose commands no other page shows may come from a run of its own."""
     found = machine_lines(paths)
     problems = [f"{page} names its machine {len(lines)} times, not once"
                 for page, lines in found.items() if len(lines) != 1]  # fmt: skip
-    distinct = {lines[0] for lines in found.values() if len(lines) == 1}
-    if len(distinct) > 1:
-        problems.append(
-            "the pages name different runs (python scripts/refresh_docs.py re-pastes them all): "
-            + " | ".join(sorted(distinct))
-        )
+    runs = {page: lines[0] for page, lines in found.items() if len(lines) == 1}
+    pages_of: dict[str, set[str]] = {}
+    for doc, _, argv, _, _ in quill_commands(paths):
+        pages_of.setdefault(" ".join(argv), set()).add(doc)
+    for command, pages in sorted(pages_of.items()):
+        named = sorted({runs[page] for page in pages if page in runs})
+        if len(named) > 1:
+            problems.append(
+                f"{', '.join(sorted(pages))} show `quill {command}` from different runs "
+                "(python scripts/refresh_docs.py re-pastes them all): " + " | ".join(named)
+            )
     return problems
 
 
@@ -115,7 +124,7 @@ def test_a_command_shown_twice_shows_the_same_output():
     assert disagreements(DOCS) == []
 
 
-def test_every_page_names_the_one_run_its_output_comes_from():
+def test_every_page_names_its_run_and_pages_showing_one_command_share_it():
     found = machine_lines(DOCS)
     assert {"guide.md", "run.md", "serve.md", "README.md"} <= set(found)
     assert machine_problems(DOCS) == []
@@ -177,12 +186,15 @@ def test_a_disagreeing_pair_fails(tmp_path):
     )
 
 
-def test_pages_from_two_runs_fail(tmp_path):
+def test_pages_from_two_runs_fail_where_they_show_one_command(tmp_path):
     first = _page(tmp_path, "a.md", "$ quill list", "NAME")
     second = tmp_path / "b.md"
     second.write_text(first.read_text().replace("on X.", "on Y."))
     assert machine_problems([first]) == []
     assert len(machine_problems([first, second])) == 1
+    other = tmp_path / "c2.md"
+    other.write_text(first.read_text().replace("on X.", "on Y.").replace("quill list", "quill ps"))
+    assert machine_problems([first, other]) == []  # nothing shown on both: a run of its own
     unnamed = tmp_path / "c.md"
     unnamed.write_text(first.read_text().replace(MACHINE_PREFIX, "Pasted"))
     assert machine_problems([first, unnamed]) == ["c.md names its machine 0 times, not once"]
