@@ -432,7 +432,6 @@ def open_model(
     from cli.ui import render
 
     label, path = obtain_model(name, offline, verbose)
-    refuse_other_kinds(label, path)
     draft = None
     if settings.spec is not None and settings.spec.draft is not None:
         draft = obtain_model(settings.spec.draft, offline, verbose)
@@ -450,23 +449,28 @@ def open_model(
             render.info_line(f"draft {draft[0]}: {render.memory_line(memory)}")
 
     family = registry_family(name)
-    return label, open_engine(path, options, settings, verbose, family, draft, warn_note)
+    engine = open_engine(path, options, settings, verbose, family, draft, warn_note)
+    if not engine.continues_text:
+        engine.close()
+        refuse_other_kinds(label, path)
+    return label, engine
 
 
 def refuse_other_kinds(label: str, path: Path) -> None:
-    """An embedding or rerank model cannot continue a text: one line saying what it is for."""
-    from quant.gguf import GGUFError, file_kind
+    """A model that does not continue text (Engine.continues_text): one line saying what it is
+    for, from its header (read only here: a chat model's start does not pay for it)."""
+    from quant.gguf import file_kind
 
-    try:
-        kind = file_kind(path)
-    except GGUFError:
-        return  # the load says what is wrong with the file, in its words
+    kind = file_kind(path)
     if kind == "embedding":
         raise UsageError(
             f"{label} is an embedding model: it makes vectors, not text; use quill embed"
         )
     if kind == "rerank":
         raise UsageError(f"{label} is a reranker: it scores documents, not text; use quill rerank")
+    raise UsageError(
+        f"{label} reads whole texts (its attention is not causal): it does not generate"
+    )
 
 
 def warn_note(note: str) -> None:

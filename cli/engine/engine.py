@@ -190,6 +190,15 @@ class Engine:
         return model_meta(self._model, key)
 
     @property
+    def continues_text(self) -> bool:
+        """Whether the model predicts a next token: an embedding model or reranker (a pooling
+        declared, or attention that sees the whole text) reads a text whole instead. From the
+        metadata llama.cpp already read, so that a chat model's start pays nothing for it."""
+        pooling = self.meta(f"{self.architecture}.pooling_type")
+        causal = self.meta(f"{self.architecture}.attention.causal")
+        return pooling in (None, "0") and causal != "false"
+
+    @property
     def kv_cache_bytes(self) -> int:
         (k, v), heads = self.head_dims, llama.llama_model_n_head_kv(self._model)
         cells = self.n_ctx * self.parallel
