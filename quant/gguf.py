@@ -515,12 +515,16 @@ def model_kind(pooling: int | None, rank_head: bool = False) -> str:
     return "embedding" if pooling else "generation"
 
 
-def file_kind(path: Path) -> str:
-    """model_kind of a GGUF file, from its header's fields and tensor names (no arrays read)."""
-    header = read_header(path)
+def header_kind(header: GGUFHeader) -> str:
+    """model_kind of a read header: its pooling field and whether a tensor is RANK_HEAD."""
     arch = header.text("general.architecture", "unknown") or "unknown"
     rank_head = any(tensor.name == RANK_HEAD for tensor in header.tensors)
     return model_kind(header.integer(f"{arch}.pooling_type"), rank_head)
+
+
+def file_kind(path: Path) -> str:
+    """model_kind of a GGUF file, from its header's fields and tensor names (no arrays read)."""
+    return header_kind(read_header(path))
 
 
 @dataclass(frozen=True)
@@ -642,6 +646,6 @@ def read_gguf(
         tensor_types=[
             TensorType(name, counts[name], sizes[name]) for name, _ in sizes.most_common()
         ],
-        kind=model_kind(model.pooling, any(t.name == RANK_HEAD for t in header.tensors)),
+        kind=header_kind(header),
         pooling=POOLING_TYPES.get(model.pooling) if model.pooling is not None else None,
     )
