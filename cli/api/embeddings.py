@@ -38,7 +38,7 @@ def embeddings(body: dict, scheduler: EmbeddingScheduler, label: str) -> dict[st
 
 
 def _embedding(result: Embedding, encoding: str) -> dict[str, Any]:
-    vector: Any = [float(x) for x in result.vector]
+    vector: Any = result.vector.tolist()
     if encoding == "base64":  # little-endian float32, as OpenAI's clients decode it
         vector = base64.b64encode(result.vector.astype("<f4").tobytes()).decode("ascii")
     return {"object": "embedding", "index": result.index, "embedding": vector}

@@ -120,8 +120,7 @@ def embed(
             _write_npy([result.vector for _, result in items], embedder.dimensions)
         else:
             for item, result in items:
-                vector = [float(x) for x in result.vector]
-                line = {"id": item.id, "tokens": result.tokens, "vector": vector}
+                line = {"id": item.id, "tokens": result.tokens, "vector": result.vector.tolist()}
                 render.write_stdout(json.dumps(line) + "\n")
         if not no_stats:
             render.info_line(_stats_line(tally, time.perf_counter() - started, embedder))

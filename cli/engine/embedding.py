@@ -110,8 +110,9 @@ class Embedder:
         self._ctx = llama.llama_init_from_model(model, params)
         if not self._ctx:
             raise load_failure(self.path, llama_log().drain())
-        self.pooling = POOLING_TYPES.get(llama.llama_pooling_type(self._ctx), "none")
-        self.kind = model_kind(llama.llama_pooling_type(self._ctx))
+        pooling_type = llama.llama_pooling_type(self._ctx)  # the file's, or the one asked for
+        self.pooling = POOLING_TYPES.get(pooling_type, "none")
+        self.kind = model_kind(pooling_type)
         if self.kind == "rerank":
             # One pair a decode, as llama-server scores them: packed together, the same pairs
             # score up to 5e-3 apart (another kernel's rounding, amplified by the layers), and
@@ -151,7 +152,7 @@ class Embedder:
 
     def fit(self, tokens: list[int], truncate: bool, label: str) -> list[int]:
         """tokens cut to the context where truncate (the model's closing token kept), else a
-        ContextOverflowError naming label and its length."""
+        TextTooLongError naming label and its length."""
         if len(tokens) <= self.n_ctx:
             return tokens
         if not truncate:

@@ -5,7 +5,7 @@ their texts packed together into each decode (concurrent clients share batches).
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from cli.engine.batching import SchedulerStoppedError
@@ -18,7 +18,6 @@ class EmbeddingJob:
     """One request's texts (token lists that fit the model); results in their order."""
 
     texts: Sequence[Sequence[int]]
-    norm: int = EUCLIDEAN
     done: threading.Event = field(default_factory=threading.Event)
     results: list[Embedding] = field(default_factory=list)
     error: BaseException | None = None
@@ -93,20 +92,14 @@ class EmbeddingScheduler:
         self._fail_waiting(SchedulerStoppedError(self.stopped_reason))
 
     def _pass(self, jobs: list[EmbeddingJob]) -> None:
-        """Embed every job's texts in one stream of decodes; jobs with another norm follow."""
-        for norm in dict.fromkeys(job.norm for job in jobs):
-            same = [job for job in jobs if job.norm == norm]
-            owners = [job for job in same for _ in job.texts]
-
-            def texts(same: list[EmbeddingJob] = same) -> Iterator[Sequence[int]]:
-                for job in same:
-                    yield from job.texts
-
-            for owner, result in zip(owners, self.engine.embed(texts(), norm), strict=True):
-                # Numbered within its own request: the pass counts over every request in it.
-                owner.results.append(replace(result, index=len(owner.results)))
-            self.steps += 1
-            self.max_sequences_in_a_step = max(self.max_sequences_in_a_step, len(owners))
+        """Embed every job's texts in one stream of decodes (L2-normalized, as OpenAI's are)."""
+        owners = [job for job in jobs for _ in job.texts]
+        texts = (text for job in jobs for text in job.texts)
+        for owner, result in zip(owners, self.engine.embed(texts, EUCLIDEAN), strict=True):
+            # Numbered within its own request: the pass counts over every request in it.
+            owner.results.append(replace(result, index=len(owner.results)))
+        self.steps += 1
+        self.max_sequences_in_a_step = max(self.max_sequences_in_a_step, len(owners))
 
     def _fail_waiting(self, error: BaseException) -> None:
         with self._lock:
