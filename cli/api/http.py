@@ -506,8 +506,8 @@ class QuillApp:
             answer = await anyio.to_thread.run_sync(
                 reply, body, scheduler, model.label, limiter=self._model_waits()
             )
-        except QueueFullError as error:
-            raise ApiError(HTTPStatus.TOO_MANY_REQUESTS, str(error), "queue_full") from None
+        except (QueueFullError, SchedulerStoppedError) as error:
+            raise self._scheduler_refusal(model, error) from None
         finally:
             self.pool.release(model, keep_alive)
         if self.state.on_request is not None:
@@ -545,15 +545,20 @@ class QuillApp:
             if self.draining or not scheduler.alive:
                 raise SchedulerStoppedError(scheduler.stopped_reason)
             scheduler.submit(served)
-        except QueueFullError as error:
-            raise ApiError(HTTPStatus.TOO_MANY_REQUESTS, str(error), "queue_full") from None
-        except SchedulerStoppedError:
-            self._refuse_if_unavailable()
-            again = "retry: the next request loads it again"
-            advice = again if self.pool.reloadable(model.label) else "restart quill serve"
-            message = f"{scheduler.stopped_reason}; {advice}"
-            raise ApiError(HTTPStatus.SERVICE_UNAVAILABLE, message, "scheduler_stopped") from None
+        except (QueueFullError, SchedulerStoppedError) as error:
+            raise self._scheduler_refusal(model, error) from None
         return served
+
+    def _scheduler_refusal(self, model: PooledModel, error: Exception) -> ApiError:
+        """What a request a scheduler refused gets: 429 while its queue is full, 503 once it
+        has stopped (retry where the pool loads the model again)."""
+        if isinstance(error, QueueFullError):
+            return ApiError(HTTPStatus.TOO_MANY_REQUESTS, str(error), "queue_full")
+        self._refuse_if_unavailable()
+        again = "retry: the next request loads it again"
+        advice = again if self.pool.reloadable(model.label) else "restart quill serve"
+        message = f"{error}; {advice}"
+        return ApiError(HTTPStatus.SERVICE_UNAVAILABLE, message, "scheduler_stopped")
 
     def _refuse_if_unavailable(self) -> None:
         if self.draining:
