@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from cli.api.server import _text, bad_request
+from cli.api.server import bad_request, text_field
 from cli.engine.embedding import Embedder, Embedding
 from cli.engine.embedqueue import EmbeddingJob, EmbeddingScheduler
 from cli.errors import TextTooLongError
@@ -72,7 +72,7 @@ def _inputs(value: Any, embedder: Embedder) -> list[list[int]]:
 def _tokens_of(text: str, embedder: Embedder, where: str) -> list[int]:
     if not text.strip():
         raise bad_request(f"'{where}' is empty: there is nothing to embed", where)
-    return _fitting(embedder.tokenize(_text(text, f"'{where}'", where)), embedder, where)
+    return _fitting(embedder.tokenize(text_field(text, f"'{where}'", where)), embedder, where)
 
 
 def _checked_ids(ids: Sequence[Any], embedder: Embedder, where: str) -> list[int]:
@@ -127,8 +127,8 @@ def _pair(query: str, document: Any, n: int, embedder: Embedder) -> list[int]:
     where = f"documents[{n}]"
     if not isinstance(document, str):
         raise bad_request(f"'{where}' must be a string", where)
-    _text(query, "'query'", "query")
-    tokens = embedder.pair_tokens(query, _text(document, f"'{where}'", where))
+    text_field(query, "'query'", "query")
+    tokens = embedder.pair_tokens(query, text_field(document, f"'{where}'", where))
     return _fitting(tokens, embedder, where)
 
 

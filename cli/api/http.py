@@ -23,10 +23,10 @@ import signal
 import socket
 import sys
 import time
-import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from http import HTTPStatus
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import h11
@@ -41,20 +41,31 @@ from starlette.routing import Route
 from starlette.types import Message, Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from cli.api.anthropic import AnthropicApi, count_tokens
 from cli.api.pool import ModelPool, PooledModel, parse_duration
-from cli.api.replies import ReplyWriter, sse
+from cli.api.responses import ResponsesApi, ResponseStore
 from cli.api.server import (
     ApiError,
+    GenerationApi,
+    OpenAIApi,
+    ReplyFormat,
     ServedRequest,
+    ServerLimits,
     ServerState,
     bad_request,
     parse_body,
-    parse_request,
 )
+from cli.api.tokens import detokenize, tokenize
 from cli.engine.batching import BatchScheduler, SchedulerStoppedError
 from cli.engine.embedqueue import EmbeddingScheduler
 from cli.engine.events import StreamEvent
 from cli.errors import InvalidOutputError, QueueFullError, UsageError
+
+if TYPE_CHECKING:
+    from cli.engine.engine import Engine
+
+# A route answered from a model's engine: (body, engine, limits) -> the reply's JSON.
+EngineAnswer = Callable[[dict, "Engine", ServerLimits], dict[str, Any]]
 
 LISTEN_BACKLOG = 2048
 KEEP_ALIVE_S = 5  # an idle keep-alive connection is closed after this
@@ -69,6 +80,11 @@ ROUTE_METHODS = {
     "/models/unload": "POST, OPTIONS",
     "/v1/embeddings": "POST, OPTIONS",
     "/v1/rerank": "POST, OPTIONS",
+    "/v1/messages": "POST, OPTIONS",
+    "/v1/messages/count_tokens": "POST, OPTIONS",
+    "/v1/responses": "POST, OPTIONS",
+    "/tokenize": "POST, OPTIONS",
+    "/detokenize": "POST, OPTIONS",
 }
 
 
@@ -217,9 +233,11 @@ class QuillApp:
         self.draining = False
         self.in_flight: set[LoopEvents] = set()
         self._waiting_limiter: anyio.CapacityLimiter | None = None
+        self.responses = ResponseStore()
+        responses = ResponsesApi(self.responses)
         routes = [
-            Route("/v1/chat/completions", self._completion, methods=["POST"]),
-            Route("/v1/completions", self._completion, methods=["POST"]),
+            Route("/v1/chat/completions", self._generation(OpenAIApi(chat=True)), methods=["POST"]),
+            Route("/v1/completions", self._generation(OpenAIApi(chat=False)), methods=["POST"]),
             Route("/v1/models", self.models, methods=["GET"]),
             Route("/health", self.health, methods=["GET"]),
             Route("/api/ps", self.ps, methods=["GET"]),
@@ -227,6 +245,12 @@ class QuillApp:
             Route("/slots/{id_slot}", self.slot, methods=["POST"]),
             Route("/v1/embeddings", self._embeddings, methods=["POST"]),
             Route("/v1/rerank", self._embeddings, methods=["POST"]),
+            Route("/v1/messages", self._generation(AnthropicApi()), methods=["POST"]),
+            Route("/v1/messages/count_tokens", self._on_engine(count_tokens), methods=["POST"]),
+            Route("/v1/responses", self._generation(responses), methods=["POST"]),
+            Route("/v1/responses/{ident}", self._stored_response, methods=["GET", "DELETE"]),
+            Route("/tokenize", self._on_engine(tokenize), methods=["POST"]),
+            Route("/detokenize", self._on_engine(detokenize), methods=["POST"]),
         ]
         # ApiError and HTTPException are answered where raised; any other exception is then
         # raised on to __call__, which logs it.
@@ -262,6 +286,7 @@ class QuillApp:
             return message
 
         held: dict[str, Any] = {}
+        shape = error_shape(scope["path"])
 
         async def guarded_send(message: Message) -> None:
             nonlocal started
@@ -273,14 +298,15 @@ class QuillApp:
                     response_headers.append((b"connection", b"close"))
                 message = {**message, "headers": response_headers}
                 content_type = dict(response_headers).get(b"content-type", b"")
-                if message["status"] >= 400 and not content_type.startswith(b"application/json"):
+                json_body = content_type.startswith(b"application/json")
+                if message["status"] >= 400 and (shape is not None or not json_body):
                     held["start"], held["body"] = message, b""  # made JSON below
                     return
             elif message["type"] == "http.response.body" and "start" in held:
                 held["body"] += message.get("body", b"")
                 if message.get("more_body", False):
                     return
-                await self._send_as_json(send, held["start"], held.pop("body"))
+                await self._send_as_json(send, held["start"], held.pop("body"), shape)
                 return
             await send(message)
 
@@ -304,15 +330,18 @@ class QuillApp:
                 await error_response(failure)(scope, tracked_receive, guarded_send)
 
     @staticmethod
-    async def _send_as_json(send: Send, start: Message, text: bytes) -> None:
+    async def _send_as_json(
+        send: Send, start: Message, text: bytes, shape: ErrorShape | None
+    ) -> None:
+        """An error response, whatever made it, as the route's API writes errors."""
         status = start["status"]
-        phrase = HTTPStatus(status).phrase if status in HTTPStatus._value2member_map_ else ""
-        message = text.decode("utf-8", "replace").strip() or phrase or f"HTTP {status}"
-        response = error_response(ApiError(status, message))
-        unsaid = (b"content-type", b"content-length")  # the response's own say them
+        error = _error_read_back(status, text)
+        body = json.dumps(shape(error) if shape is not None else error.body()).encode()
+        unsaid = (b"content-type", b"content-length")  # said anew below
         kept = [(name, value) for name, value in start["headers"] if name.lower() not in unsaid]
-        await send({**start, "headers": kept + response.raw_headers})
-        await send({"type": "http.response.body", "body": response.body})
+        said = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
+        await send({**start, "headers": kept + said})
+        await send({"type": "http.response.body", "body": body})
 
     def _refusal(self, scope: Scope, headers: dict[str, bytes]) -> Response | None:
         """The response that refuses this request before routing, or None to route it."""
@@ -333,11 +362,15 @@ class QuillApp:
             if path not in ROUTE_METHODS:
                 return error_response(_no_route(path))
             return Response(status_code=204, headers={"Allow": ROUTE_METHODS[path]})
-        key = self.state.api_key
+        key = self.state.api_key.encode() if self.state.api_key is not None else None
         if key is not None and path != "/health":
-            given = headers.get("authorization", b"")
-            if not hmac.compare_digest(given, f"Bearer {key}".encode()):
-                message = "Incorrect API key provided; send 'Authorization: Bearer KEY'"
+            # OpenAI's clients send the key as a bearer token, Anthropic's as x-api-key.
+            bearer = hmac.compare_digest(headers.get("authorization", b""), b"Bearer " + key)
+            if not bearer and not hmac.compare_digest(headers.get("x-api-key", b""), key):
+                message = (
+                    "Incorrect API key provided; send 'Authorization: Bearer KEY' or "
+                    "'x-api-key: KEY'"
+                )
                 return error_response(ApiError(HTTPStatus.UNAUTHORIZED, message, "invalid_api_key"))
         return None
 
@@ -415,15 +448,55 @@ class QuillApp:
         )
         return JsonResponse(answer)
 
-    async def _completion(self, request: Request) -> Response:
+    def _generation(self, api: GenerationApi) -> Callable[[Request], Awaitable[Response]]:
+        """The endpoint of a generation route in api's wire format."""
+
+        async def endpoint(request: Request) -> Response:
+            return await self._generate(request, api)
+
+        return endpoint
+
+    def _on_engine(self, answer: EngineAnswer) -> Callable[[Request], Awaitable[Response]]:
+        """The endpoint of a route answered from the named model's engine alone, with no
+        generation (tokenize, count tokens): on a worker thread, the model held meanwhile."""
+
+        async def endpoint(request: Request) -> Response:
+            self._refuse_if_unavailable()
+            body = parse_body(await self._read_body(request))
+            keep_alive = _keep_alive(body)
+            model = await self._acquire(body)
+            try:
+                engine = self._generating_engine(model)
+                reply = await anyio.to_thread.run_sync(answer, body, engine, self.state.limits)
+            finally:
+                self.pool.release(model, keep_alive)
+            return JsonResponse(reply)
+
+        return endpoint
+
+    async def _stored_response(self, request: Request) -> Response:
+        """GET /v1/responses/{id} (a stored response) and DELETE (forget it)."""
+        ident = request.path_params["ident"]
+        if request.method == "DELETE":
+            found = self.responses.delete(ident)
+            reply: dict[str, Any] | None = (
+                {"id": ident, "object": "response.deleted", "deleted": True} if found else None
+            )
+        else:
+            reply = self.responses.retrieve(ident)
+        if reply is None:
+            message = f"no stored response {ident!r} (unknown, expired, or sent with store false)"
+            raise ApiError(HTTPStatus.NOT_FOUND, message, "response_not_found", "response_id")
+        return JsonResponse(reply)
+
+    async def _generate(self, request: Request, api: GenerationApi) -> Response:
         self._refuse_if_unavailable()
-        chat = request.url.path == "/v1/chat/completions"
         body = parse_body(await self._read_body(request))
         keep_alive = _keep_alive(body)
         model = await self._acquire(body)
         try:
             served = self._submit(
-                model, await anyio.to_thread.run_sync(self._parse, body, model, chat)
+                model, await anyio.to_thread.run_sync(self._parse, body, model, api)
             )
         except BaseException:
             self.pool.release(model, keep_alive)
@@ -448,11 +521,10 @@ class QuillApp:
         async def finished_on_the_loop() -> None:
             finished()  # quick; a sync background task would wait for a worker thread
 
-        ident = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
-        writer = ReplyWriter(ident, model.label, served.reply)
+        reply = api.reply_format(body, served, model.label)
         if body.get("stream"):
             return StreamingResponse(
-                self._stream(events, writer, received),
+                self._stream(events, reply, received),
                 # Set as a header, not a media type: starlette would append a charset.
                 headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"},
                 background=BackgroundTask(finished_on_the_loop),
@@ -464,7 +536,7 @@ class QuillApp:
         if pieces is None:
             return Response(status_code=499)  # nginx's "client closed"; nobody reads it
         queued_s = time.perf_counter() - received - pieces[-1].prefill_s - pieces[-1].decode_s
-        return JsonResponse(writer.whole(pieces, queued_s))
+        return JsonResponse(reply.whole(pieces, queued_s))
 
     async def _acquire(self, body: dict) -> PooledModel:
         """The model body names, loaded and counted in flight (the caller releases it)."""
@@ -526,7 +598,12 @@ class QuillApp:
             self._waiting_limiter = anyio.CapacityLimiter(self.limits.max_connections)
         return self._waiting_limiter
 
-    def _parse(self, body: dict, model: PooledModel, chat: bool) -> ServedRequest:
+    def _parse(self, body: dict, model: PooledModel, api: GenerationApi) -> ServedRequest:
+        return api.parse(body, self._generating_engine(model), self.state.limits)
+
+    @staticmethod
+    def _generating_engine(model: PooledModel) -> Engine:
+        """The engine of an acquired model that generates text; an embedding model refused."""
         scheduler = model.scheduler
         assert scheduler is not None  # acquired: loaded until released
         if isinstance(scheduler, EmbeddingScheduler):
@@ -535,7 +612,7 @@ class QuillApp:
                 f"use {'/v1/embeddings' if scheduler.engine.kind == 'embedding' else '/v1/rerank'}"
             )
             raise bad_request(message, "model", "wrong_model_kind")
-        return parse_request(body, scheduler.engine, self.state.limits, chat)
+        return scheduler.engine
 
     def _submit(self, model: PooledModel, served: ServedRequest) -> ServedRequest:
         served.events = LoopEvents()  # type: ignore[assignment]
@@ -617,23 +694,22 @@ class QuillApp:
         events.outcome = "200"
         return pieces
 
-    async def _stream(self, events: LoopEvents, writer: ReplyWriter, received: float):
-        if writer.chat:
-            yield sse(writer.chunk("", first=True))
+    async def _stream(self, events: LoopEvents, reply: ReplyFormat, received: float):
+        for frame in reply.opening():
+            yield frame
         first_at = None
         while True:
             item = await events.get()
             if isinstance(item, BaseException):  # a failure, or the drain's ApiError
                 error = _request_failed(item)
                 events.outcome = f"200, then {error.status}"
-                yield sse(error.body())
+                yield reply.failure(error.body())
                 return
             first_at = first_at or time.perf_counter()
-            for payload in writer.chunks(item, (first_at - received) - item.prefill_s):
-                yield sse(payload)
+            for frame in reply.frames(item, (first_at - received) - item.prefill_s):
+                yield frame
             if item.finish_reason is not None:
                 events.outcome = "200"
-                yield ReplyWriter.DONE
                 return
 
     def begin_drain(self) -> None:
@@ -670,6 +746,26 @@ def _keep_alive(body: dict) -> float | None:
         return parse_duration(body["keep_alive"])
     except ValueError as error:
         raise bad_request(f"'keep_alive': {error}", "keep_alive") from None
+
+
+ErrorShape = Callable[[ApiError], dict[str, Any]]
+
+
+def error_shape(path: str) -> ErrorShape | None:
+    """How errors on path are written when not as OpenAI's: Anthropic's on its routes."""
+    from cli.api.anthropic import anthropic_error
+
+    return anthropic_error if path.startswith("/v1/messages") else None
+
+
+def _error_read_back(status: int, text: bytes) -> ApiError:
+    """An error response's body (an OpenAI error object, or text starlette wrote) as an
+    ApiError, to be written again in another shape."""
+    with contextlib.suppress(ValueError, KeyError, TypeError):
+        error = json.loads(text)["error"]
+        return ApiError(status, error["message"], error.get("code"), error.get("param"))
+    phrase = HTTPStatus(status).phrase if status in HTTPStatus._value2member_map_ else ""
+    return ApiError(status, text.decode("utf-8", "replace").strip() or phrase or f"HTTP {status}")
 
 
 def _no_route(path: str) -> ApiError:

@@ -208,6 +208,19 @@ class ReplyWriter:
         kind = "chat.completion" if self.chat else "text_completion"
         return {**self.base, "object": kind, "choices": [choice], **self._totals(last, queued_s)}
 
+    def opening(self) -> list[bytes]:
+        """The frames a stream begins with, before the first event: chat's role chunk."""
+        return [sse(self.chunk("", first=True))] if self.chat else []
+
+    def frames(self, event: StreamEvent, queued_s: float) -> list[bytes]:
+        """The frames an event of the stream releases; the last event's end with [DONE]."""
+        frames = [sse(chunk) for chunk in self.chunks(event, queued_s)]
+        return [*frames, self.DONE] if event.finish_reason is not None else frames
+
+    def failure(self, error: dict[str, Any]) -> bytes:
+        """The frame that ends a stream which failed after it began (error: its error body)."""
+        return sse(error)
+
     def _finish_reason(self, last: StreamEvent) -> str | None:
         return self.reply.finish_reason(last.finish_reason) if self.reply else last.finish_reason
 

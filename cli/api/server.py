@@ -9,14 +9,15 @@ import contextlib
 import dataclasses
 import json
 import math
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from http import HTTPStatus
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from cli.api.replies import ChatReply
+from cli.api.replies import ChatReply, ReplyWriter
 from cli.engine.batching import BatchRequest, BatchScheduler
-from cli.engine.events import MAX_TOP_LOGPROBS
+from cli.engine.events import MAX_TOP_LOGPROBS, StreamEvent
 from cli.engine.sampling import SamplingParams
 from cli.engine.structured import (
     Constraint,
@@ -98,7 +99,7 @@ def parse_body(raw: bytes) -> dict:
     return body
 
 
-def _typed(body: dict, name: str, kind: type, default, param: str | None = None):
+def typed_field(body: dict, name: str, kind: type, default, param: str | None = None):
     """body[name] (default where it is absent or null) if it is of kind (bool, int or float)
     as JSON writes one: true is no number, 1.0 no whole number and "false" no boolean, so none of
     them is read as if it were meant."""
@@ -126,7 +127,7 @@ def _shown(value: Any) -> str:
 
 
 def _number(body: dict, name: str, kind: type, low: float, high: float, default):
-    value = _typed(body, name, kind, None)
+    value = typed_field(body, name, kind, None)
     if value is None:
         return default
     if not low <= value <= high:
@@ -134,7 +135,7 @@ def _number(body: dict, name: str, kind: type, low: float, high: float, default)
     return kind(value)
 
 
-def _text(value: str, what: str, param: str) -> str:
+def text_field(value: str, what: str, param: str) -> str:
     """value, if it can be encoded as UTF-8: JSON's \\ud800 escapes decode to lone surrogates,
     which are not text and which the tokenizer cannot take."""
     try:
@@ -166,7 +167,7 @@ def _content(content: Any, index: int) -> str:
         content = "".join(texts)
     if not isinstance(content, str):
         raise bad_request(f"{where} must be a string or an array of content parts", "messages")
-    return _text(content, where, "messages")
+    return text_field(content, where, "messages")
 
 
 def _stop_strings(body: dict, limits: ServerLimits) -> tuple[str, ...]:
@@ -187,7 +188,7 @@ def _stop_strings(body: dict, limits: ServerLimits) -> tuple[str, ...]:
             f"{limits.max_stop_chars}",
             "stop",
         )
-    return tuple(_text(s, "a stop string", "stop") for s in stop)
+    return tuple(text_field(s, "a stop string", "stop") for s in stop)
 
 
 # The sampling fields a request may set: type, lowest, highest (seed: llama.cpp's is a uint32 whose
@@ -211,6 +212,50 @@ class ServedRequest(BatchRequest):
     reply: ChatReply | None = None  # None: /v1/completions
 
 
+class ReplyFormat(Protocol):
+    """A generation reply in one API's wire format, made from the scheduler's events."""
+
+    def whole(self, events: list[StreamEvent], queued_s: float) -> dict[str, Any]:
+        """The body of a reply that was not streamed (queued_s: the wait before prefill)."""
+        ...
+
+    def opening(self) -> list[bytes]:
+        """The Server-Sent Events a stream begins with, before the first event."""
+        ...
+
+    def frames(self, event: StreamEvent, queued_s: float) -> list[bytes]:
+        """The Server-Sent Events an event releases; the last event's close the stream."""
+        ...
+
+    def failure(self, error: dict[str, Any]) -> bytes:
+        """The event that ends a stream which failed after it began (error: its error body)."""
+        ...
+
+
+class GenerationApi(Protocol):
+    """One API's generation route: its request body read into a request for the scheduler,
+    and the reply format its events go out in. The HTTP layer does the rest (the model pool,
+    streaming, disconnects, the drain, the log line) alike for every API."""
+
+    def parse(self, body: dict, engine: Engine, limits: ServerLimits) -> ServedRequest: ...
+
+    def reply_format(self, body: dict, served: ServedRequest, model_name: str) -> ReplyFormat: ...
+
+
+@dataclass(frozen=True)
+class OpenAIApi:
+    """/v1/chat/completions (chat) and /v1/completions."""
+
+    chat: bool
+
+    def parse(self, body: dict, engine: Engine, limits: ServerLimits) -> ServedRequest:
+        return parse_request(body, engine, limits, self.chat)
+
+    def reply_format(self, body: dict, served: ServedRequest, model_name: str) -> ReplyWriter:
+        ident = f"{'chatcmpl' if self.chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
+        return ReplyWriter(ident, model_name, served.reply)
+
+
 def parse_request(body: dict, engine: Engine, limits: ServerLimits, chat: bool) -> ServedRequest:
     """An OpenAI request body, validated, as a request for the scheduler of engine."""
     reply, grammar = None, None
@@ -226,10 +271,10 @@ def parse_request(body: dict, engine: Engine, limits: ServerLimits, chat: bool) 
             given = given[0]
         if not isinstance(given, str) or not given:
             raise bad_request("'prompt' must be a non-empty string", "prompt")
-        prompt = _text(given, "'prompt'", "prompt")
-    if _typed(body, "n", int, 1) != 1:
+        prompt = text_field(given, "'prompt'", "prompt")
+    if typed_field(body, "n", int, 1) != 1:
         raise bad_request("only n=1 is supported", "n")
-    _typed(body, "stream", bool, False)  # read by cli/api/http.py, which trusts it checked
+    typed_field(body, "stream", bool, False)  # read by cli/api/http.py, which trusts it checked
     named = "max_completion_tokens" if body.get("max_completion_tokens") is not None else ""
     default_max = min(limits.default_max_tokens, limits.max_tokens)
     max_tokens = _number(body, named or "max_tokens", int, 1, limits.max_tokens, default_max)
@@ -238,7 +283,7 @@ def parse_request(body: dict, engine: Engine, limits: ServerLimits, chat: bool) 
         name: _number(body, name, *bounds, getattr(defaults, name))
         for name, bounds in SAMPLING_RANGES.items()
     }
-    ignore_eos = _typed(body, "ignore_eos", bool, False)  # llama-server's extension
+    ignore_eos = typed_field(body, "ignore_eos", bool, False)  # llama-server's extension
     sampling = SamplingParams(**numbers, ignore_eos=ignore_eos, grammar=grammar)
     stop = _stop_strings(body, limits)
     sampling = _with_constraint(body, sampling, engine)
@@ -251,7 +296,7 @@ def parse_request(body: dict, engine: Engine, limits: ServerLimits, chat: bool) 
             "context_length_exceeded",
         )
     max_tokens = min(max_tokens, engine.n_ctx - len(tokens))
-    cache_prompt = _typed(body, "cache_prompt", bool, True)  # llama-server's, on by default
+    cache_prompt = typed_field(body, "cache_prompt", bool, True)  # llama-server's, on by default
     logprobs = _logprobs_request(body, chat)
     return ServedRequest(
         tokens,
@@ -366,7 +411,7 @@ def _chat_prompt(
         raise bad_request(str(error), error.param) from None
     except ChatTemplateError as error:
         raise bad_request(str(error), "messages", "chat_template_error") from None
-    _text(prompt, "the prompt the template made (from messages and tools)", "tools")
+    text_field(prompt, "the prompt the template made (from messages and tools)", "tools")
     return ChatReply(prompt, tools, fmt), prompt, grammar
 
 
@@ -445,7 +490,7 @@ def _response_format(value: Any) -> Constraint | None:
                 "response_format json_schema needs {'json_schema': {'name': ..., 'schema': {...}}}",
                 "response_format",
             )
-        strict = _typed(spec, "strict", bool, False, "response_format")
+        strict = typed_field(spec, "strict", bool, False, "response_format")
         return _schema(spec["schema"], "response_format", strict)
     raise bad_request(
         f"response_format type {kind!r} is not one of text, json_object, json_schema",
