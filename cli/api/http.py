@@ -42,6 +42,7 @@ from starlette.types import Message, Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from cli.api.anthropic import AnthropicApi, count_tokens
+from cli.api.metrics import CONTENT_TYPE, ServerMetrics
 from cli.api.pool import ModelPool, PooledModel, parse_duration
 from cli.api.responses import ResponsesApi, ResponseStore
 from cli.api.server import (
@@ -85,6 +86,7 @@ ROUTE_METHODS = {
     "/v1/responses": "POST, OPTIONS",
     "/tokenize": "POST, OPTIONS",
     "/detokenize": "POST, OPTIONS",
+    "/metrics": "GET, HEAD, OPTIONS",
 }
 
 
@@ -214,6 +216,14 @@ class LoopEvents(asyncio.Queue):
         super().__init__()
         self.loop = asyncio.get_running_loop()
         self.outcome = "client left"  # for the request's log line
+        self.first_at: float | None = None  # when the first event came
+        self.last: StreamEvent | None = None  # the finishing event, once it came
+
+    def took(self, item: StreamEvent) -> None:
+        """item came off the queue."""
+        self.first_at = self.first_at or time.perf_counter()
+        if item.finish_reason is not None:
+            self.last = item
 
     def put(self, item: Any) -> None:  # type: ignore[override]  # from the scheduler's thread
         # A closed loop: the server has stopped and nobody waits for this any more.
@@ -234,6 +244,7 @@ class QuillApp:
         self.in_flight: set[LoopEvents] = set()
         self._waiting_limiter: anyio.CapacityLimiter | None = None
         self.responses = ResponseStore()
+        self.metrics = ServerMetrics(self.pool) if state.metrics else None
         responses = ResponsesApi(self.responses)
         routes = [
             Route("/v1/chat/completions", self._generation(OpenAIApi(chat=True)), methods=["POST"]),
@@ -251,6 +262,7 @@ class QuillApp:
             Route("/v1/responses/{ident}", self._stored_response, methods=["GET", "DELETE"]),
             Route("/tokenize", self._on_engine(tokenize), methods=["POST"]),
             Route("/detokenize", self._on_engine(detokenize), methods=["POST"]),
+            Route("/metrics", self._metrics, methods=["GET"]),
         ]
         # ApiError and HTTPException are answered where raised; any other exception is then
         # raised on to __call__, which logs it.
@@ -287,11 +299,12 @@ class QuillApp:
 
         held: dict[str, Any] = {}
         shape = error_shape(scope["path"])
+        status = 0
 
         async def guarded_send(message: Message) -> None:
-            nonlocal started
+            nonlocal started, status
             if message["type"] == "http.response.start":
-                started = True
+                started, status = True, message["status"]
                 response_headers = list(message.get("headers", []))
                 if message["status"] >= 400 and not body_read:
                     # An unread body would be drained byte by byte: close instead.
@@ -328,6 +341,10 @@ class QuillApp:
                     f"the server failed on this request: {error!r}",
                 )
                 await error_response(failure)(scope, tracked_receive, guarded_send)
+        finally:
+            if self.metrics is not None and status:
+                model = scope.get("state", {}).get("model", "")
+                self.metrics.request(_route_of(scope["path"]), model, status)
 
     @staticmethod
     async def _send_as_json(
@@ -464,7 +481,7 @@ class QuillApp:
             self._refuse_if_unavailable()
             body = parse_body(await self._read_body(request))
             keep_alive = _keep_alive(body)
-            model = await self._acquire(body)
+            model = await self._acquire(request, body)
             try:
                 engine = self._generating_engine(model)
                 reply = await anyio.to_thread.run_sync(answer, body, engine, self.state.limits)
@@ -473,6 +490,14 @@ class QuillApp:
             return JsonResponse(reply)
 
         return endpoint
+
+    async def _metrics(self, request: Request) -> Response:
+        """GET /metrics: Prometheus's text format, where --metrics turned it on."""
+        if self.metrics is None:
+            message = "metrics are off on this server; start quill serve with --metrics"
+            raise ApiError(HTTPStatus.NOT_FOUND, message, "metrics_off")
+        body = await anyio.to_thread.run_sync(self.metrics.exposition)
+        return Response(body, headers={"Content-Type": CONTENT_TYPE})
 
     async def _stored_response(self, request: Request) -> Response:
         """GET /v1/responses/{id} (a stored response) and DELETE (forget it)."""
@@ -493,7 +518,7 @@ class QuillApp:
         self._refuse_if_unavailable()
         body = parse_body(await self._read_body(request))
         keep_alive = _keep_alive(body)
-        model = await self._acquire(body)
+        model = await self._acquire(request, body)
         try:
             served = self._submit(
                 model, await anyio.to_thread.run_sync(self._parse, body, model, api)
@@ -510,6 +535,9 @@ class QuillApp:
             served.cancelled.set()  # finished already, or the client left: free the slot
             self.in_flight.discard(events)
             self.pool.release(model, keep_alive)
+            if self.metrics is not None and events.last is not None:
+                assert events.first_at is not None  # the last event came, so a first did
+                self.metrics.generation(model.label, events.last, events.first_at - received)
             if self.state.on_request is not None:
                 self.state.on_request(
                     f"{request.method} {request.url.path} {events.outcome} · "
@@ -538,18 +566,20 @@ class QuillApp:
         queued_s = time.perf_counter() - received - pieces[-1].prefill_s - pieces[-1].decode_s
         return JsonResponse(reply.whole(pieces, queued_s))
 
-    async def _acquire(self, body: dict) -> PooledModel:
+    async def _acquire(self, request: Request, body: dict) -> PooledModel:
         """The model body names, loaded and counted in flight (the caller releases it)."""
         acquired: list[PooledModel] = []  # a request cancelled as it acquires still releases
         try:
             loaded = self.pool.try_acquire_loaded(body.get("model"))
             if loaded is not None:
+                request.state.model = loaded.label  # for /metrics
                 return loaded
             # Waits for a load or for room: on threads of its own, see _model_waits.
             await anyio.to_thread.run_sync(
                 lambda: acquired.append(self.pool.acquire(body.get("model"))),
                 limiter=self._model_waits(),
             )
+            request.state.model = acquired[0].label
             return acquired[0]
         except BaseException:
             for model in acquired:
@@ -565,7 +595,7 @@ class QuillApp:
         body = parse_body(await self._read_body(request))
         keep_alive = _keep_alive(body)
         received = time.perf_counter()
-        model = await self._acquire(body)
+        model = await self._acquire(request, body)
         try:
             scheduler = model.scheduler
             if not isinstance(scheduler, EmbeddingScheduler):
@@ -582,6 +612,8 @@ class QuillApp:
             raise self._scheduler_refusal(model, error) from None
         finally:
             self.pool.release(model, keep_alive)
+        if self.metrics is not None:
+            self.metrics.prompt(model.label, answer["usage"]["prompt_tokens"])
         if self.state.on_request is not None:
             self.state.on_request(
                 f"{request.method} {request.url.path} 200 · {answer['usage']['prompt_tokens']} "
@@ -688,6 +720,7 @@ class QuillApp:
                     error = _request_failed(item)
                     events.outcome = str(error.status)
                     raise error
+                events.took(item)
                 pieces.append(item)
         finally:
             watcher.cancel()
@@ -705,6 +738,7 @@ class QuillApp:
                 events.outcome = f"200, then {error.status}"
                 yield reply.failure(error.body())
                 return
+            events.took(item)
             first_at = first_at or time.perf_counter()
             for frame in reply.frames(item, (first_at - received) - item.prefill_s):
                 yield frame
@@ -766,6 +800,14 @@ def _error_read_back(status: int, text: bytes) -> ApiError:
         return ApiError(status, error["message"], error.get("code"), error.get("param"))
     phrase = HTTPStatus(status).phrase if status in HTTPStatus._value2member_map_ else ""
     return ApiError(status, text.decode("utf-8", "replace").strip() or phrase or f"HTTP {status}")
+
+
+def _route_of(path: str) -> str:
+    """A request's route for /metrics' label: its path where a route has it, else "other"
+    (a label per path a client invents would grow the metrics without bound)."""
+    if path in ROUTE_METHODS:
+        return path
+    return "/v1/responses/{id}" if path.startswith("/v1/responses/") else "other"
 
 
 def _no_route(path: str) -> ApiError:

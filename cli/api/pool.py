@@ -10,6 +10,7 @@ import math
 import re
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from http import HTTPStatus
@@ -114,6 +115,10 @@ class ModelPool:
         self._files: dict[str, Path] = {}
         self._models: dict[str, PooledModel] = {}
         self._plans: dict[tuple[Path, int, int], tuple[int, str] | ApiError] = {}
+        # For /metrics: loads by model, unloads by model and why (Counters are thread-safe enough
+        # for a scrape: each += is one bytecode step under the GIL, and a scrape only reads).
+        self.loads: Counter[str] = Counter()
+        self.unloads: Counter[tuple[str, str]] = Counter()
         self._lock = threading.Condition()
         self._closed = False
         self._draining = False
@@ -236,7 +241,7 @@ class ModelPool:
         if model is None:
             return self.acquire(name)
         if model.scheduler is None and evicted is not None:  # this call loads it
-            self._unload(evicted, "to make room")
+            self._unload(evicted, "evicted", "to make room")
             self._load(model)
         model.loaded.wait()
         if model.failure is not None:
@@ -311,7 +316,7 @@ class ModelPool:
                 return
             del self._models[label]
             self._lock.notify_all()
-        self._unload([model], f"{scheduler.stopped_reason}; loading it again")
+        self._unload([model], "replaced", f"{scheduler.stopped_reason}; loading it again")
 
     def release(self, model: PooledModel, keep_alive_s: float | None = None) -> None:
         """A request is done with model: it stays keep_alive_s (None: the server's) from now; the
@@ -338,7 +343,7 @@ class ModelPool:
                 return f"{label} unloads when its {model.in_flight} requests in flight finish"
             self._models.pop(label)
             self._lock.notify_all()
-        self._unload([model], "stopped")
+        self._unload([model], "stopped", "stopped")
         return f"{label} unloaded"
 
     def loaded(self) -> list[PooledModel]:
@@ -362,7 +367,7 @@ class ModelPool:
             self._lock.notify_all()
         for model in models:
             model.loaded.wait()
-        self._unload(models, None)
+        self._unload(models, "shutdown")
 
     # --- loading and unloading ------------------------------------------------------------------
 
@@ -402,6 +407,7 @@ class ModelPool:
                 self._models.pop(model.label, None)
                 self._lock.notify_all()
         else:
+            self.loads[model.label] += 1
             self.on_event(
                 f"loaded {model.label} in {time.monotonic() - started:.1f} s "
                 f"({human_bytes(model.memory_bytes)} planned)"
@@ -413,13 +419,16 @@ class ModelPool:
         finally:
             model.loaded.set()
         if self._closed and model.scheduler is not None:
-            self._unload([model], None)
+            self._unload([model], "shutdown")
 
-    def _unload(self, models: list[PooledModel], why: str | None) -> None:
+    def _unload(self, models: list[PooledModel], reason: str, why: str | None = None) -> None:
+        """Unload models; reason: a word for /metrics (evicted, keep_alive, stopped, replaced,
+        shutdown); why: the words of the log line (none: no line)."""
         for model in models:
             if model.scheduler is None:
                 continue
             scheduler, model.scheduler = model.scheduler, None
+            self.unloads[model.label, reason] += 1
             scheduler.close()
             kept = scheduler.persist()  # before it forgets: the KV store keeps its sequences
             scheduler.engine.close()
@@ -442,7 +451,7 @@ class ModelPool:
                     self._lock.notify_all()
                     self._lock.release()
                     try:
-                        self._unload(expired, "keep-alive passed")
+                        self._unload(expired, "keep_alive", "keep-alive passed")
                     finally:
                         self._lock.acquire()
                     continue

@@ -81,6 +81,7 @@ class ServerState:
     created: int = 0
     on_request: Callable[[str], None] | None = None  # one line per finished request
     pool: Any = None  # cli.api.pool.ModelPool; None: a pool of the one model above
+    metrics: bool = False  # GET /metrics answers (quill serve --metrics)
 
 
 def parse_body(raw: bytes) -> dict:

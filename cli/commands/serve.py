@@ -103,9 +103,19 @@ def serve(
     api_key: Annotated[
         str | None,
         typer.Option(
-            "--api-key", envvar="QUILL_API_KEY", help="Require 'Authorization: Bearer KEY'."
+            "--api-key",
+            envvar="QUILL_API_KEY",
+            help="Require the key: 'Authorization: Bearer KEY' or 'x-api-key: KEY'.",
         ),
     ] = None,
+    metrics: Annotated[
+        bool,
+        typer.Option(
+            "--metrics",
+            help="Answer GET /metrics: Prometheus's text format (requests, tokens, "
+            "TTFT, decode speed, slots, models loaded).",
+        ),
+    ] = False,
     max_queue: Annotated[
         int, typer.Option("--max-queue", min=0, help="Requests waiting for a slot before 429.")
     ] = 16,
@@ -216,7 +226,14 @@ def serve(
     )
     shown = ", ".join(files) if named and not any_model else "the models on disk"
     state = ServerState(
-        None, shown, limits, api_key, int(time.time()), on_request=render.info_line, pool=pool
+        None,
+        shown,
+        limits,
+        api_key,
+        int(time.time()),
+        on_request=render.info_line,
+        pool=pool,
+        metrics=metrics,
     )
     if http_limits.allowed_hosts is None and not api_key:  # not bound to a loopback address
         render.warning_line(
