@@ -236,6 +236,50 @@ def _as_template_call(call) -> dict:
     }
 
 
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_every_tool_choice_mode_is_honoured(hermes_server: str, stream: bool) -> None:
+    """auto and none, required and a named function, whole and streamed: none takes the tools
+    out of the prompt (fewer prompt tokens, never a call), auto puts them in and lets the model
+    choose, required makes some call, and a named function is the one called."""
+    client = openai.OpenAI(base_url=f"{hermes_server}/v1", api_key="none", max_retries=0)
+
+    def ask(choice) -> tuple[list[str], str | None, int]:
+        """The names called, the finish reason, the prompt's tokens."""
+        asked = dict(model="quill", seed=3, temperature=1.0, messages=ASK, max_tokens=120)
+        if choice is not None:
+            asked |= {"tools": TOOLS, "tool_choice": choice}
+        if not stream:
+            reply = client.chat.completions.create(**asked)
+            calls = reply.choices[0].message.tool_calls or []
+            names = [call.function.name for call in calls]
+            return names, reply.choices[0].finish_reason, reply.usage.prompt_tokens
+        names, finish, usage = [], None, None
+        chunks = client.chat.completions.create(
+            **asked, stream=True, stream_options={"include_usage": True}
+        )
+        for chunk in chunks:
+            if chunk.usage is not None:
+                usage = chunk.usage.prompt_tokens
+            for choice_chunk in chunk.choices:
+                names += [
+                    c.function.name for c in choice_chunk.delta.tool_calls or [] if c.function.name
+                ]
+                finish = choice_chunk.finish_reason or finish
+        return names, finish, usage
+
+    bare = ask(None)
+    none = ask("none")
+    assert none[0] == [] and none[1] != "tool_calls" and none[2] == bare[2]
+    auto = ask("auto")
+    assert auto[2] > bare[2]  # the tools are in the prompt
+    assert auto[1] == ("tool_calls" if auto[0] else auto[1])
+    required = ask("required")
+    assert required[1] == "tool_calls" and required[0] in (["get_weather"], ["get_time"])
+    named = ask({"type": "function", "function": {"name": "get_time"}})
+    assert named[1] == "tool_calls" and named[0] == ["get_time"]
+    assert required[2] == named[2] == auto[2]
+
+
 def test_bad_tool_requests_get_one_clear_400(hermes_server: str) -> None:
     def post(**body) -> httpx.Response:
         return httpx.post(
