@@ -26,8 +26,11 @@ if TYPE_CHECKING:
 
 SERVE_EPILOG = (
     "Endpoints: POST /v1/chat/completions, POST /v1/completions (stream or not), GET /v1/models, "
-    "POST /v1/embeddings and POST /v1/rerank (embedding and reranker models), GET /health, "
-    "GET /api/ps (quill ps), POST /models/unload (quill stop), POST /slots/ID. The first MODEL "
+    "POST /v1/messages and /v1/messages/count_tokens (Anthropic's Messages API), POST "
+    "/v1/responses with GET and DELETE /v1/responses/ID (OpenAI's Responses API), POST "
+    "/v1/embeddings and POST /v1/rerank (embedding and reranker models), POST /tokenize and "
+    "/detokenize, GET /metrics (with --metrics), GET /health, GET /api/ps (quill ps), POST "
+    "/models/unload (quill stop), POST /slots/ID. The first MODEL "
     "(default: smollm2-135m) is loaded at start and kept; the others, and every model on disk "
     "when no MODEL is named or with --any-model, load when a request's model field names them "
     "and unload --keep-alive after their last request. "
