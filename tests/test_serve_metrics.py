@@ -153,7 +153,9 @@ def test_tokenize_and_detokenize_agree_with_the_engine(served: str, tiny_models)
             f"{served}{path}", json={"model": first, **body}, headers=AUTH, timeout=60
         )
 
+    # same path: the model's tokenizer here and in the server; nothing is generated
     assert post("/tokenize", content=text).json() == {"tokens": plain}
+    # same path: as above
     assert post("/tokenize", content=text, add_special=True).json() == {"tokens": with_bos}
     # (The tiny vocabulary adds no BOS, so both are equal here; the engine says what it adds.)
     shown = post("/tokenize", content=text, with_pieces=True).json()["tokens"]
@@ -161,6 +163,7 @@ def test_tokenize_and_detokenize_agree_with_the_engine(served: str, tiny_models)
     for entry, piece in zip(shown, pieces, strict=True):
         expected = piece.decode() if _whole_utf8(piece) else list(piece)
         assert entry["piece"] == expected
+    # same path: the tokenizer's pieces, joined
     assert post("/detokenize", tokens=plain).json() == {"content": text}
 
     for path, body, needle in [

@@ -284,6 +284,25 @@ class QuillApp:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return
+        if self.metrics is None:
+            await self._answer(scope, receive, send)
+            return
+        status = 0
+
+        async def counted_send(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self._answer(scope, receive, counted_send)
+        finally:
+            if status:  # else no response went out (the client left first)
+                model = scope.get("state", {}).get("model", "")
+                self.metrics.request(_route_of(scope["path"]), model, status)
+
+    async def _answer(self, scope: Scope, receive: Receive, send: Send) -> None:
         headers = {name.decode("latin-1"): value for name, value in scope["headers"]}
         body_read = (
             headers.get("content-length", b"0") == b"0" and "transfer-encoding" not in headers
@@ -299,12 +318,11 @@ class QuillApp:
 
         held: dict[str, Any] = {}
         shape = error_shape(scope["path"])
-        status = 0
 
         async def guarded_send(message: Message) -> None:
-            nonlocal started, status
+            nonlocal started
             if message["type"] == "http.response.start":
-                started, status = True, message["status"]
+                started = True
                 response_headers = list(message.get("headers", []))
                 if message["status"] >= 400 and not body_read:
                     # An unread body would be drained byte by byte: close instead.
@@ -341,10 +359,6 @@ class QuillApp:
                     f"the server failed on this request: {error!r}",
                 )
                 await error_response(failure)(scope, tracked_receive, guarded_send)
-        finally:
-            if self.metrics is not None and status:
-                model = scope.get("state", {}).get("model", "")
-                self.metrics.request(_route_of(scope["path"]), model, status)
 
     @staticmethod
     async def _send_as_json(
@@ -494,7 +508,7 @@ class QuillApp:
     async def _metrics(self, request: Request) -> Response:
         """GET /metrics: Prometheus's text format, where --metrics turned it on."""
         if self.metrics is None:
-            message = "metrics are off on this server; start quill serve with --metrics"
+            message = f"metrics are off on this server; {self.state.metrics_off_advice}"
             raise ApiError(HTTPStatus.NOT_FOUND, message, "metrics_off")
         body = await anyio.to_thread.run_sync(self.metrics.exposition)
         return Response(body, headers={"Content-Type": CONTENT_TYPE})

@@ -82,6 +82,7 @@ class ServerState:
     on_request: Callable[[str], None] | None = None  # one line per finished request
     pool: Any = None  # cli.api.pool.ModelPool; None: a pool of the one model above
     metrics: bool = False  # GET /metrics answers (quill serve --metrics)
+    metrics_off_advice: str = "its operator can turn them on"
 
 
 def parse_body(raw: bytes) -> dict:

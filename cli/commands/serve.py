@@ -237,6 +237,7 @@ def serve(
         on_request=render.info_line,
         pool=pool,
         metrics=metrics,
+        metrics_off_advice="start quill serve with --metrics",
     )
     if http_limits.allowed_hosts is None and not api_key:  # not bound to a loopback address
         render.warning_line(
