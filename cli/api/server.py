@@ -111,10 +111,10 @@ def typed_field(body: dict, name: str, kind: type, default, param: str | None = 
     param = param or name
     if kind is bool:
         if not isinstance(value, bool):
-            raise bad_request(f"'{name}' must be true or false, got {_shown(value)}", param)
+            raise bad_request(f"'{name}' must be true or false, got {shown_json(value)}", param)
         return value
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise bad_request(f"'{name}' must be a number, got {_shown(value)}", param)
+        raise bad_request(f"'{name}' must be a number, got {shown_json(value)}", param)
     if isinstance(value, float) and not math.isfinite(value):  # 1e400 parses as infinity
         raise bad_request(f"'{name}' must be a finite number, got {value}", param)
     if kind is int and isinstance(value, float):
@@ -122,7 +122,7 @@ def typed_field(body: dict, name: str, kind: type, default, param: str | None = 
     return kind(value)
 
 
-def _shown(value: Any) -> str:
+def shown_json(value: Any) -> str:
     """A value as JSON, cut short: an error message quotes what was sent, not all of it."""
     text = json.dumps(value)
     return text if len(text) <= 40 else text[:40] + "..."

@@ -39,6 +39,14 @@ class ReasoningSplitter:
         self.reasoning_text = ""
         self.tag_seen = False  # this push opened or closed a block
 
+    def pushed_thinking(self, was_reasoning: bool) -> bool:
+        """Whether the text of the last push counts as thinking (was_reasoning: in_reasoning
+        before it): inside a block, or the tag that opened or closed one. Text held at the start
+        may still open a block: counted as thinking (a reply that starts like a tag and is not
+        one miscounts a token or two)."""
+        pending = self.state == "start" and bool(self.held.strip())
+        return was_reasoning or self.in_reasoning or self.tag_seen or pending
+
     def push(self, text: str) -> tuple[str, str]:
         self.raw += text
         self.tag_seen = False
@@ -110,10 +118,7 @@ def split_events(
         if event.finish_reason is not None:
             more_reasoning, more_answer = splitter.finish()
             reasoning, answer = reasoning + more_reasoning, answer + more_answer
-        # Text held at the start may still open a block: counted as thinking (a reply that
-        # starts like a tag and is not one miscounts a token or two).
-        pending = splitter.state == "start" and bool(splitter.held.strip())
-        thinking = was_reasoning or splitter.in_reasoning or splitter.tag_seen or pending
+        thinking = splitter.pushed_thinking(was_reasoning)
         yield dataclasses.replace(event, text=answer, reasoning=reasoning, thinking=thinking)
 
 
