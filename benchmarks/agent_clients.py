@@ -30,6 +30,7 @@ from benchmarks.harness import QUILL, ROOT, machine_line, quill_commit, serving,
 NPM = ROOT / "benchmarks" / ".build" / "npm"
 CLIENTS = {"claude": "@anthropic-ai/claude-code@2.1.332", "codex": "@openai/codex@0.171.0"}
 KEY = "agent-clients-key"
+MAX_OUTPUT_TOKENS = 64
 PROMPT = "Reply with one short sentence: what is the capital of France?"
 
 
@@ -57,6 +58,8 @@ def claude(url: str, model: str, home: Path) -> subprocess.CompletedProcess:
         ANTHROPIC_DEFAULT_OPUS_MODEL=model,
         ANTHROPIC_SMALL_FAST_MODEL=model,
         CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1",
+        # A small model rarely stops by itself: its reply is bounded, or it decodes for minutes.
+        CLAUDE_CODE_MAX_OUTPUT_TOKENS=str(MAX_OUTPUT_TOKENS),
         DISABLE_TELEMETRY="1",
         DISABLE_AUTOUPDATER="1",
     )
@@ -75,6 +78,7 @@ def codex(url: str, model: str, home: Path) -> subprocess.CompletedProcess:
     command = [
         str(installed("codex")), "exec", "--skip-git-repo-check",
         "-c", f"model_providers.quill={provider}", "-c", "model_provider=quill",
+        "-c", f"model_max_output_tokens={MAX_OUTPUT_TOKENS}",
         "-m", model, "-s", "read-only", PROMPT,
     ]  # fmt: skip
     return subprocess.run(

@@ -24,6 +24,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -153,6 +154,8 @@ def wait_ready(url: str, process: subprocess.Popen, timeout: float = 300) -> Non
         try:
             with urllib.request.urlopen(f"{url}/v1/models", timeout=2):
                 return
+        except urllib.error.HTTPError:
+            return  # it answered (a server with an API key refuses the request: it is up)
         except OSError:
             time.sleep(0.2)
     stop_server(process)

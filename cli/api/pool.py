@@ -112,6 +112,10 @@ class ModelPool:
         self.memory_limit = memory_limit
         self.on_event = on_event or (lambda line: None)
         self.default: str | None = None  # the model a request naming none gets
+        self.aliases: dict[str, str] = {}  # more names of a model: name -> its label
+        # False: a one-model server answers whatever model a request names (llama-server's
+        # rule; clients send placeholders); with several models an unknown name is a 404.
+        self.strict = False
         self._files: dict[str, Path] = {}
         self._models: dict[str, PooledModel] = {}
         self._plans: dict[tuple[Path, int, int], tuple[int, str] | ApiError] = {}
@@ -177,6 +181,7 @@ class ModelPool:
         # The catalog's order first: a name without its tag is the first file with that name
         # (models.yaml's default tag leads), whichever of them is loaded.
         labels = list(dict.fromkeys([*self._files, *self._models]))
+        name = self.aliases.get(name, name)
         if name in labels:
             return name
         for label in labels:
@@ -184,6 +189,9 @@ class ModelPool:
                 label.endswith(".gguf") and name == Path(label).stem
             ):
                 return label
+        known = self.catalog is None or self._files  # else the catalog is not read yet
+        if not self.strict and known and len(labels) == 1 and self.default in labels:
+            return self.default
         return None
 
     # --- a request's use of a model -------------------------------------------------------------

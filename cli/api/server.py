@@ -11,7 +11,7 @@ import json
 import math
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -42,6 +42,8 @@ class ServerLimits:
     max_body_bytes: int = 1 << 20
     max_tokens: int = 4096  # the most a request may ask for
     default_max_tokens: int = 512
+    # The sampling of a request that sets none of a field (quill serve --temp, --seed).
+    default_sampling: SamplingParams = field(default_factory=SamplingParams)
     # Every stop string is searched for after every token of the request: a cap on their number
     # and size keeps one request from slowing the scheduler's step for everyone.
     max_stop_strings: int = 16
@@ -280,7 +282,7 @@ def parse_request(body: dict, engine: Engine, limits: ServerLimits, chat: bool) 
     named = "max_completion_tokens" if body.get("max_completion_tokens") is not None else ""
     default_max = min(limits.default_max_tokens, limits.max_tokens)
     max_tokens = _number(body, named or "max_tokens", int, 1, limits.max_tokens, default_max)
-    defaults = SamplingParams()
+    defaults = limits.default_sampling
     numbers = {
         name: _number(body, name, *bounds, getattr(defaults, name))
         for name, bounds in SAMPLING_RANGES.items()

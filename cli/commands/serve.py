@@ -90,6 +90,56 @@ def serve(
             "memory available at start.",
         ),
     ] = None,
+    alias: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--alias",
+            "-a",
+            metavar="NAME",
+            help="A name for the first MODEL (repeatable, as llama-server's): /v1/models lists "
+            "the first, and requests may name any.",
+        ),
+    ] = None,
+    strict_model: Annotated[
+        bool,
+        typer.Option(
+            "--strict-model",
+            help="Refuse (404) a request naming a model this server does not have, with one "
+            "model too. Default: a one-model server answers whatever model a request names "
+            "(as llama-server; clients send placeholders such as gpt-3.5-turbo); with several, "
+            "an unknown name is always a 404.",
+        ),
+    ] = False,
+    temperature: Annotated[
+        float | None,
+        typer.Option(
+            "--temp",
+            "--temperature",
+            min=0,
+            max=2,
+            help="Temperature of requests that set none (default 0.8; 0: greedy).",
+        ),
+    ] = None,
+    seed: Annotated[
+        int | None,
+        typer.Option(
+            "--seed",
+            "-s",
+            min=-1,
+            max=2**32 - 2,
+            help="Seed of requests that set none (-1 or unset: a random seed each).",
+        ),
+    ] = None,
+    n_predict: Annotated[
+        int | None,
+        typer.Option(
+            "--n-predict",
+            "-n",
+            min=-1,
+            help="Tokens a request generates when it says none (-1: up to its context). "
+            "Default: 512.",
+        ),
+    ] = None,
     host: Annotated[
         str, typer.Option("--host", help="Address to listen on (0.0.0.0: every interface).")
     ] = "127.0.0.1",
@@ -193,6 +243,7 @@ def serve(
     from cli.api.http import run_server
     from cli.api.server import ServerLimits, ServerState
     from cli.engine.options import context_size
+    from cli.engine.sampling import SamplingParams
     from cli.engine.settings import ModelSettings
     from cli.ui import render
 
@@ -217,15 +268,26 @@ def serve(
         # when a request names it.
         named = [shared.model_label(None)]
     files = dict(shared.obtain_model(n, offline) for n in named)
+    if alias and files:  # the first model goes by its first alias
+        first = next(iter(files))
+        files = {alias[0] if label == first else label: path for label, path in files.items()}
     catalog = ServeCatalog(files, everything, options, settings, max_queue, park_bytes, store_bytes)
     pool = _model_pool(catalog, keep_alive_s, max_models, limit)
+    pool.aliases = dict.fromkeys(alias[1:], alias[0]) if alias else {}
+    pool.strict = strict_model
     sock = _listen(host, port)
     # No model named: none is loaded yet, and a request may use any model's context.
     n_ctx = _open_first_model(catalog, pool) if named else context_size(ctx, None)
     limits = ServerLimits(
         max_body_bytes=max_body,
         max_tokens=max_tokens_limit or n_ctx,
-        default_max_tokens=min(512, max_tokens_limit or n_ctx),
+        default_max_tokens=min(
+            n_ctx if n_predict == -1 else n_predict or 512, max_tokens_limit or n_ctx
+        ),
+        default_sampling=SamplingParams(
+            temperature=SamplingParams.temperature if temperature is None else temperature,
+            seed=None if seed in (None, -1) else seed,
+        ),
     )
     shown = ", ".join(files) if named and not any_model else "the models on disk"
     state = ServerState(
