@@ -78,7 +78,6 @@ def codex(url: str, model: str, home: Path) -> subprocess.CompletedProcess:
     command = [
         str(installed("codex")), "exec", "--skip-git-repo-check",
         "-c", f"model_providers.quill={provider}", "-c", "model_provider=quill",
-        "-c", f"model_max_output_tokens={MAX_OUTPUT_TOKENS}",
         "-m", model, "-s", "read-only", PROMPT,
     ]  # fmt: skip
     return subprocess.run(

@@ -241,6 +241,25 @@ def test_a_function_call_round_trip(client: openai.OpenAI) -> None:
     assert answered.usage.input_tokens_details.cached_tokens >= asked.usage.input_tokens
 
 
+def test_tools_the_server_would_run_are_left_out_as_agents_send_them(
+    client: openai.OpenAI, server: str
+) -> None:
+    """Codex CLI sends web_search and a namespace of sub-agent tools on every request: quill
+    runs neither, so neither is offered to the model (the prompt is as without them), and the
+    function tools beside them are called as ever."""
+    hosted = [{"type": "web_search", "external_web_access": False},
+              {"type": "namespace", "name": "agents", "tools": [TIME]}]  # fmt: skip
+    bare = client.responses.create(input="The time?", **SMALL)
+    only_hosted = client.responses.create(input="The time?", tools=hosted, **SMALL)
+    assert only_hosted.usage.input_tokens == bare.usage.input_tokens
+    forced = client.responses.create(
+        input="The time?", tools=[*hosted, WEATHER], tool_choice="required",
+        **{**SMALL, "max_output_tokens": 60},
+    )  # fmt: skip
+    (call,) = forced.output
+    assert call.type == "function_call" and call.name == "get_weather"
+
+
 def test_a_named_function_is_called_whole_and_streamed(client: openai.OpenAI, server: str) -> None:
     ask = {"input": "The time?", "tools": [WEATHER, TIME],
            "tool_choice": {"type": "function", "name": "get_time"},
@@ -447,7 +466,7 @@ HI = {"model": "quill", "input": "hi", "max_output_tokens": 2}
         ({**HI, "max_output_tokens": 0}, "max_output_tokens", "'max_output_tokens' must be"),
         ({**HI, "temperature": "hot"}, "temperature", "'temperature' must be a number"),
         ({**HI, "tools": {"type": "function", "name": "f"}}, "tools", "'tools' must be an array"),
-        ({**HI, "tools": [{"type": "web_search"}]}, "tools", '"web_search"'),
+        ({**HI, "tools": [{"name": "get_weather"}]}, "tools", "tools[0] must be an object"),
         ({**HI, "tools": [{"type": "function", "name": "a b"}]}, "tools", "tools[0].name"),
         ({**HI, "tools": [WEATHER], "tool_choice": 5}, "tool_choice", "'tool_choice' must be"),
         ({**HI, "tools": [WEATHER], "tool_choice": {"type": "function", "name": "nope"}},

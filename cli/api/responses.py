@@ -343,8 +343,11 @@ def _thinking(reasoning: Any) -> bool | None:
 
 
 def _chat_tools(tools: Any) -> list[dict[str, Any]] | None:
-    """Responses' function tools ({"type": "function", "name", ...}) in chat's shape; the
-    built-in tools OpenAI runs itself (web search, file search, ...) have nothing here to run."""
+    """Responses' function tools ({"type": "function", "name", ...}) in chat's shape. Any other
+    type is a tool the server would run (web search, file search, code interpreter) or route
+    (a namespace of an agent's sub-tools): quill runs none, so the model is not offered them.
+    Agents send them on every request (Codex CLI: web_search and a namespace), so they are
+    left out, not refused."""
     if tools is None:
         return None
     if not isinstance(tools, list):
@@ -353,17 +356,13 @@ def _chat_tools(tools: Any) -> list[dict[str, Any]] | None:
         )
     chat = []
     for index, tool in enumerate(tools):
-        if not isinstance(tool, dict):
-            raise bad_request(f"tools[{index}] must be an object", "tools")
-        if tool.get("type") != "function":
-            raise bad_request(
-                f"tools[{index}] has type {shown_json(tool.get('type'))}; this server takes only "
-                'tools of type "function" (the client runs them and sends function_call_output)',
-                "tools",
-            )
+        if not isinstance(tool, dict) or not isinstance(tool.get("type"), str):
+            raise bad_request(f"tools[{index}] must be an object with a type", "tools")
+        if tool["type"] != "function":
+            continue
         kept = ("name", "description", "parameters", "strict")
         chat.append({"type": "function", "function": {k: tool[k] for k in kept if k in tool}})
-    return chat
+    return chat or None
 
 
 def _chat_tool_choice(choice: Any) -> str | dict[str, Any] | None:
