@@ -30,7 +30,7 @@ from benchmarks.harness import QUILL, ROOT, machine_line, quill_commit, serving,
 NPM = ROOT / "benchmarks" / ".build" / "npm"
 CLIENTS = {"claude": "@anthropic-ai/claude-code@2.1.332", "codex": "@openai/codex@0.171.0"}
 KEY = "agent-clients-key"
-MAX_OUTPUT_TOKENS = 64
+MAX_OUTPUT_TOKENS = 512
 PROMPT = "Reply with one short sentence: what is the capital of France?"
 
 
@@ -96,8 +96,10 @@ def main() -> None:
         installed(name)
     with tempfile.TemporaryDirectory() as folder:
         log = Path(folder) / "serve.log"
+        # Greedy (neither client sends a temperature): the run repeats, and the 135M model's
+        # greedy answer ends by itself where a sampled one may ramble to the token limit.
         command = [QUILL, "serve", args.model, "--ctx", str(args.ctx), "--parallel", "1",
-                   "--api-key", KEY]  # fmt: skip
+                   "--api-key", KEY, "--temp", "0"]  # fmt: skip
         with log.open("w") as stderr, serving(command, users_env(), stderr=stderr) as (_, url):
             listed = httpx.get(f"{url}/v1/models", headers={"x-api-key": KEY}, timeout=30)
             model = listed.json()["data"][0]["id"]
