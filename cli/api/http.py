@@ -43,6 +43,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from cli.api.anthropic import AnthropicApi, count_tokens
 from cli.api.metrics import CONTENT_TYPE, ServerMetrics
+from cli.api.native import NativeCompletionApi
 from cli.api.pool import ModelPool, PooledModel, parse_duration
 from cli.api.responses import ResponsesApi, ResponseStore
 from cli.api.server import (
@@ -87,6 +88,7 @@ ROUTE_METHODS = {
     "/tokenize": "POST, OPTIONS",
     "/detokenize": "POST, OPTIONS",
     "/metrics": "GET, HEAD, OPTIONS",
+    "/completion": "POST, OPTIONS",
 }
 
 
@@ -263,6 +265,7 @@ class QuillApp:
             Route("/tokenize", self._on_engine(tokenize), methods=["POST"]),
             Route("/detokenize", self._on_engine(detokenize), methods=["POST"]),
             Route("/metrics", self._metrics, methods=["GET"]),
+            Route("/completion", self._generation(NativeCompletionApi()), methods=["POST"]),
         ]
         # ApiError and HTTPException are answered where raised; any other exception is then
         # raised on to __call__, which logs it.
