@@ -41,12 +41,12 @@ FILES = [
     "test_ctx_shift", "test_compat_anthropic", "test_compat_oai_responses", "test_metrics",
 ]  # fmt: skip
 # Flags quill serve takes under another name: llama-server's -> quill's.
-RENAMED = {"--ctx-size": "--ctx", "-ctk": "--kv-k", "-ctv": "--kv-v", "--cors-origins": "--cors",
+RENAMED = {"-ctk": "--kv-k", "-ctv": "--kv-v", "--cors-origins": "--cors",
            "--n-gpu-layers": "--gpu-layers"}  # fmt: skip
 # Flags that ask for what quill always does, or mean nothing to it: dropped (with their value).
 # (--embedding, --reranking: quill serves an embedding or reranker model's routes by its kind.)
 DROPPED = {"--cont-batching": 0, "--jinja": 0, "--no-jinja": 0, "--no-ui": 0,
-           "--batch-size": 1, "--ubatch-size": 1, "--no-slots": 0, "--embedding": 0,
+           "--batch-size": 1, "--ubatch-size": 1, "--embedding": 0,
            "--reranking": 0, "--kv-unified": 0, "--swa-full": 0, "-fa": 1}  # fmt: skip
 
 SHIM = '''#!{python}

@@ -281,7 +281,10 @@ def test_model_in_a_chat_with_an_endpoint_asks_the_server(runner, tiny_path, qui
 
     from conftest import start_server
 
-    process, url = start_server(quill_home, tmp_path, str(tiny_path), "--ctx", "256", "-np", "1")
+    # --strict-model: a one-model server otherwise answers any name, as llama-server does
+    process, url = start_server(
+        quill_home, tmp_path, str(tiny_path), "--ctx", "256", "-np", "1", "--strict-model"
+    )
     transcript = tmp_path / "remote.json"
     try:
         result = runner.invoke(

@@ -96,3 +96,128 @@ def test_strict_model_refuses_an_unknown_name_and_several_models_always_do(
         finally:
             process.terminate()
             process.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def compat(tiny_models, quill_home, tmp_path_factory) -> Iterator[str]:
+    """A server as a llama-server user starts one: its flags, two slots, a key, CORS for this
+    machine's pages."""
+    process, url = start_server(
+        quill_home,
+        tmp_path_factory.mktemp("serve-compat"),
+        "--model", str(tiny_models[0]),
+        "--alias", "tinyllama-2,fim,code", "--seed", "42", "--ctx-size", "256", "-np", "2",
+        "--api-key", "compat-key", "--cors", "localhost",
+    )  # fmt: skip
+    yield url
+    process.terminate()
+    process.wait(timeout=30)
+
+
+KEYED = {"Authorization": "Bearer compat-key"}
+
+
+def test_props_slots_and_models_answer_as_llama_servers(compat: str, tiny_models) -> None:
+    props = httpx.get(f"{compat}/props", headers=KEYED, timeout=30).json()
+    assert props["model_path"] == str(tiny_models[0]) and props["total_slots"] == 2
+    settings = props["default_generation_settings"]
+    assert settings["n_ctx"] == 256  # quill's -c is each slot's context
+    assert settings["params"]["seed"] == 42 and settings["params"]["temperature"] == 0.8
+    assert "<|im_start|>" in props["chat_template"]
+    slots = httpx.get(f"{compat}/slots", headers=KEYED, timeout=30).json()
+    assert [(slot["id"], slot["n_ctx"], slot["is_processing"]) for slot in slots] == [
+        (0, 256, False), (1, 256, False)
+    ]  # fmt: skip
+    for path in ("/models", "/v1/models"):
+        (model,) = httpx.get(f"{compat}{path}", headers=KEYED, timeout=30).json()["data"]
+        assert model["id"] == "tinyllama-2"
+        assert set(model["aliases"]) == {"tinyllama-2", "fim", "code"}
+    for path in ("/health", "/v1/health"):  # no key needed
+        assert httpx.get(f"{compat}{path}", timeout=30).json()["status"] == "ok"
+
+
+def test_unprefixed_routes_and_apply_template(compat: str, tiny_models) -> None:
+    messages = [{"role": "user", "content": "red"}]
+    reply = httpx.post(
+        f"{compat}/chat/completions", headers=KEYED, timeout=60,
+        json={"model": "code", "messages": messages, "max_tokens": 2},
+    ).json()  # fmt: skip
+    assert reply["object"] == "chat.completion" and reply["model"] == "tinyllama-2"
+    rendered = httpx.post(
+        f"{compat}/apply-template", headers=KEYED, json={"messages": messages}, timeout=60
+    ).json()["prompt"]
+    from cli.engine.engine import Engine
+    from cli.engine.options import LoadOptions
+
+    with Engine(tiny_models[0], LoadOptions(n_ctx=256, threads=1)) as engine:
+        # same path: one template rendered twice; no model runs
+        assert rendered == engine.chat_prompt(messages)
+        assert reply["usage"]["prompt_tokens"] == len(engine.tokenize(rendered))
+
+
+def test_errors_carry_llama_servers_types(compat: str) -> None:
+    unkeyed = httpx.post(f"{compat}/v1/chat/completions", json={}, timeout=30)
+    assert unkeyed.status_code == 401
+    assert unkeyed.json()["error"]["type"] == "authentication_error"
+    long = [{"role": "user", "content": "red blue green " * 200}]
+    refused = httpx.post(
+        f"{compat}/chat/completions", headers=KEYED, json={"messages": long}, timeout=60
+    )
+    assert refused.status_code == 400
+    error = refused.json()["error"]
+    assert (
+        error["type"] == "exceed_context_size_error" and error["code"] == "context_length_exceeded"
+    )
+    assert error["n_ctx"] == 256 and error["n_prompt_tokens"] > 256
+    image = [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}},
+        {"type": "text", "text": "What is this?"},
+    ]}]  # fmt: skip
+    refused = httpx.post(
+        f"{compat}/chat/completions", headers=KEYED, json={"messages": image}, timeout=60
+    )
+    assert refused.status_code == 400
+    assert "read text only" in refused.json()["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    ("origin", "allowed"),
+    [("http://localhost:3000", True), ("http://127.0.0.1", True), ("http://[::1]:8080", True),
+     ("http://localhost.evil.com", False), ("http://evil.com", False)],
+)  # fmt: skip
+def test_cors_localhost_allows_this_machines_pages_only(compat: str, origin, allowed) -> None:
+    preflight = httpx.options(
+        f"{compat}/completions", timeout=30,
+        headers={"Origin": origin, "Access-Control-Request-Method": "POST",
+                 "Access-Control-Request-Headers": "Authorization"},
+    )  # fmt: skip
+    if allowed:
+        assert preflight.status_code == 200
+        assert preflight.headers["access-control-allow-origin"] == origin
+    else:
+        assert preflight.status_code == 400
+        assert "access-control-allow-origin" not in preflight.headers
+
+
+def test_several_hosts_each_answer_and_no_slots_is_501(tiny_models, quill_home, tmp_path) -> None:
+    import socket
+
+    try:
+        with socket.socket(socket.AF_INET6) as probe:
+            probe.bind(("::1", 0))
+        hosts = "127.0.0.1,::1"
+    except OSError:
+        hosts = "127.0.0.1,localhost"  # no IPv6 loopback here: two names of one address
+    process, url = start_server(
+        quill_home, tmp_path, str(tiny_models[0]), "--host", hosts, "--no-slots", "--ctx", "256"
+    )
+    try:
+        port = url.rsplit(":", 1)[1]
+        for host in ("127.0.0.1", "[::1]" if "::1" in hosts else "localhost"):
+            health = httpx.get(f"http://{host}:{port}/health", timeout=30)
+            assert health.status_code == 200, host
+        refused = httpx.get(f"{url}/slots", timeout=30)
+        assert refused.status_code == 501 and "--no-slots" in refused.json()["error"]["message"]
+    finally:
+        process.terminate()
+        process.wait(timeout=30)

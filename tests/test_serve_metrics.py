@@ -133,8 +133,9 @@ def test_metrics_are_off_without_the_flag(tiny_models, quill_home, tmp_path) -> 
     process, url = start_server(quill_home, tmp_path, str(tiny_models[0]), "--ctx", "256")
     try:
         reply = httpx.get(f"{url}/metrics", timeout=30)
-        assert reply.status_code == 404
-        assert "--metrics" in reply.json()["error"]["message"]
+        assert reply.status_code == 501  # llama-server's answer: not supported here
+        error = reply.json()["error"]
+        assert "--metrics" in error["message"] and error["type"] == "not_supported_error"
     finally:
         process.terminate()
         process.wait(timeout=30)

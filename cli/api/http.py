@@ -54,6 +54,7 @@ from cli.api.server import (
     ServedRequest,
     ServerLimits,
     ServerState,
+    apply_template,
     bad_request,
     parse_body,
 )
@@ -89,6 +90,20 @@ ROUTE_METHODS = {
     "/detokenize": "POST, OPTIONS",
     "/metrics": "GET, HEAD, OPTIONS",
     "/completion": "POST, OPTIONS",
+    # llama-server's paths: its native completion (/completions too), the OpenAI routes
+    # without /v1, and its own.
+    "/completions": "POST, OPTIONS",
+    "/chat/completions": "POST, OPTIONS",
+    "/models": "GET, HEAD, OPTIONS",
+    "/embeddings": "POST, OPTIONS",
+    "/rerank": "POST, OPTIONS",
+    "/reranking": "POST, OPTIONS",
+    "/v1/reranking": "POST, OPTIONS",
+    "/responses": "POST, OPTIONS",
+    "/v1/health": "GET, HEAD, OPTIONS",
+    "/props": "GET, HEAD, OPTIONS",
+    "/apply-template": "POST, OPTIONS",
+    "/slots": "GET, HEAD, OPTIONS",
 }
 
 
@@ -247,25 +262,37 @@ class QuillApp:
         self._waiting_limiter: anyio.CapacityLimiter | None = None
         self.responses = ResponseStore()
         self.metrics = ServerMetrics(self.pool) if state.metrics else None
-        responses = ResponsesApi(self.responses)
+        responses = self._generation(ResponsesApi(self.responses))
+        chat, native = (
+            self._generation(OpenAIApi(chat=True)),
+            self._generation(NativeCompletionApi()),
+        )
         routes = [
-            Route("/v1/chat/completions", self._generation(OpenAIApi(chat=True)), methods=["POST"]),
+            Route("/v1/chat/completions", chat, methods=["POST"]),
+            Route("/chat/completions", chat, methods=["POST"]),
             Route("/v1/completions", self._generation(OpenAIApi(chat=False)), methods=["POST"]),
+            Route("/completion", native, methods=["POST"]),
+            Route("/completions", native, methods=["POST"]),
             Route("/v1/models", self.models, methods=["GET"]),
+            Route("/models", self.models, methods=["GET"]),
             Route("/health", self.health, methods=["GET"]),
+            Route("/v1/health", self.health, methods=["GET"]),
+            Route("/props", self.props, methods=["GET"]),
+            Route("/slots", self.slots, methods=["GET"]),
+            Route("/apply-template", self._on_engine(apply_template), methods=["POST"]),
             Route("/api/ps", self.ps, methods=["GET"]),
             Route("/models/unload", self.unload, methods=["POST"]),
             Route("/slots/{id_slot}", self.slot, methods=["POST"]),
-            Route("/v1/embeddings", self._embeddings, methods=["POST"]),
-            Route("/v1/rerank", self._embeddings, methods=["POST"]),
+            *(Route(path, self._embeddings, methods=["POST"]) for path in EMBEDDING_PATHS),
+            *(Route(path, self._embeddings, methods=["POST"]) for path in RERANK_PATHS),
             Route("/v1/messages", self._generation(AnthropicApi()), methods=["POST"]),
             Route("/v1/messages/count_tokens", self._on_engine(count_tokens), methods=["POST"]),
-            Route("/v1/responses", self._generation(responses), methods=["POST"]),
+            Route("/v1/responses", responses, methods=["POST"]),
+            Route("/responses", responses, methods=["POST"]),
             Route("/v1/responses/{ident}", self._stored_response, methods=["GET", "DELETE"]),
             Route("/tokenize", self._on_engine(tokenize), methods=["POST"]),
             Route("/detokenize", self._on_engine(detokenize), methods=["POST"]),
             Route("/metrics", self._metrics, methods=["GET"]),
-            Route("/completion", self._generation(NativeCompletionApi()), methods=["POST"]),
         ]
         # ApiError and HTTPException are answered where raised; any other exception is then
         # raised on to __call__, which logs it.
@@ -273,9 +300,13 @@ class QuillApp:
         self.routes = Starlette(routes=routes, exception_handlers=handlers)
         inner: Any = self.routes
         if limits.cors_origins:
+            origins = [origin for origin in limits.cors_origins if origin != "localhost"]
             inner = CORSMiddleware(
                 inner,
-                allow_origins=list(limits.cors_origins),
+                allow_origins=origins,
+                allow_origin_regex=LOCALHOST_ORIGINS
+                if "localhost" in limits.cors_origins
+                else None,
                 allow_methods=["GET", "POST", "OPTIONS"],
                 allow_headers=["Authorization", "Content-Type"],
                 max_age=600,
@@ -397,7 +428,7 @@ class QuillApp:
                 return error_response(_no_route(path))
             return Response(status_code=204, headers={"Allow": ROUTE_METHODS[path]})
         key = self.state.api_key.encode() if self.state.api_key is not None else None
-        if key is not None and path != "/health":
+        if key is not None and path not in ("/health", "/v1/health"):
             # OpenAI's clients send the key as a bearer token, Anthropic's as x-api-key.
             bearer = hmac.compare_digest(headers.get("authorization", b""), b"Bearer " + key)
             if not bearer and not hmac.compare_digest(headers.get("x-api-key", b""), key):
@@ -445,12 +476,72 @@ class QuillApp:
         """Every model this server serves, with llama-server router's status of each."""
         names = await anyio.to_thread.run_sync(self.pool.names)
         states = {m["name"]: m["status"] for m in self.pool.status()}
+        aliases = {name: [name] for name in names}
+        for alias, label in self.pool.aliases.items():
+            aliases.setdefault(label, [label]).append(alias)
         data = [
             {"id": name, "object": "model", "created": self.state.created, "owned_by": "quill",
-             "status": {"value": states.get(name, "unloaded")}}
+             "status": {"value": states.get(name, "unloaded")}, "aliases": aliases[name]}
             for name in names
         ]  # fmt: skip
         return JsonResponse({"object": "list", "data": data})
+
+    async def props(self, request: Request) -> Response:
+        """llama-server's GET /props: the model (?model= or the default), its slots, context and
+        template, and the settings a request gets when it sets none."""
+        limits = self.state.limits
+
+        def answer(model: PooledModel) -> dict[str, Any]:
+            engine = self._generating_engine(model)
+            template = engine.chat_template
+            defaults = limits.default_sampling
+            params = {
+                "n_predict": limits.default_max_tokens,
+                "temperature": defaults.temperature,
+                "top_k": defaults.top_k,
+                "top_p": defaults.top_p,
+                "min_p": defaults.min_p,
+                "seed": -1 if defaults.seed is None else defaults.seed,
+            }
+            return {
+                "default_generation_settings": {"n_ctx": engine.n_ctx, "params": params},
+                "total_slots": engine.parallel,
+                "model_alias": model.label,
+                "model_path": str(engine.path),
+                "chat_template": template.source if template is not None else "",
+                "modalities": {"vision": False, "audio": False},
+                "build_info": f"quill {_version('quill-llm')}, llama-cpp-python "
+                f"{_version('llama-cpp-python')}",
+            }
+
+        return JsonResponse(await self._with_model(request, answer))
+
+    async def slots(self, request: Request) -> Response:
+        """llama-server's GET /slots: each slot of the model (?model= or the default), whether
+        it holds a request; prompts are not shown (they are other clients')."""
+        if not self.state.slots_listed:
+            message = f"the slots list is off on this server; {self.state.slots_off_advice}"
+            raise ApiError(HTTPStatus.NOT_IMPLEMENTED, message, "slots_off")
+
+        def answer(model: PooledModel) -> list[dict[str, Any]]:
+            engine = self._generating_engine(model)
+            scheduler = model.scheduler
+            assert isinstance(scheduler, BatchScheduler)  # a generating engine's
+            return [
+                {"id": index, "n_ctx": engine.n_ctx, "is_processing": busy}
+                for index, busy in enumerate(scheduler.slots_processing())
+            ]
+
+        return JsonResponse(await self._with_model(request, answer))
+
+    async def _with_model(self, request: Request, answer: Callable[[PooledModel], Any]) -> Any:
+        """answer(model) for the model ?model= names (or the default), on a worker thread,
+        the model held meanwhile."""
+        model = await self._acquire(request, {"model": request.query_params.get("model")})
+        try:
+            return await anyio.to_thread.run_sync(answer, model)
+        finally:
+            self.pool.release(model)
 
     async def ps(self, request: Request) -> Response:
         """The loaded models (Ollama's GET /api/ps): memory, slots busy, time until unloaded."""
@@ -512,7 +603,7 @@ class QuillApp:
         """GET /metrics: Prometheus's text format, where --metrics turned it on."""
         if self.metrics is None:
             message = f"metrics are off on this server; {self.state.metrics_off_advice}"
-            raise ApiError(HTTPStatus.NOT_FOUND, message, "metrics_off")
+            raise ApiError(HTTPStatus.NOT_IMPLEMENTED, message, "metrics_off")
         body = await anyio.to_thread.run_sync(self.metrics.exposition)
         return Response(body, headers={"Content-Type": CONTENT_TYPE})
 
@@ -621,7 +712,7 @@ class QuillApp:
                     "for them (quill list shows each model's kind)"
                 )
                 raise bad_request(message, "model", "wrong_model_kind")
-            reply = embeddings if request.url.path == "/v1/embeddings" else rerank
+            reply = embeddings if request.url.path in EMBEDDING_PATHS else rerank
             answer = await anyio.to_thread.run_sync(
                 reply, body, scheduler, model.label, limiter=self._model_waits()
             )
@@ -799,7 +890,18 @@ def _keep_alive(body: dict) -> float | None:
         raise bad_request(f"'keep_alive': {error}", "keep_alive") from None
 
 
+EMBEDDING_PATHS = ("/v1/embeddings", "/embeddings")
+RERANK_PATHS = ("/v1/rerank", "/rerank", "/reranking", "/v1/reranking")
 ErrorShape = Callable[[ApiError], dict[str, Any]]
+
+
+def _version(package: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return "unknown"
 
 
 def error_shape(path: str) -> ErrorShape | None:
@@ -869,17 +971,24 @@ def listen(host: str, port: int) -> socket.socket:
     return sock
 
 
-def allowed_hosts_for(host: str) -> tuple[str, ...] | None:
-    """The Host names a server bound to a loopback address answers to; None: any."""
+def allowed_hosts_for(hosts: list[str]) -> tuple[str, ...] | None:
+    """The Host names a server bound to loopback addresses only answers to; None: any."""
+    return tuple(dict.fromkeys((*LOOPBACK_NAMES, *hosts))) if all(map(is_loopback, hosts)) else None
+
+
+def is_loopback(host: str) -> bool:
     try:
-        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
     except ValueError:
-        loopback = False
-    return tuple(dict.fromkeys((*LOOPBACK_NAMES, host))) if loopback else None
+        return False
+
+
+# llama-server's --cors-origins keyword: any port of this machine's loopback names.
+LOCALHOST_ORIGINS = r"https?://(localhost|127\.0\.0\.1|\[::1\])(:\d+)?"
 
 
 def run_server(
-    sock: socket.socket, state: ServerState, limits: HttpLimits, verbose: bool = False
+    socks: list[socket.socket], state: ServerState, limits: HttpLimits, verbose: bool = False
 ) -> str | None:
     """Serve until SIGTERM or SIGINT, drain, return the signal's name (None if none came)."""
     _quiet_logs(verbose)
@@ -911,7 +1020,7 @@ def run_server(
     # it, so that a drained server exits 0 instead of dying of the signal.
     previous = {sig: signal.signal(sig, note) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        server.run(sockets=[sock])
+        server.run(sockets=socks)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

@@ -50,28 +50,60 @@ class ServerLimits:
     max_stop_chars: int = 1024
 
 
+# Error types by status where OpenAI's and llama-server's clients read one other than
+# invalid_request_error (4xx) or server_error (5xx).
+ERROR_TYPES = {
+    HTTPStatus.UNAUTHORIZED: "authentication_error",
+    HTTPStatus.TOO_MANY_REQUESTS: "rate_limit_error",
+    HTTPStatus.NOT_IMPLEMENTED: "not_supported_error",
+}
+
+
 class ApiError(Exception):
-    """A refusal: an OpenAI error object and its HTTP status, which decides its type."""
+    """A refusal: an OpenAI error object and its HTTP status, which decides its type unless
+    kind names one (llama-server's exceed_context_size_error); extra: more fields of the error
+    object (llama-server's n_prompt_tokens and n_ctx)."""
 
     def __init__(
-        self, status: int, message: str, code: str | None = None, param: str | None = None
+        self,
+        status: int,
+        message: str,
+        code: str | None = None,
+        param: str | None = None,
+        kind: str | None = None,
+        extra: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(message)
         self.status = int(status)
         self.message = message
         self.code = code
         self.param = param
+        self.kind = kind
+        self.extra = extra or {}
 
     def body(self) -> dict[str, Any]:
-        kind = "server_error" if self.status >= 500 else "invalid_request_error"
-        if self.status == HTTPStatus.TOO_MANY_REQUESTS:
-            kind = "rate_limit_error"
+        kind = self.kind or ERROR_TYPES.get(self.status)  # type: ignore[call-overload]
+        if kind is None:
+            kind = "server_error" if self.status >= 500 else "invalid_request_error"
         error = {"message": self.message, "type": kind, "param": self.param, "code": self.code}
-        return {"error": error}
+        return {"error": {**error, **self.extra}}
 
 
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> ApiError:
     return ApiError(HTTPStatus.BAD_REQUEST, message, code, param)
+
+
+def context_exceeded(prompt_tokens: int, n_ctx: int, param: str) -> ApiError:
+    """A prompt longer than a request's context: OpenAI's code, llama-server's type and fields."""
+    return ApiError(
+        HTTPStatus.BAD_REQUEST,
+        f"This model's context holds {n_ctx} tokens per request, but the prompt has "
+        f"{prompt_tokens}; shorten it",
+        "context_length_exceeded",
+        param,
+        "exceed_context_size_error",
+        {"n_prompt_tokens": prompt_tokens, "n_ctx": n_ctx},
+    )
 
 
 @dataclass
@@ -85,6 +117,8 @@ class ServerState:
     pool: Any = None  # cli.api.pool.ModelPool; None: a pool of the one model above
     metrics: bool = False  # GET /metrics answers (quill serve --metrics)
     metrics_off_advice: str = "its operator can turn them on"
+    slots_listed: bool = True  # GET /slots answers (quill serve --no-slots: 501)
+    slots_off_advice: str = "its operator turned it off"
 
 
 def parse_body(raw: bytes) -> dict:
@@ -163,7 +197,13 @@ def _content(content: Any, index: int) -> str:
             if not isinstance(part, dict):
                 raise bad_request(f"{where}[{number}] must be an object", "messages")
             if part.get("type", "text") != "text":
-                continue  # images and audio: this server reads text only
+                # An image or a sound the model never sees would get an answer about nothing.
+                raise bad_request(
+                    f"{where}[{number}] is a {shown_json(part.get('type'))} part: this server's "
+                    "models read text only; send text parts",
+                    "messages",
+                    "unsupported_content",
+                )
             text = part.get("text")
             if not isinstance(text, str):
                 raise bad_request(f"{where}[{number}].text must be a string", "messages")
@@ -260,16 +300,24 @@ class OpenAIApi:
         return ReplyWriter(ident, model_name, served.reply)
 
 
-def parse_request(body: dict, engine: Engine, limits: ServerLimits, chat: bool) -> ServedRequest:
-    """An OpenAI request body, validated, as a request for the scheduler of engine."""
-    reply, grammar = None, None
+def parse_request(
+    body: dict,
+    engine: Engine,
+    limits: ServerLimits,
+    chat: bool,
+    prompt_tokens: list[int] | None = None,
+) -> ServedRequest:
+    """An OpenAI request body, validated, as a request for the scheduler of engine
+    (prompt_tokens: a completion's prompt already as tokens, read in place of body's prompt, as
+    llama-server's /completion takes one: cli/api/native.py)."""
+    reply, grammar, prompt = None, None, ""
     if chat:
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             raise bad_request("'messages' must be a non-empty array", "messages")
         pairs = [_message(message, index) for index, message in enumerate(messages)]
         reply, prompt, grammar = _chat_prompt(body, engine, pairs)
-    else:
+    elif prompt_tokens is None:
         given = body.get("prompt")
         if isinstance(given, list) and len(given) == 1 and isinstance(given[0], str):
             given = given[0]
@@ -291,14 +339,9 @@ def parse_request(body: dict, engine: Engine, limits: ServerLimits, chat: bool) 
     sampling = SamplingParams(**numbers, ignore_eos=ignore_eos, grammar=grammar)
     stop = _stop_strings(body, limits)
     sampling = _with_constraint(body, sampling, engine)
-    tokens = engine.tokenize(prompt)
+    tokens = engine.tokenize(prompt) if prompt_tokens is None else prompt_tokens
     if len(tokens) + 1 > engine.n_ctx:
-        raise bad_request(
-            f"This model's context holds {engine.n_ctx} tokens per request, but the prompt has "
-            f"{len(tokens)}; shorten it",
-            "messages" if chat else "prompt",
-            "context_length_exceeded",
-        )
+        raise context_exceeded(len(tokens), engine.n_ctx, "messages" if chat else "prompt")
     max_tokens = min(max_tokens, engine.n_ctx - len(tokens))
     cache_prompt = typed_field(body, "cache_prompt", bool, True)  # llama-server's, on by default
     logprobs = _logprobs_request(body, chat)
@@ -375,6 +418,17 @@ def _message(message: Any, index: int) -> dict[str, Any]:
     kept = {"tool": ("tool_call_id", "name"), "assistant": ("reasoning_content",)}.get(role, ())
     item.update({key: message[key] for key in kept if isinstance(message.get(key), str)})
     return item
+
+
+def apply_template(body: dict, engine: Engine, limits: ServerLimits) -> dict[str, Any]:
+    """llama-server's POST /apply-template: the prompt a chat request's messages (and tools)
+    make through the model's template, as /v1/chat/completions would prefill it."""
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise bad_request("'messages' must be a non-empty array", "messages")
+    pairs = [_message(message, index) for index, message in enumerate(messages)]
+    _, prompt, _ = _chat_prompt(body, engine, pairs)
+    return {"prompt": prompt}
 
 
 def _template_call(call: Any, index: int) -> dict[str, Any]:

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 
     from cli.api.http import HttpLimits
     from cli.api.pool import ModelPool, PoolAdvice, Scheduler
+    from cli.api.server import ServerLimits
     from cli.engine.embedqueue import EmbeddingScheduler
     from cli.engine.options import LoadOptions
     from cli.engine.settings import ModelSettings
@@ -96,8 +97,8 @@ def serve(
             "--alias",
             "-a",
             metavar="NAME",
-            help="A name for the first MODEL (repeatable, as llama-server's): /v1/models lists "
-            "the first, and requests may name any.",
+            help="A name for the first MODEL (repeatable, or several separated by commas, as "
+            "llama-server's): /v1/models lists it by the first, and requests may name any.",
         ),
     ] = None,
     strict_model: Annotated[
@@ -141,8 +142,13 @@ def serve(
         ),
     ] = None,
     host: Annotated[
-        str, typer.Option("--host", help="Address to listen on (0.0.0.0: every interface).")
-    ] = "127.0.0.1",
+        list[str] | None,
+        typer.Option(
+            "--host",
+            help="Address to listen on (0.0.0.0: every interface); repeat it, or give several "
+            "separated by commas, to listen on each. Default: 127.0.0.1.",
+        ),
+    ] = None,
     port: Annotated[int, typer.Option("--port", min=0, max=65535, help="TCP port.")] = 8080,
     parallel: Annotated[
         int, typer.Option("--parallel", "-np", min=1, help="Requests decoded together.")
@@ -150,9 +156,21 @@ def serve(
     ctx: Annotated[
         int | None,
         typer.Option(
-            "-c", "--ctx", min=16, help=f"Context per request, in tokens. {shared.CTX_DEFAULT_HELP}"
+            "-c",
+            "--ctx",
+            "--ctx-size",
+            min=16,
+            help="Context per request (each slot's), in tokens; llama-server's -c is the total "
+            f"its slots share. {shared.CTX_DEFAULT_HELP}",
         ),
     ] = None,
+    slots_listed: Annotated[
+        bool,
+        typer.Option(
+            "--slots/--no-slots",
+            help="Answer GET /slots (each slot and whether it is busy; never the prompts).",
+        ),
+    ] = True,
     api_key: Annotated[
         str | None,
         typer.Option(
@@ -241,13 +259,14 @@ def serve(
 ) -> None:
     """Serve a model over an OpenAI-compatible HTTP API, batching concurrent requests."""
     from cli.api.http import run_server
-    from cli.api.server import ServerLimits, ServerState
+    from cli.api.server import ServerState
     from cli.engine.options import context_size
-    from cli.engine.sampling import SamplingParams
     from cli.engine.settings import ModelSettings
     from cli.ui import render
 
     check_api_key(api_key)
+    hosts = [part.strip() for value in host or ["127.0.0.1"] for part in value.split(",")]
+    alias = [part.strip() for value in alias or [] for part in value.split(",") if part.strip()]
     park_bytes = shared.size_option("--cache-ram", cache_ram)
     store_bytes = None if no_cache else shared.size_option("--cache-max", cache_max)
     limit = shared.size_option("--memory-limit", memory_limit) if memory_limit else None
@@ -257,7 +276,7 @@ def serve(
     check_parallel(parallel, ctx)
     max_connections = open_file_room(max_connections)
     http_limits = _http_limits(
-        host, max_connections, header_timeout, body_timeout, drain_timeout, cors
+        hosts, max_connections, header_timeout, body_timeout, drain_timeout, cors
     )
     settings = ModelSettings(chat_template=read_template_option(chat_template), think=think)
     keep_alive_s = duration_option("--keep-alive", keep_alive)
@@ -267,55 +286,68 @@ def serve(
         # Bare `quill serve`, as Ollama's: the default model loaded at start, any other on disk
         # when a request names it.
         named = [shared.model_label(None)]
-    files = dict(shared.obtain_model(n, offline) for n in named)
-    if alias and files:  # the first model goes by its first alias
-        first = next(iter(files))
-        files = {alias[0] if label == first else label: path for label, path in files.items()}
+    files = _aliased(dict(shared.obtain_model(n, offline) for n in named), alias)
     catalog = ServeCatalog(files, everything, options, settings, max_queue, park_bytes, store_bytes)
     pool = _model_pool(catalog, keep_alive_s, max_models, limit)
     pool.aliases = dict.fromkeys(alias[1:], alias[0]) if alias else {}
     pool.strict = strict_model
-    sock = _listen(host, port)
+    socks = _listen(hosts, port)
     # No model named: none is loaded yet, and a request may use any model's context.
     n_ctx = _open_first_model(catalog, pool) if named else context_size(ctx, None)
-    limits = ServerLimits(
-        max_body_bytes=max_body,
-        max_tokens=max_tokens_limit or n_ctx,
-        default_max_tokens=min(
-            n_ctx if n_predict == -1 else n_predict or 512, max_tokens_limit or n_ctx
-        ),
-        default_sampling=SamplingParams(
-            temperature=SamplingParams.temperature if temperature is None else temperature,
-            seed=None if seed in (None, -1) else seed,
-        ),
-    )
+    limits = _request_limits(n_ctx, max_body, max_tokens_limit, n_predict, temperature, seed)
     shown = ", ".join(files) if named and not any_model else "the models on disk"
     state = ServerState(
-        None,
-        shown,
-        limits,
-        api_key,
-        int(time.time()),
-        on_request=render.info_line,
-        pool=pool,
-        metrics=metrics,
-        metrics_off_advice="start quill serve with --metrics",
-    )
+        None, shown, limits, api_key, int(time.time()), on_request=render.info_line, pool=pool,
+        metrics=metrics, metrics_off_advice="start quill serve with --metrics",
+        slots_listed=slots_listed, slots_off_advice="quill serve was started with --no-slots",
+    )  # fmt: skip
     if http_limits.allowed_hosts is None and not api_key:  # not bound to a loopback address
-        render.warning_line(
-            f"listening on {host} without --api-key: anyone who can reach this port can use it"
-        )
-    _announce(shown, host, sock.getsockname()[1], n_ctx, options, park_bytes)
+        render.warning_line(f"listening on {', '.join(hosts)} without --api-key: {OPEN_TO_ALL}")
+    _announce(shown, hosts, socks[0].getsockname()[1], n_ctx, options, park_bytes)
     try:
-        stopped_by = run_server(sock, state, http_limits, verbose=verbose)
+        stopped_by = run_server(socks, state, http_limits, verbose=verbose)
         if stopped_by is not None:
             render.info_line(f"stopped by {stopped_by}: drained")
     finally:
         pool.close()
 
 
+OPEN_TO_ALL = "anyone who can reach this port can use it"
+
+
+def _aliased(files: dict[str, Path], alias: list[str]) -> dict[str, Path]:
+    """The models by label, the first under its first --alias."""
+    first = next(iter(files), None)
+    return {alias[0] if alias and label == first else label: path for label, path in files.items()}
+
+
+def _request_limits(
+    n_ctx: int,
+    max_body: int,
+    max_tokens_limit: int | None,
+    n_predict: int | None,
+    temperature: float | None,
+    seed: int | None,
+) -> ServerLimits:
+    """What a request may ask for, and what it gets where it asks for nothing (--n-predict,
+    --temp, --seed, as llama-server's)."""
+    from cli.api.server import ServerLimits
+    from cli.engine.sampling import SamplingParams
+
+    most = max_tokens_limit or n_ctx
+    return ServerLimits(
+        max_body_bytes=max_body,
+        max_tokens=most,
+        default_max_tokens=min(n_ctx if n_predict == -1 else n_predict or 512, most),
+        default_sampling=SamplingParams(
+            temperature=SamplingParams.temperature if temperature is None else temperature,
+            seed=None if seed in (None, -1) else seed,
+        ),
+    )
+
+
 def _http_limits(
-    host: str,
+    hosts: list[str],
     max_connections: int,
     header_timeout: float,
     body_timeout: float,
@@ -331,7 +363,7 @@ def _http_limits(
         body_timeout_s=body_timeout,
         drain_timeout_s=drain_timeout,
         cors_origins=tuple(cors or ()),
-        allowed_hosts=allowed_hosts_for(host),
+        allowed_hosts=allowed_hosts_for(hosts),
     )
 
 
@@ -354,15 +386,23 @@ def _model_pool(
     )
 
 
-def _listen(host: str, port: int) -> socket.socket:
+def _listen(hosts: list[str], port: int) -> list[socket.socket]:
+    """A listening socket on each host, all on one port (with --port 0, the one the first got)."""
     from cli.api.http import listen
 
-    try:
-        return listen(host, port)
-    except OSError as error:
-        raise UsageError(
-            f"cannot listen on {host}:{port}: {error.strerror}; choose another --port"
-        ) from None
+    socks: list[socket.socket] = []
+    for host in hosts:
+        try:
+            socks.append(listen(host, socks[0].getsockname()[1] if socks else port))
+        except OSError as error:
+            for sock in socks:
+                sock.close()
+            where = f"[{host}]" if ":" in host else host
+            raise UsageError(
+                f"cannot listen on {where}:{port}: {error.strerror}; choose another --port or "
+                "--host"
+            ) from None
+    return socks
 
 
 def _open_first_model(catalog: ServeCatalog, pool: ModelPool) -> int:
@@ -381,7 +421,12 @@ def _open_first_model(catalog: ServeCatalog, pool: ModelPool) -> int:
 
 
 def _announce(
-    shown: str, host: str, bound_port: int, n_ctx: int, options: LoadOptions, park_bytes: int
+    shown: str,
+    hosts: list[str],
+    bound_port: int,
+    n_ctx: int,
+    options: LoadOptions,
+    park_bytes: int,
 ) -> None:
     """The line that says the server is up and what it serves, and its port in
     QUILL_SERVE_READY_FILE where that is set."""
@@ -391,12 +436,16 @@ def _announce(
     kv = f"KV {options.kv_type_k}/{options.kv_type_v}"
     parked = f" · parked caches up to {human_bytes(park_bytes)}" if park_bytes else ""
     render.info_line(
-        f"quill serve: {shown} on http://{host}:{bound_port}/v1 · {options.parallel} slots of "
-        f"{n_ctx} tokens · {kv}{parked} · Ctrl-C to stop"
+        f"quill serve: {shown} on {', '.join(_url(host, bound_port) for host in hosts)} · "
+        f"{options.parallel} slots of {n_ctx} tokens · {kv}{parked} · Ctrl-C to stop"
     )
     if os.environ.get("QUILL_SERVE_READY_FILE"):  # tests and scripts learn the port from here
         with open(os.environ["QUILL_SERVE_READY_FILE"], "w") as ready:
             ready.write(str(bound_port))
+
+
+def _url(host: str, port: int) -> str:
+    return f"http://{f'[{host}]' if ':' in host else host}:{port}/v1"
 
 
 class ServeCatalog:

@@ -159,6 +159,10 @@ class BatchScheduler:
     def busy_slots(self) -> int:
         return sum(slot is not None for slot in self._slots)
 
+    def slots_processing(self) -> list[bool]:
+        """Which slots hold a request now, slot by slot (a snapshot, read without the lock)."""
+        return [slot is not None for slot in self._slots]
+
     @property
     def queued(self) -> int:
         return len(self._waiting)
