@@ -50,6 +50,7 @@ def scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     reply = httpx.get(f"{url}/metrics", headers=AUTH, timeout=30)
     assert reply.status_code == 200, reply.text
     assert reply.headers["content-type"].startswith("text/plain; version=")
+    assert int(reply.headers["process-start-time-unix"]) > 0  # llama-server's header
     return {
         (sample.name, tuple(sorted(sample.labels.items()))): sample.value
         for family in text_string_to_metric_families(reply.text)
@@ -102,6 +103,17 @@ def test_metrics_count_what_was_sent(served: str, tiny_models) -> None:
     )
     assert grew("quill_time_to_first_token_seconds_count", model=first) == 4
     assert grew("quill_decode_tokens_per_second_count", model=first) == 4
+    # llama-server's names, for dashboards made for it: prefilled apart from cached
+    prefilled = sum(
+        u["prompt_tokens"] - u["prompt_tokens_details"]["cached_tokens"] for u in usages
+    )
+    assert grew("llamacpp:prompt_tokens_total") == prefilled
+    assert grew("llamacpp:prompt_tokens_cached_total") == sum(
+        u["prompt_tokens_details"]["cached_tokens"] for u in usages
+    )
+    assert grew("llamacpp:tokens_predicted_total") == sum(u["completion_tokens"] for u in usages)
+    assert grew("llamacpp:n_decode_total") >= sum(u["completion_tokens"] for u in usages)
+    assert value(after, "llamacpp:requests_processing") == 0
     assert value(after, "quill_models_loaded") == 1
     assert value(after, "quill_slots", model=first) == 2
     assert value(after, "quill_slots_busy", model=first) == 0

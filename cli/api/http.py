@@ -605,7 +605,9 @@ class QuillApp:
             message = f"metrics are off on this server; {self.state.metrics_off_advice}"
             raise ApiError(HTTPStatus.NOT_IMPLEMENTED, message, "metrics_off")
         body = await anyio.to_thread.run_sync(self.metrics.exposition)
-        return Response(body, headers={"Content-Type": CONTENT_TYPE})
+        # llama-server's header: when the counters began (a scraper sees a restart)
+        headers = {"Content-Type": CONTENT_TYPE, "Process-Start-Time-Unix": str(self.state.created)}
+        return Response(body, headers=headers)
 
     async def _stored_response(self, request: Request) -> Response:
         """GET /v1/responses/{id} (a stored response) and DELETE (forget it)."""

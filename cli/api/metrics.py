@@ -6,10 +6,14 @@ Counted as requests finish: requests by route, model and HTTP status; prompt, ca
 generated tokens; time to first token and decode speed. Read from the pool at each scrape:
 models loaded and their planned memory, slots (busy and all), requests waiting, loads and
 unloads (by why).
+
+Beside quill's own names, llama-server's (`llamacpp:prompt_tokens_total` and the rest, all
+models together, as its one model's), so that a dashboard made for llama-server reads quill.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -53,6 +57,8 @@ class ServerMetrics:
             ["model"], buckets=DECODE_BUCKETS, registry=self.registry,
         )  # fmt: skip
         self.registry.register(PoolCollector(pool))
+        self.llama = LlamaServerCollector(pool)
+        self.registry.register(self.llama)
 
     def _token_counter(self, kind: str, documentation: str) -> Counter:
         return Counter(f"quill_{kind}_tokens", documentation, ["model"], registry=self.registry)
@@ -68,10 +74,12 @@ class ServerMetrics:
         self.ttft.labels(model).observe(max(ttft_s, 0.0))
         if last.generation_tokens > 1:  # one token has no decode time to measure
             self.decode_speed.labels(model).observe(last.decode_tokens_per_s)
+        self.llama.generation(last)
 
     def prompt(self, model: str, tokens: int) -> None:
         """An embedding or rerank request's tokens: prompt tokens, with nothing generated."""
         self.prompt_tokens.labels(model).inc(tokens)
+        self.llama.prompt(tokens)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
@@ -114,3 +122,82 @@ class PoolCollector(Collector):
         for (label, reason), count in sorted(self.pool.unloads.items()):
             unloads.add_metric([label, reason], count)
         yield from (loaded, memory, slots, busy, waiting, loads, unloads)
+
+
+class LlamaServerCollector(Collector):
+    """llama-server's metrics under its names. Its throughput gauges are over the time since
+    the previous scrape, as llama-server's are (0 when nothing ran)."""
+
+    def __init__(self, pool: ModelPool) -> None:
+        self.pool = pool
+        self._lock = threading.Lock()
+        # prompt tokens prefilled, cached, prefill seconds, tokens generated, decode seconds
+        self.totals = [0, 0, 0.0, 0, 0.0]
+        self.n_tokens_max = 0
+        self._since: list[float] = [0, 0.0, 0, 0.0]  # totals at the previous scrape
+
+    def generation(self, last: StreamEvent) -> None:
+        with self._lock:
+            self._add(last.prompt_tokens - last.cached_prompt_tokens, last.cached_prompt_tokens,
+                      last.prefill_s, last.generation_tokens, last.decode_s)  # fmt: skip
+            self.n_tokens_max = max(self.n_tokens_max, last.prompt_tokens + last.generation_tokens)
+
+    def prompt(self, tokens: int) -> None:
+        with self._lock:
+            self._add(tokens, 0, 0.0, 0, 0.0)
+
+    def _add(self, *amounts: float) -> None:
+        for index, amount in enumerate(amounts):
+            self.totals[index] += amount
+
+    def collect(self) -> Iterator[Metric]:
+        with self._lock:
+            prompt, cached, prompt_s, predicted, predicted_s = self.totals
+            then = self._since
+            self._since = [prompt, prompt_s, predicted, predicted_s]
+            n_tokens_max = self.n_tokens_max
+        steps, sequences = self._steps()
+        counters = (
+            ("prompt_tokens", "Prompt tokens processed (prefilled)", prompt),
+            ("prompt_tokens_cached", "Prompt tokens reused from a cache", cached),
+            ("prompt_seconds", "Prompt processing time", prompt_s),
+            ("tokens_predicted", "Tokens generated", predicted),
+            ("tokens_predicted_seconds", "Generation time", predicted_s),
+            ("n_decode", "llama_decode() calls", steps),
+            ("n_tokens_max", "The most tokens one request's context held", n_tokens_max),
+            ("spec_decode_num_draft_tokens", "Draft tokens (no speculation here)", 0),
+            ("spec_decode_num_accepted_tokens", "Accepted draft tokens", 0),
+            ("spec_decode_num_drafts", "Drafts", 0),
+        )
+        for name, documentation, value in counters:
+            counter = CounterMetricFamily(f"llamacpp:{name}", documentation)
+            counter.add_metric([], value)
+            yield counter
+        loaded = [m.scheduler for m in self.pool.loaded() if m.scheduler is not None]
+        gauges = (
+            ("prompt_tokens_seconds", "Prompt tokens per second since the last scrape",
+             _rate(prompt - then[0], prompt_s - then[1])),
+            ("predicted_tokens_seconds", "Generated tokens per second since the last scrape",
+             _rate(predicted - then[2], predicted_s - then[3])),
+            ("requests_processing", "Requests in a slot", sum(s.busy_slots for s in loaded)),
+            ("requests_deferred", "Requests waiting for a slot", sum(s.queued for s in loaded)),
+            ("n_busy_slots_per_decode", "Busy slots per llama_decode() call, on average",
+             sequences / steps if steps else 0.0),
+        )  # fmt: skip
+        for name, documentation, value in gauges:
+            gauge = GaugeMetricFamily(f"llamacpp:{name}", documentation)
+            gauge.add_metric([], value)
+            yield gauge
+
+    def _steps(self) -> tuple[int, int]:
+        """Decode steps and the sequences in them, over every scheduler this server ran."""
+        steps, sequences = self.pool.retired_steps
+        for model in self.pool.loaded():
+            scheduler = model.scheduler
+            steps += getattr(scheduler, "steps", 0)
+            sequences += getattr(scheduler, "sequences_stepped", 0)
+        return steps, sequences
+
+
+def _rate(tokens: float, seconds: float) -> float:
+    return tokens / seconds if seconds > 0 else 0.0

@@ -123,6 +123,9 @@ class ModelPool:
         # for a scrape: each += is one bytecode step under the GIL, and a scrape only reads).
         self.loads: Counter[str] = Counter()
         self.unloads: Counter[tuple[str, str]] = Counter()
+        # Decode steps (and the sequences in them) of the schedulers unloaded: /metrics' totals
+        # must not fall when a model leaves.
+        self.retired_steps = [0, 0]
         self._lock = threading.Condition()
         self._closed = False
         self._draining = False
@@ -437,6 +440,9 @@ class ModelPool:
                 continue
             scheduler, model.scheduler = model.scheduler, None
             self.unloads[model.label, reason] += 1
+            if isinstance(scheduler, BatchScheduler):
+                self.retired_steps[0] += scheduler.steps
+                self.retired_steps[1] += scheduler.sequences_stepped
             scheduler.close()
             kept = scheduler.persist()  # before it forgets: the KV store keeps its sequences
             scheduler.engine.close()

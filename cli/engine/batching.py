@@ -133,6 +133,7 @@ class BatchScheduler:
         self._tasks: deque[tuple[Callable[[], Any], Future]] = deque()
         self._stopping = False
         self.steps = 0
+        self.sequences_stepped = 0  # the busy slots of every step, summed
         self.max_sequences_in_a_step = 0
         self.idle_exit_s = idle_exit_s
         self._thread: threading.Thread | None = None  # None: ended idle, none needed yet
@@ -461,6 +462,7 @@ class BatchScheduler:
             if output >= 0:
                 slot.output = output
         self.steps += 1
+        self.sequences_stepped += len(busy)
         self.max_sequences_in_a_step = max(
             self.max_sequences_in_a_step, sum(slot.output >= 0 for _, slot in busy)
         )
