@@ -221,3 +221,91 @@ def test_several_hosts_each_answer_and_no_slots_is_501(tiny_models, quill_home, 
     finally:
         process.terminate()
         process.wait(timeout=30)
+
+
+def test_logit_bias_bans_and_refuses_what_it_cannot_read(aliased: str) -> None:
+    """OpenAI's {"token id": bias} and llama-server's forms (a text key, [token, bias] pairs,
+    false): a banned token never comes, whatever the greedy pick would have been."""
+
+    def first_tokens(**extra) -> list[int]:
+        body = {"prompt": "red blue", "max_tokens": 4, "temperature": 0, "ignore_eos": True,
+                "return_tokens": True, **extra}  # fmt: skip
+        reply = httpx.post(f"{aliased}/completion", json=body, timeout=60)
+        assert reply.status_code == 200, reply.text
+        return reply.json()["tokens"]
+
+    greedy = first_tokens()
+    for form in (
+        {str(greedy[0]): -100},
+        [[greedy[0], False]],
+        {str(token): -100 for token in greedy},
+    ):
+        banned = [int(key) for key in form] if isinstance(form, dict) else [form[0][0]]
+        assert not set(banned) & set(first_tokens(logit_bias=form)), form
+    pieces = httpx.post(
+        f"{aliased}/tokenize", json={"content": "red", "with_pieces": True}, timeout=30
+    ).json()["tokens"]
+    as_text = first_tokens(logit_bias={"red": -100})
+    assert not {piece["id"] for piece in pieces} & set(as_text)
+    for bad, needle in (
+        ({"5": 500}, "from -100 to 100"),
+        ({"99999999": -5}, "vocabulary"),
+        ("ban", "must map token ids"),
+        ([[1, 2, 3]], "must map token ids"),
+    ):
+        reply = httpx.post(
+            f"{aliased}/v1/completions",
+            json={"prompt": "red", "max_tokens": 2, "logit_bias": bad}, timeout=30,
+        )  # fmt: skip
+        assert reply.status_code == 400 and needle in reply.json()["error"]["message"], bad
+
+
+def test_chat_template_takes_llama_cpps_built_in_names(tiny_models, quill_home, tmp_path) -> None:
+    """--chat-template NAME (llama-server's): a name that is no file but one of llama.cpp's
+    built-in templates renders through it; any other name is one line saying what it takes."""
+    process, url = start_server(
+        quill_home, tmp_path, str(tiny_models[0]), "--chat-template", "command-r", "--ctx", "256"
+    )
+    try:
+        messages = [{"role": "system", "content": "You are a test."},
+                    {"role": "user", "content": "Hi there"}]  # fmt: skip
+        prompt = httpx.post(
+            f"{url}/apply-template", json={"messages": messages}, timeout=30
+        ).json()["prompt"]
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+    assert prompt == (  # llama.cpp's own test's expectation for command-r
+        "<|START_OF_TURN_TOKEN|><|SYSTEM_TOKEN|>You are a test.<|END_OF_TURN_TOKEN|>"
+        "<|START_OF_TURN_TOKEN|><|USER_TOKEN|>Hi there<|END_OF_TURN_TOKEN|>"
+        "<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>"
+    )
+    from typer.testing import CliRunner
+
+    from cli.app import app
+
+    result = CliRunner().invoke(
+        app, ["run", "-m", str(tiny_models[0]), "hi", "--chat-template", "no-such-template"]
+    )
+    assert result.exit_code == 2
+    assert "neither a file nor one of llama.cpp's built-in templates (chatml" in result.stderr
+
+
+def test_input_tokens_counts_what_the_request_would_prefill(aliased: str) -> None:
+    """OpenAI's POST /v1/responses/input_tokens and llama-server's
+    /chat/completions/input_tokens: the prompt tokens, as the request itself would count them."""
+    messages = [{"role": "system", "content": "Book"}, {"role": "user", "content": "best book"}]
+    chat = httpx.post(
+        f"{aliased}/v1/chat/completions", json={"messages": messages, "max_tokens": 1}, timeout=60
+    ).json()["usage"]["prompt_tokens"]
+    for path in ("/chat/completions/input_tokens", "/v1/chat/completions/input_tokens"):
+        counted = httpx.post(f"{aliased}{path}", json={"messages": messages}, timeout=30).json()
+        assert counted["input_tokens"] == chat  # same path: one tokenizer's count
+    body = {"input": "best book", "instructions": "Book"}
+    made = httpx.post(
+        f"{aliased}/v1/responses", json={**body, "max_output_tokens": 1}, timeout=60
+    ).json()["usage"]["input_tokens"]
+    counted = httpx.post(f"{aliased}/v1/responses/input_tokens", json=body, timeout=30).json()
+    assert counted == {"object": "response.input_tokens", "input_tokens": made}
+    refused = httpx.post(f"{aliased}/chat/completions/input_tokens", json={}, timeout=30)
+    assert refused.status_code == 400 and "messages" in refused.json()["error"]["message"]

@@ -104,6 +104,9 @@ ROUTE_METHODS = {
     "/props": "GET, HEAD, OPTIONS",
     "/apply-template": "POST, OPTIONS",
     "/slots": "GET, HEAD, OPTIONS",
+    "/v1/responses/input_tokens": "POST, OPTIONS",
+    "/v1/chat/completions/input_tokens": "POST, OPTIONS",
+    "/chat/completions/input_tokens": "POST, OPTIONS",
 }
 
 
@@ -262,12 +265,39 @@ class QuillApp:
         self._waiting_limiter: anyio.CapacityLimiter | None = None
         self.responses = ResponseStore()
         self.metrics = ServerMetrics(self.pool) if state.metrics else None
+        routes = self._routes()
+        # ApiError and HTTPException are answered where raised; any other exception is then
+        # raised on to __call__, which logs it.
+        handlers = dict.fromkeys((ApiError, HTTPException, Exception), self._error)
+        self.routes = Starlette(routes=routes, exception_handlers=handlers)
+        inner: Any = self.routes
+        if limits.cors_origins:
+            origins = [origin for origin in limits.cors_origins if origin != "localhost"]
+            inner = CORSMiddleware(
+                inner,
+                allow_origins=origins,
+                allow_origin_regex=LOCALHOST_ORIGINS
+                if "localhost" in limits.cors_origins
+                else None,
+                allow_methods=["GET", "POST", "OPTIONS"],
+                allow_headers=["Authorization", "Content-Type"],
+                max_age=600,
+            )
+        self.inner = inner
+
+    def _routes(self) -> list[Route]:
+        """Every route: OpenAI's, Anthropic's, llama-server's and Ollama's paths."""
         responses = self._generation(ResponsesApi(self.responses))
+        counted = (  # routes that count a request's prompt tokens
+            ("/v1/responses/input_tokens", ResponsesApi(self.responses)),
+            ("/v1/chat/completions/input_tokens", OpenAIApi(chat=True)),
+            ("/chat/completions/input_tokens", OpenAIApi(chat=True)),
+        )
         chat, native = (
             self._generation(OpenAIApi(chat=True)),
             self._generation(NativeCompletionApi()),
         )
-        routes = [
+        return [
             Route("/v1/chat/completions", chat, methods=["POST"]),
             Route("/chat/completions", chat, methods=["POST"]),
             Route("/v1/completions", self._generation(OpenAIApi(chat=False)), methods=["POST"]),
@@ -289,29 +319,12 @@ class QuillApp:
             Route("/v1/messages/count_tokens", self._on_engine(count_tokens), methods=["POST"]),
             Route("/v1/responses", responses, methods=["POST"]),
             Route("/responses", responses, methods=["POST"]),
+            *(Route(p, self._on_engine(input_tokens(api)), methods=["POST"]) for p, api in counted),
             Route("/v1/responses/{ident}", self._stored_response, methods=["GET", "DELETE"]),
             Route("/tokenize", self._on_engine(tokenize), methods=["POST"]),
             Route("/detokenize", self._on_engine(detokenize), methods=["POST"]),
             Route("/metrics", self._metrics, methods=["GET"]),
         ]
-        # ApiError and HTTPException are answered where raised; any other exception is then
-        # raised on to __call__, which logs it.
-        handlers = dict.fromkeys((ApiError, HTTPException, Exception), self._error)
-        self.routes = Starlette(routes=routes, exception_handlers=handlers)
-        inner: Any = self.routes
-        if limits.cors_origins:
-            origins = [origin for origin in limits.cors_origins if origin != "localhost"]
-            inner = CORSMiddleware(
-                inner,
-                allow_origins=origins,
-                allow_origin_regex=LOCALHOST_ORIGINS
-                if "localhost" in limits.cors_origins
-                else None,
-                allow_methods=["GET", "POST", "OPTIONS"],
-                allow_headers=["Authorization", "Content-Type"],
-                max_age=600,
-            )
-        self.inner = inner
 
     # --- the outermost layer: Host, OPTIONS, the API key, JSON errors, connection close ---------
 
@@ -605,9 +618,12 @@ class QuillApp:
             message = f"metrics are off on this server; {self.state.metrics_off_advice}"
             raise ApiError(HTTPStatus.NOT_IMPLEMENTED, message, "metrics_off")
         body = await anyio.to_thread.run_sync(self.metrics.exposition)
-        # llama-server's header: when the counters began (a scraper sees a restart)
-        headers = {"Content-Type": CONTENT_TYPE, "Process-Start-Time-Unix": str(self.state.created)}
-        return Response(body, headers=headers)
+        response = Response(body, headers={"Content-Type": CONTENT_TYPE})
+        # llama-server's header, when the counters began (a scraper sees a restart), in its
+        # casing: starlette would lower it, and a client may compare it as written.
+        started = str(self.state.created).encode()
+        response.raw_headers.append((b"Process-Start-Time-Unix", started))
+        return response
 
     async def _stored_response(self, request: Request) -> Response:
         """GET /v1/responses/{id} (a stored response) and DELETE (forget it)."""
@@ -895,6 +911,17 @@ def _keep_alive(body: dict) -> float | None:
 EMBEDDING_PATHS = ("/v1/embeddings", "/embeddings")
 RERANK_PATHS = ("/v1/rerank", "/rerank", "/reranking", "/v1/reranking")
 ErrorShape = Callable[[ApiError], dict[str, Any]]
+
+
+def input_tokens(api: GenerationApi) -> EngineAnswer:
+    """The prompt tokens a request to api would prefill, counted without generating (OpenAI's
+    POST /v1/responses/input_tokens; llama-server's /chat/completions/input_tokens)."""
+
+    def answer(body: dict, engine: Engine, limits: ServerLimits) -> dict[str, Any]:
+        served = api.parse({**body, "stream": False}, engine, limits)
+        return {"object": "response.input_tokens", "input_tokens": len(served.prompt_tokens)}
+
+    return answer
 
 
 def _version(package: str) -> str:

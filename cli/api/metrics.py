@@ -57,8 +57,7 @@ class ServerMetrics:
             ["model"], buckets=DECODE_BUCKETS, registry=self.registry,
         )  # fmt: skip
         self.registry.register(PoolCollector(pool))
-        self.llama = LlamaServerCollector(pool)
-        self.registry.register(self.llama)
+        self.llama = LlamaServerMetrics(pool)
 
     def _token_counter(self, kind: str, documentation: str) -> Counter:
         return Counter(f"quill_{kind}_tokens", documentation, ["model"], registry=self.registry)
@@ -82,7 +81,7 @@ class ServerMetrics:
         self.llama.prompt(tokens)
 
     def exposition(self) -> bytes:
-        return generate_latest(self.registry)
+        return generate_latest(self.registry) + self.llama.exposition()
 
 
 class PoolCollector(Collector):
@@ -124,9 +123,11 @@ class PoolCollector(Collector):
         yield from (loaded, memory, slots, busy, waiting, loads, unloads)
 
 
-class LlamaServerCollector(Collector):
-    """llama-server's metrics under its names. Its throughput gauges are over the time since
-    the previous scrape, as llama-server's are (0 when nothing ran)."""
+class LlamaServerMetrics:
+    """llama-server's metrics under its names, written as it writes them: a counter's name
+    as it is (prometheus_client would add _total to n_tokens_max, which llama-server's
+    dashboards do not read). Its throughput gauges are over the time since the previous scrape,
+    as llama-server's are (0 when nothing ran)."""
 
     def __init__(self, pool: ModelPool) -> None:
         self.pool = pool
@@ -150,7 +151,15 @@ class LlamaServerCollector(Collector):
         for index, amount in enumerate(amounts):
             self.totals[index] += amount
 
-    def collect(self) -> Iterator[Metric]:
+    def exposition(self) -> bytes:
+        lines = []
+        for kind, name, documentation, value in self.samples():
+            lines += [f"# HELP llamacpp:{name} {documentation}", f"# TYPE llamacpp:{name} {kind}",
+                      f"llamacpp:{name} {float(value)!r}"]  # fmt: skip
+        return ("\n".join(lines) + "\n").encode()
+
+    def samples(self) -> Iterator[tuple[str, str, str, float]]:
+        """(kind, name, help, value) of each metric."""
         with self._lock:
             prompt, cached, prompt_s, predicted, predicted_s = self.totals
             then = self._since
@@ -158,21 +167,19 @@ class LlamaServerCollector(Collector):
             n_tokens_max = self.n_tokens_max
         steps, sequences = self._steps()
         counters = (
-            ("prompt_tokens", "Prompt tokens processed (prefilled)", prompt),
-            ("prompt_tokens_cached", "Prompt tokens reused from a cache", cached),
-            ("prompt_seconds", "Prompt processing time", prompt_s),
-            ("tokens_predicted", "Tokens generated", predicted),
-            ("tokens_predicted_seconds", "Generation time", predicted_s),
-            ("n_decode", "llama_decode() calls", steps),
+            ("prompt_tokens_total", "Prompt tokens processed (prefilled)", prompt),
+            ("prompt_tokens_cached_total", "Prompt tokens reused from a cache", cached),
+            ("prompt_seconds_total", "Prompt processing time", prompt_s),
+            ("tokens_predicted_total", "Tokens generated", predicted),
+            ("tokens_predicted_seconds_total", "Generation time", predicted_s),
+            ("n_decode_total", "llama_decode() calls", steps),
             ("n_tokens_max", "The most tokens one request's context held", n_tokens_max),
-            ("spec_decode_num_draft_tokens", "Draft tokens (no speculation here)", 0),
-            ("spec_decode_num_accepted_tokens", "Accepted draft tokens", 0),
-            ("spec_decode_num_drafts", "Drafts", 0),
+            ("spec_decode_num_draft_tokens_total", "Draft tokens (no speculation here)", 0),
+            ("spec_decode_num_accepted_tokens_total", "Accepted draft tokens", 0),
+            ("spec_decode_num_drafts_total", "Drafts", 0),
         )
         for name, documentation, value in counters:
-            counter = CounterMetricFamily(f"llamacpp:{name}", documentation)
-            counter.add_metric([], value)
-            yield counter
+            yield "counter", name, documentation, value
         loaded = [m.scheduler for m in self.pool.loaded() if m.scheduler is not None]
         gauges = (
             ("prompt_tokens_seconds", "Prompt tokens per second since the last scrape",
@@ -185,9 +192,7 @@ class LlamaServerCollector(Collector):
              sequences / steps if steps else 0.0),
         )  # fmt: skip
         for name, documentation, value in gauges:
-            gauge = GaugeMetricFamily(f"llamacpp:{name}", documentation)
-            gauge.add_metric([], value)
-            yield gauge
+            yield "gauge", name, documentation, value
 
     def _steps(self) -> tuple[int, int]:
         """Decode steps and the sequences in them, over every scheduler this server ran."""

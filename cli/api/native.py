@@ -42,7 +42,7 @@ if TYPE_CHECKING:
 SHARED_FIELDS = (
     "temperature", "top_k", "top_p", "min_p", "repeat_penalty", "presence_penalty",
     "frequency_penalty", "seed", "stop", "n_probs", "cache_prompt", "stream", "ignore_eos",
-    "grammar", "json_schema",
+    "grammar", "json_schema", "logit_bias",
 )  # fmt: skip
 # llama-server's samplers that quill does not have, at the values that turn them off: what a
 # request ran with, whatever it asked of them.

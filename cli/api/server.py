@@ -336,7 +336,8 @@ def parse_request(
         for name, bounds in SAMPLING_RANGES.items()
     }
     ignore_eos = typed_field(body, "ignore_eos", bool, False)  # llama-server's extension
-    sampling = SamplingParams(**numbers, ignore_eos=ignore_eos, grammar=grammar)
+    bias = logit_bias(body.get("logit_bias"), engine)
+    sampling = SamplingParams(**numbers, ignore_eos=ignore_eos, grammar=grammar, logit_bias=bias)
     stop = _stop_strings(body, limits)
     sampling = _with_constraint(body, sampling, engine)
     tokens = engine.tokenize(prompt) if prompt_tokens is None else prompt_tokens
@@ -354,6 +355,59 @@ def parse_request(
         logprobs=logprobs,
         reply=reply,
     )
+
+
+MAX_LOGIT_BIAS = 4096  # entries; each is a token the sampler looks up at every step
+
+
+def logit_bias(value: Any, engine: Engine) -> tuple[tuple[int, float], ...]:
+    """OpenAI's logit_bias ({"token id": bias}, -100 to 100) and llama-server's forms: a key
+    that is text biases each of its tokens, a list of [token or text, bias] pairs, and a bias
+    of false bans the token."""
+    if value is None:
+        return ()
+    if isinstance(value, dict):
+        pairs = list(value.items())
+    elif isinstance(value, list) and all(isinstance(p, list) and len(p) == 2 for p in value):
+        pairs = [tuple(pair) for pair in value]
+    else:
+        raise bad_request(
+            "'logit_bias' must map token ids to biases, or be a list of [token, bias] pairs",
+            "logit_bias",
+        )
+    if len(pairs) > MAX_LOGIT_BIAS:
+        raise bad_request(f"'logit_bias' has over {MAX_LOGIT_BIAS} entries", "logit_bias")
+    biased: dict[int, float] = {}
+    for key, bias in pairs:
+        if bias is False:
+            bias = float("-inf")
+        elif (
+            isinstance(bias, bool) or not isinstance(bias, (int, float)) or not -100 <= bias <= 100
+        ):
+            raise bad_request(
+                f"logit_bias[{shown_json(key)}] must be a number from -100 to 100 (or false)",
+                "logit_bias",
+            )
+        for token in _biased_tokens(key, engine):
+            biased[token] = float(bias)
+    return tuple(biased.items())
+
+
+def _biased_tokens(key: Any, engine: Engine) -> list[int]:
+    if isinstance(key, str) and key.strip().lstrip("-").isdigit():
+        key = int(key)
+    if isinstance(key, int) and not isinstance(key, bool):
+        if not 0 <= key < engine.n_vocab:
+            raise bad_request(
+                f"logit_bias names token {key}, which this model's vocabulary (0 to "
+                f"{engine.n_vocab - 1}) lacks",
+                "logit_bias",
+            )
+        return [key]
+    if isinstance(key, str):
+        text = text_field(key, "a logit_bias key", "logit_bias")
+        return engine.vocabulary.tokenize_bytes(text.encode("utf-8"), False)
+    raise bad_request("a logit_bias key must be a token id or a text", "logit_bias")
 
 
 def _logprobs_request(body: dict, chat: bool) -> int | None:

@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from cli.errors import UsageError
+
 if TYPE_CHECKING:
     from cli.engine.templates import ChatTemplate
 
@@ -14,8 +16,10 @@ ChatTemplateFile = Annotated[
     str | None,
     typer.Option(
         "--chat-template",
-        help="A Jinja chat template file to use instead of the model's own (as llama-server's "
-        "--chat-template-file).",
+        "--chat-template-file",
+        help="A Jinja chat template file to use instead of the model's own, or the name of one "
+        "llama.cpp has built in (chatml, llama3, gemma, command-r, ...; as llama-server's "
+        "--chat-template NAME).",
     ),
 ]
 Think = Annotated[
@@ -47,9 +51,27 @@ def registry_family(model: str | None) -> str | None:
 
 def read_template_option(path: str | None) -> ChatTemplate | None:
     """The template a --chat-template file holds, read (and refused if unreadable or
-    unparsable) before any model loads."""
+    unparsable) before any model loads; a name that is no file but one of llama.cpp's
+    built-in templates is that template."""
     if path is None:
         return None
-    from cli.engine.templates import template_from_file
+    from pathlib import Path
 
+    from cli.engine.templates import (
+        FAMILIES,
+        ChatTemplate,
+        builtin_template_names,
+        template_from_file,
+    )
+
+    if not Path(path).exists():
+        names = builtin_template_names()
+        if path in names:
+            return ChatTemplate(None, path, f"llama.cpp's built-in {path}")
+        if "/" not in path and not path.endswith(".jinja"):
+            raise UsageError(
+                f"the chat template {path} is neither a file nor one of llama.cpp's built-in "
+                f"templates ({', '.join(n for n in names if n in FAMILIES)}, and {len(names)} in "
+                "all); give a Jinja file or one of those names"
+            )
     return template_from_file(path)

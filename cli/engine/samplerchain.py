@@ -22,11 +22,12 @@ def sampler_chain(
     def add(sampler) -> None:
         llama.llama_sampler_chain_add(chain, sampler)
 
-    if banned:
-        biases = (llama.llama_logit_bias * len(banned))()
-        for slot, token in zip(biases, banned, strict=True):
-            slot.token, slot.bias = token, float("-inf")
-        add(llama.llama_sampler_init_logit_bias(n_vocab, len(banned), biases))
+    biased = [*sampling.logit_bias, *((token, float("-inf")) for token in banned)]
+    if biased:
+        biases = (llama.llama_logit_bias * len(biased))()
+        for slot, (token, bias) in zip(biases, biased, strict=True):
+            slot.token, slot.bias = token, bias
+        add(llama.llama_sampler_init_logit_bias(n_vocab, len(biased), biases))
 
     if sampling.penalizes:
         add(penalties_sampler(sampling, n_vocab))
@@ -50,8 +51,8 @@ def sampler_chain(
 def kept_after_mask(sampling: SamplingParams) -> int | None:
     """How many top tokens the chain keeps (greedy: 1); None where it may keep any number or
     penalties reorder the logits (the grammar then masks the whole vocabulary)."""
-    if sampling.penalizes or sampling.ignore_eos:
-        return None
+    if sampling.penalizes or sampling.ignore_eos or sampling.logit_bias:
+        return None  # they move logits before the cut: any token may come out on top
     if sampling.temperature <= 0:
         return 1
     return sampling.top_k if sampling.top_k > 0 else None

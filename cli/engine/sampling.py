@@ -21,6 +21,8 @@ class SamplingParams:
     seed: int | None = None  # None: a random seed, reported so the run can be repeated
     ignore_eos: bool = False  # never sample an end-of-generation token (benchmarks)
     grammar: str | None = None  # GBNF (root rule "root") the output must follow
+    # OpenAI's logit_bias: (token, bias) added to those tokens' logits (-inf: never sampled)
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
     @property
     def penalizes(self) -> bool:

@@ -44,7 +44,7 @@ class ChatTemplate:
     """The template a model's conversations go through, and where it came from."""
 
     source: str | None  # Jinja text; None where only a family name is known (llama.cpp renders)
-    family: str  # one of FAMILIES, or "unknown"
+    family: str  # one of FAMILIES, "unknown", or a llama.cpp built-in name the user chose
     origin: str  # "the model file", "models.yaml", "inferred", or "the file PATH" the user chose
     named: Mapping[str, str] = field(default_factory=dict)  # e.g. {"tool_use": "..."}
 
@@ -432,6 +432,15 @@ def template_from_file(path: str) -> ChatTemplate:
     except jinja2.TemplateError as error:
         raise UsageError(f"the chat template {path} does not parse: {error}") from None
     return ChatTemplate(source, template_family(source), f"the file {path}")
+
+
+def builtin_template_names() -> list[str]:
+    """The template names llama.cpp's C helper renders (llama-server's --chat-template NAME)."""
+    import llama_cpp as llama
+
+    names = (ctypes.c_char_p * 256)()
+    count = llama.llama_chat_builtin_templates(names, len(names))
+    return [(names[i] or b"").decode() for i in range(min(count, len(names)))]
 
 
 def family_template(family: str, origin: str) -> ChatTemplate:
