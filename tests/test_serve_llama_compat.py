@@ -309,3 +309,16 @@ def test_input_tokens_counts_what_the_request_would_prefill(aliased: str) -> Non
     assert counted == {"object": "response.input_tokens", "input_tokens": made}
     refused = httpx.post(f"{aliased}/chat/completions/input_tokens", json={}, timeout=30)
     assert refused.status_code == 400 and "messages" in refused.json()["error"]["message"]
+
+
+def test_continuing_the_last_assistant_message_is_refused_not_ignored(aliased: str) -> None:
+    messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]
+    for fields in ({"continue_final_message": True}, {"add_generation_prompt": False},
+                   {"continue_final_message": "yes"}):  # fmt: skip
+        reply = httpx.post(
+            f"{aliased}/v1/chat/completions", json={"messages": messages, **fields}, timeout=30
+        )
+        assert reply.status_code == 400, fields
+        assert next(iter(fields)) in reply.json()["error"]["message"]
+    plain = {"messages": messages, "add_generation_prompt": True, "max_tokens": 1}
+    assert httpx.post(f"{aliased}/v1/chat/completions", json=plain, timeout=30).status_code == 200

@@ -510,6 +510,17 @@ def _chat_prompt(
     kwargs = body.get("chat_template_kwargs") or {}
     if not isinstance(kwargs, dict):
         raise bad_request("'chat_template_kwargs' must be an object", "chat_template_kwargs")
+    # transformers' (and llama-server's) switches for continuing the last assistant message:
+    # quill's prompts always end by opening a new assistant turn, so asking otherwise is refused
+    # rather than answered as if it had not been asked.
+    for name, default in (("continue_final_message", False), ("add_generation_prompt", True)):
+        if typed_field(body, name, bool, default) != default:
+            raise bad_request(
+                f"'{name}': {str(not default).lower()} is not supported: quill's chat prompts "
+                "always end by opening a new assistant turn; send the text to continue as a "
+                "/v1/completions prompt",
+                name,
+            )
     thinking = kwargs.get("enable_thinking")
     if thinking is not None and not isinstance(thinking, bool):
         raise bad_request("enable_thinking must be true or false", "chat_template_kwargs")
