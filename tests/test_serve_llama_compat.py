@@ -4,6 +4,7 @@ server answering any model name (and --strict-model refusing it), the request de
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -78,24 +79,22 @@ def test_temp_and_seed_are_the_defaults_of_requests_that_set_none(
         process.wait(timeout=30)
 
 
+@pytest.mark.parametrize("several", [False, True], ids=["strict", "several models"])
 def test_strict_model_refuses_an_unknown_name_and_several_models_always_do(
-    tiny_models, quill_home, tmp_path
+    tiny_models, quill_home, tmp_path, several: bool
 ) -> None:
     body = {"model": "gpt-3.5-turbo", "messages": [{"role": "user", "content": "hi"}],
             "max_tokens": 2}  # fmt: skip
-    for args in (
-        (str(tiny_models[0]), "--strict-model"),
-        (str(tiny_models[0]), str(tiny_models[1])),
-    ):
-        process, url = start_server(quill_home, tmp_path, *args, "--ctx", "256")
-        try:
-            reply = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=60)
-            assert reply.status_code == 404, reply.text
-            message = reply.json()["error"]["message"]
-            assert "'gpt-3.5-turbo' does not exist" in message and "first.gguf" in message
-        finally:
-            process.terminate()
-            process.wait(timeout=30)
+    args = (str(tiny_models[0]), str(tiny_models[1]) if several else "--strict-model")
+    process, url = start_server(quill_home, tmp_path, *args, "--ctx", "256")
+    try:
+        reply = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=60)
+        assert reply.status_code == 404, reply.text
+        message = reply.json()["error"]["message"]
+        assert "'gpt-3.5-turbo' does not exist" in message and "first.gguf" in message
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
 
 
 @pytest.fixture(scope="module")
@@ -322,3 +321,40 @@ def test_continuing_the_last_assistant_message_is_refused_not_ignored(aliased: s
         assert next(iter(fields)) in reply.json()["error"]["message"]
     plain = {"messages": messages, "add_generation_prompt": True, "max_tokens": 1}
     assert httpx.post(f"{aliased}/v1/chat/completions", json=plain, timeout=30).status_code == 200
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_n_choices_each_their_own_sequence(aliased: str, stream: bool) -> None:
+    """OpenAI's n: that many choices, each indexed, each with its own finish; seeded, choice i
+    runs with seed + i; the prompt is counted once in usage and the completions summed."""
+    client = openai.OpenAI(base_url=f"{aliased}/v1", api_key="none", max_retries=0)
+    ask = dict(model="tiny", messages=[{"role": "user", "content": "red"}], n=3, max_tokens=4,
+               temperature=1.0, seed=11, extra_body={"ignore_eos": True})  # fmt: skip
+    if not stream:
+        reply = client.chat.completions.create(**ask)
+        assert [choice.index for choice in reply.choices] == [0, 1, 2]
+        assert all(choice.finish_reason == "length" for choice in reply.choices)
+        assert reply.usage.completion_tokens == 12
+        assert reply.usage.total_tokens == reply.usage.prompt_tokens + 12
+        return
+    texts, finishes, done = {}, {}, 0
+    with httpx.stream(
+        "POST", f"{aliased}/v1/chat/completions", timeout=60,
+        json={**{k: v for k, v in ask.items() if k != "extra_body"}, "ignore_eos": True,
+              "stream": True},
+    ) as response:  # fmt: skip
+        for line in response.iter_lines():
+            if line == "data: [DONE]":
+                done += 1
+                continue
+            if not line.startswith("data: "):
+                continue
+            choice = json.loads(line[6:])["choices"][0]
+            texts.setdefault(choice["index"], []).append(choice["delta"].get("content") or "")
+            if choice["finish_reason"]:
+                finishes[choice["index"]] = choice["finish_reason"]
+    assert finishes == {0: "length", 1: "length", 2: "length"} and done == 1
+    assert sorted(texts) == [0, 1, 2]
+    refused = client.chat.completions.with_raw_response
+    with pytest.raises(openai.BadRequestError, match="'n' must be between 1 and 8"):
+        refused.create(model="tiny", messages=[{"role": "user", "content": "red"}], n=9)

@@ -45,6 +45,7 @@ from cli.api.anthropic import AnthropicApi, count_tokens
 from cli.api.metrics import CONTENT_TYPE, ServerMetrics
 from cli.api.native import NativeCompletionApi
 from cli.api.pool import ModelPool, PooledModel, parse_duration
+from cli.api.replies import ReplyWriter, merged_choices
 from cli.api.responses import ResponsesApi, ResponseStore
 from cli.api.server import (
     ApiError,
@@ -56,6 +57,7 @@ from cli.api.server import (
     ServerState,
     apply_template,
     bad_request,
+    choice_bodies,
     parse_body,
 )
 from cli.api.tokens import detokenize, tokenize
@@ -645,52 +647,80 @@ class QuillApp:
         body = parse_body(await self._read_body(request))
         keep_alive = _keep_alive(body)
         model = await self._acquire(request, body)
+        bodies = choice_bodies(body, api)  # one per choice (OpenAI's n)
         try:
-            served = self._submit(
-                model, await anyio.to_thread.run_sync(self._parse, body, model, api)
-            )
+            served = await self._submit_choices(bodies, model, api)
         except BaseException:
             self.pool.release(model, keep_alive)
             raise
-        events = served.events
-        assert isinstance(events, LoopEvents)
+        queues = [_loop_events(choice) for choice in served]
         received = time.perf_counter()
-        self.in_flight.add(events)
+        self.in_flight.update(queues)
 
         def finished() -> None:
-            served.cancelled.set()  # finished already, or the client left: free the slot
-            self.in_flight.discard(events)
+            for choice in served:
+                choice.cancelled.set()  # finished already, or the client left: free the slot
+                self._finished_choice(model, choice, received)
             self.pool.release(model, keep_alive)
-            if self.metrics is not None and events.last is not None:
-                assert events.first_at is not None  # the last event came, so a first did
-                self.metrics.generation(model.label, events.last, events.first_at - received)
+            first = served[0]
             if self.state.on_request is not None:
                 self.state.on_request(
-                    f"{request.method} {request.url.path} {events.outcome} · "
-                    f"{len(served.prompt_tokens)} prompt tokens ({served.cached_tokens} cached, "
-                    f"{served.restored_tokens} from disk) · "
+                    f"{request.method} {request.url.path} {queues[0].outcome} · "
+                    f"{len(first.prompt_tokens)} prompt tokens ({first.cached_tokens} cached, "
+                    f"{first.restored_tokens} from disk)"
+                    f"{f' · {len(served)} choices' if len(served) > 1 else ''} · "
                     f"{time.perf_counter() - received:.2f} s"
                 )
 
         async def finished_on_the_loop() -> None:
             finished()  # quick; a sync background task would wait for a worker thread
 
-        reply = api.reply_format(body, served, model.label)
+        replies = [
+            api.reply_format(one, choice, model.label)
+            for one, choice in zip(bodies, served, strict=True)
+        ]
         if body.get("stream"):
             return StreamingResponse(
-                self._stream(events, reply, received),
+                self._stream(queues, replies, received),
                 # Set as a header, not a media type: starlette would append a charset.
                 headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"},
                 background=BackgroundTask(finished_on_the_loop),
             )
+        wholes = []
         try:
-            pieces = await self._gather(request, events)
+            for events, reply in zip(queues, replies, strict=True):
+                pieces = await self._gather(request, events)
+                if pieces is None:
+                    return Response(status_code=499)  # nginx's "client closed"; nobody reads it
+                last = pieces[-1]
+                queued_s = time.perf_counter() - received - last.prefill_s - last.decode_s
+                wholes.append(reply.whole(pieces, queued_s))
         finally:
             finished()
-        if pieces is None:
-            return Response(status_code=499)  # nginx's "client closed"; nobody reads it
-        queued_s = time.perf_counter() - received - pieces[-1].prefill_s - pieces[-1].decode_s
-        return JsonResponse(reply.whole(pieces, queued_s))
+        return JsonResponse(merged_choices(wholes))
+
+    async def _submit_choices(
+        self, bodies: list[dict], model: PooledModel, api: GenerationApi
+    ) -> list[ServedRequest]:
+        """Each choice's request, parsed and queued; none stays queued if one is refused."""
+        served: list[ServedRequest] = []
+        try:
+            for index, one in enumerate(bodies):
+                parsed = await anyio.to_thread.run_sync(self._parse, one, model, api)
+                parsed.choice = index
+                served.append(self._submit(model, parsed))
+        except BaseException:
+            for submitted in served:
+                submitted.cancelled.set()
+            raise
+        return served
+
+    def _finished_choice(self, model: PooledModel, choice: ServedRequest, received: float) -> None:
+        events = _loop_events(choice)
+        self.in_flight.discard(events)
+        if self.metrics is not None and events.last is not None:
+            assert events.first_at is not None  # the last event came, so a first did
+            self.metrics.generation(model.label, events.last, events.first_at - received)
 
     async def _acquire(self, request: Request, body: dict) -> PooledModel:
         """The model body names, loaded and counted in flight (the caller releases it)."""
@@ -853,24 +883,50 @@ class QuillApp:
         events.outcome = "200"
         return pieces
 
-    async def _stream(self, events: LoopEvents, reply: ReplyFormat, received: float):
-        for frame in reply.opening():
-            yield frame
-        first_at = None
-        while True:
-            item = await events.get()
-            if isinstance(item, BaseException):  # a failure, or the drain's ApiError
-                error = _request_failed(item)
-                events.outcome = f"200, then {error.status}"
-                yield reply.failure(error.body())
-                return
-            events.took(item)
-            first_at = first_at or time.perf_counter()
-            for frame in reply.frames(item, (first_at - received) - item.prefill_s):
-                yield frame
-            if item.finish_reason is not None:
-                events.outcome = "200"
-                return
+    async def _stream(self, queues: list[LoopEvents], replies: list[ReplyFormat], received: float):
+        """The frames of a stream, its choices' interleaved as their events come; OpenAI's
+        [DONE] once, when every choice has finished."""
+        merged: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
+
+        async def forward(index: int, events: LoopEvents) -> None:
+            while True:
+                item = await events.get()
+                await merged.put((index, item))
+                if isinstance(item, BaseException) or item.finish_reason is not None:
+                    return
+
+        forwarders = [asyncio.ensure_future(forward(i, q)) for i, q in enumerate(queues)]
+        try:
+            for reply in replies:
+                for frame in reply.opening():
+                    yield frame
+            first_at = [0.0] * len(queues)  # when each choice's first event came
+            done, said_done = 0, False
+            while done < len(queues):
+                index, item = await merged.get()
+                events = queues[index]
+                if isinstance(item, BaseException):  # a failure, or the drain's ApiError
+                    error = _request_failed(item)
+                    for one in queues:
+                        one.outcome = f"200, then {error.status}"
+                    yield replies[index].failure(error.body())
+                    return
+                events.took(item)
+                first_at[index] = first_at[index] or time.perf_counter()
+                queued_s = (first_at[index] - received) - item.prefill_s
+                for frame in replies[index].frames(item, queued_s):
+                    if frame == ReplyWriter.DONE:
+                        said_done = True  # held until every choice is done
+                    else:
+                        yield frame
+                if item.finish_reason is not None:
+                    events.outcome = "200"
+                    done += 1
+            if said_done:
+                yield ReplyWriter.DONE
+        finally:
+            for forwarder in forwarders:
+                forwarder.cancel()
 
     def begin_drain(self) -> None:
         """Refuse new requests; after the drain timeout, end those still in flight."""
@@ -948,6 +1004,12 @@ def _error_read_back(status: int, text: bytes) -> ApiError:
         return ApiError(status, error["message"], error.get("code"), error.get("param"))
     phrase = HTTPStatus(status).phrase if status in HTTPStatus._value2member_map_ else ""
     return ApiError(status, text.decode("utf-8", "replace").strip() or phrase or f"HTTP {status}")
+
+
+def _loop_events(served: ServedRequest) -> LoopEvents:
+    events = served.events
+    assert isinstance(events, LoopEvents)  # _submit gave it one
+    return events
 
 
 def _route_of(path: str) -> str:

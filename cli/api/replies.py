@@ -155,8 +155,11 @@ class ReplyWriter:
 
     DONE = b"data: [DONE]\n\n"
 
-    def __init__(self, ident: str, model_name: str, reply: ChatReply | None) -> None:
+    def __init__(
+        self, ident: str, model_name: str, reply: ChatReply | None, index: int = 0
+    ) -> None:
         self.reply = reply  # None: /v1/completions
+        self.index = index  # the choice's, of a request's n
         self.chat = reply is not None
         self._held: list[TokenLogprobs] = []
         self._legacy = CompletionLogprobs()
@@ -172,9 +175,9 @@ class ReplyWriter:
                 content.update(delta)
             elif delta is not None:
                 content["content"] = delta
-            choice = {"index": 0, "delta": content, "finish_reason": finish}
+            choice = {"index": self.index, "delta": content, "finish_reason": finish}
         else:
-            choice = {"index": 0, "text": delta or "", "finish_reason": finish}
+            choice = {"index": self.index, "text": delta or "", "finish_reason": finish}
         held, self._held = self._held, []
         choice["logprobs"] = self._logprobs(held or None)
         kind = "chat.completion.chunk" if self.chat else "text_completion"
@@ -198,7 +201,7 @@ class ReplyWriter:
         last, text = events[-1], "".join(event.text for event in events)
         asked = [event.logprobs for event in events if event.logprobs is not None]
         entries = [entry for some in asked for entry in some] if asked else None
-        choice: dict[str, Any] = {"index": 0, "logprobs": self._logprobs(entries)}
+        choice: dict[str, Any] = {"index": self.index, "logprobs": self._logprobs(entries)}
         if self.reply is not None:
             self.reply.feed(text, finished=True)
             choice["message"] = self.reply.message()
@@ -256,6 +259,19 @@ class ReplyWriter:
                 "ttft_ms": (max(queued_s, 0.0) + last.prefill_s) * 1000,
             },
         }
+
+
+def merged_choices(bodies: list[dict[str, Any]]) -> dict[str, Any]:
+    """The whole replies of a request's n choices as one: every choice, the prompt counted
+    once and the completions summed, as OpenAI's usage counts them."""
+    first = bodies[0]
+    if len(bodies) == 1:
+        return first
+    completion = sum(body["usage"]["completion_tokens"] for body in bodies)
+    prompt = first["usage"]["prompt_tokens"]
+    usage = {**first["usage"], "completion_tokens": completion, "total_tokens": prompt + completion}
+    choices = [choice for body in bodies for choice in body["choices"]]
+    return {**first, "choices": choices, "usage": usage}
 
 
 def sse(payload: dict) -> bytes:

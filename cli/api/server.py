@@ -254,6 +254,7 @@ class ServedRequest(BatchRequest):
     """A request for the scheduler, with what shapes a chat reply (reasoning, tool calls)."""
 
     reply: ChatReply | None = None  # None: /v1/completions
+    choice: int = 0  # which of a request's n choices this is
 
 
 class ReplyFormat(Protocol):
@@ -296,8 +297,35 @@ class OpenAIApi:
         return parse_request(body, engine, limits, self.chat)
 
     def reply_format(self, body: dict, served: ServedRequest, model_name: str) -> ReplyWriter:
-        ident = f"{'chatcmpl' if self.chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
-        return ReplyWriter(ident, model_name, served.reply)
+        ident = (
+            body.get(CHOICES_ID) or f"{'chatcmpl' if self.chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
+        )
+        return ReplyWriter(ident, model_name, served.reply, served.choice)
+
+
+MAX_CHOICES = 8  # OpenAI's n: each choice is a sequence of its own in a slot
+CHOICES_ID = "_quill_choices_id"  # the one id a request's choices share (set here, never sent)
+
+
+def choice_bodies(body: dict, api: GenerationApi) -> list[dict]:
+    """One body per choice of an OpenAI request's n (1 to MAX_CHOICES), each its own seed where
+    the request set one (seed + i: the choices differ, and repeat), all under one id; any
+    other API has one choice."""
+    if not isinstance(api, OpenAIApi):
+        return [body]
+    n = _number(body, "n", int, 1, MAX_CHOICES, 1)
+    if n == 1:
+        return [body]
+    seed = typed_field(body, "seed", int, None)
+    ident = f"{'chatcmpl' if api.chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
+    return [
+        {
+            **body,
+            CHOICES_ID: ident,
+            **({"seed": (seed + i) % (2**32 - 1)} if seed is not None else {}),
+        }
+        for i in range(n)
+    ]
 
 
 def parse_request(
@@ -324,8 +352,6 @@ def parse_request(
         if not isinstance(given, str) or not given:
             raise bad_request("'prompt' must be a non-empty string", "prompt")
         prompt = text_field(given, "'prompt'", "prompt")
-    if typed_field(body, "n", int, 1) != 1:
-        raise bad_request("only n=1 is supported", "n")
     typed_field(body, "stream", bool, False)  # read by cli/api/http.py, which trusts it checked
     named = "max_completion_tokens" if body.get("max_completion_tokens") is not None else ""
     default_max = min(limits.default_max_tokens, limits.max_tokens)
