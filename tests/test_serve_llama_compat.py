@@ -358,3 +358,28 @@ def test_n_choices_each_their_own_sequence(aliased: str, stream: bool) -> None:
     refused = client.chat.completions.with_raw_response
     with pytest.raises(openai.BadRequestError, match="'n' must be between 1 and 8"):
         refused.create(model="tiny", messages=[{"role": "user", "content": "red"}], n=9)
+
+
+def test_include_usage_sends_usage_in_a_chunk_of_its_own(aliased: str) -> None:
+    """stream_options.include_usage, as OpenAI sends it: after the last choice chunk, one with
+    no choices and the usage (quill's timings beside it); without it, the usage rides on the
+    last chunk, as quill always sent it."""
+
+    def chunks(**extra) -> list[dict]:
+        body = {"messages": [{"role": "user", "content": "red"}], "max_tokens": 3,
+                "stream": True, **extra}  # fmt: skip
+        with httpx.stream("POST", f"{aliased}/v1/chat/completions", json=body, timeout=60) as r:
+            lines = [line for line in r.iter_lines() if line.startswith("data: {")]
+        return [json.loads(line[6:]) for line in lines]
+
+    with_usage = chunks(stream_options={"include_usage": True})
+    assert with_usage[-1]["choices"] == [] and with_usage[-1]["usage"]["completion_tokens"] <= 3
+    assert "timings" in with_usage[-1]
+    assert with_usage[-2]["choices"][0]["finish_reason"] and "usage" not in with_usage[-2]
+    plain = chunks()
+    assert plain[-1]["choices"][0]["finish_reason"] and "usage" in plain[-1]
+    refused = httpx.post(
+        f"{aliased}/v1/chat/completions", timeout=30,
+        json={"messages": [{"role": "user", "content": "red"}], "stream_options": "yes"},
+    )  # fmt: skip
+    assert refused.status_code == 400 and "stream_options" in refused.json()["error"]["message"]

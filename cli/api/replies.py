@@ -156,10 +156,18 @@ class ReplyWriter:
     DONE = b"data: [DONE]\n\n"
 
     def __init__(
-        self, ident: str, model_name: str, reply: ChatReply | None, index: int = 0
+        self,
+        ident: str,
+        model_name: str,
+        reply: ChatReply | None,
+        index: int = 0,
+        usage_chunk: bool = False,
     ) -> None:
         self.reply = reply  # None: /v1/completions
         self.index = index  # the choice's, of a request's n
+        # stream_options.include_usage: usage and timings in a chunk of their own after the
+        # last, with no choices, as OpenAI sends them (else on the last chunk, as before)
+        self.usage_chunk = usage_chunk
         self.chat = reply is not None
         self._held: list[TokenLogprobs] = []
         self._legacy = CompletionLogprobs()
@@ -193,7 +201,12 @@ class ReplyWriter:
             chunks = [self.chunk(event.text)] if event.text else []
         if finished:
             final = self.chunk(None if self.chat else "", self._finish_reason(event))
-            chunks.append({**final, **self._totals(event, queued_s)})
+            totals = self._totals(event, queued_s)
+            if self.usage_chunk:
+                kind = final["object"]
+                chunks += [final, {**self.base, "object": kind, "choices": [], **totals}]
+            else:
+                chunks.append({**final, **totals})
         return chunks
 
     def whole(self, events: list[StreamEvent], queued_s: float) -> dict[str, Any]:

@@ -300,7 +300,9 @@ class OpenAIApi:
         ident = (
             body.get(CHOICES_ID) or f"{'chatcmpl' if self.chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
         )
-        return ReplyWriter(ident, model_name, served.reply, served.choice)
+        options = body.get("stream_options") or {}
+        usage_chunk = options.get("include_usage") is True
+        return ReplyWriter(ident, model_name, served.reply, served.choice, usage_chunk)
 
 
 MAX_CHOICES = 8  # OpenAI's n: each choice is a sequence of its own in a slot
@@ -353,6 +355,10 @@ def parse_request(
             raise bad_request("'prompt' must be a non-empty string", "prompt")
         prompt = text_field(given, "'prompt'", "prompt")
     typed_field(body, "stream", bool, False)  # read by cli/api/http.py, which trusts it checked
+    options = body.get("stream_options")
+    if options is not None and not isinstance(options, dict):
+        raise bad_request("'stream_options' must be an object", "stream_options")
+    typed_field(options or {}, "include_usage", bool, False, "stream_options")
     named = "max_completion_tokens" if body.get("max_completion_tokens") is not None else ""
     default_max = min(limits.default_max_tokens, limits.max_tokens)
     max_tokens = _number(body, named or "max_tokens", int, 1, limits.max_tokens, default_max)
