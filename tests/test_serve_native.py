@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import json
 import math
-import socket
 import time
 from collections.abc import Iterator
 
 import httpx2 as httpx
 import pytest
 
-from conftest import start_server
+from conftest import raw_exchange, start_server
 from tinymodel import write_tiny_llama
 
 CTX = 512
@@ -249,15 +248,11 @@ def test_a_prompt_past_the_context_is_a_400_with_the_context_size(server):
 
 
 def test_a_body_shorter_than_its_length_times_out_and_the_server_answers_on(server):
-    port = int(server.rsplit(":", 1)[1])
     started = time.monotonic()
-    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
-        sock.sendall(
-            b'POST /completion HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100\r\n\r\n{"prompt"'
-        )
-        reply = b""
-        while chunk := sock.recv(65536):
-            reply += chunk
+    reply = raw_exchange(
+        server,
+        b'POST /completion HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100\r\n\r\n{"prompt"',
+    )
     head, _, body = reply.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 408") and json.loads(body)["error"]["code"] == "body_timeout"
     assert time.monotonic() - started < 3  # --body-timeout 1

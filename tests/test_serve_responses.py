@@ -10,8 +10,6 @@ output is asked for with a schema (the grammar makes the reply parse)."""
 from __future__ import annotations
 
 import json
-import socket
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import get_args
@@ -25,7 +23,7 @@ from cli.api.replies import ChatReply
 from cli.api.responses import ResponsesRequest, ResponseStore, ResponseWriter, echoed_settings
 from cli.engine.events import StreamEvent
 
-from conftest import start_server
+from conftest import raw_exchange, start_server
 from tinymodel import write_tiny_llama
 
 TEMPLATES = Path(__file__).parent / "data" / "templates"
@@ -524,24 +522,6 @@ def test_a_body_that_is_not_json_is_a_400(server: str) -> None:
         reply = post(server, raw)
         assert reply.status_code == 400 and reply.json()["error"]["type"] == "invalid_request_error"
     assert post(server, HI).status_code == 200
-
-
-def raw_exchange(url: str, data: bytes, wait_s: float = 5.0) -> bytes:
-    """Bytes sent on a fresh connection; all the server sends back until it closes."""
-    port = int(url.rsplit(":", 1)[1])
-    with socket.create_connection(("127.0.0.1", port), timeout=wait_s) as sock:
-        sock.sendall(data)
-        received = b""
-        deadline = time.monotonic() + wait_s
-        while time.monotonic() < deadline:
-            try:
-                chunk = sock.recv(65536)
-            except TimeoutError:
-                break
-            if not chunk:
-                break
-            received += chunk
-        return received
 
 
 def test_a_lying_content_length_is_refused(server: str) -> None:
