@@ -333,21 +333,22 @@ class QuillApp:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return
-        if self.metrics is None:
-            await self._answer(scope, receive, send)
-            return
         status = 0
 
         async def counted_send(message: Message) -> None:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
+                # Header names as llama-server writes them (Content-Type): HTTP reads them
+                # in any case, but clients written against it may compare them as sent.
+                titled = [(name.title(), value) for name, value in message.get("headers", [])]
+                message = {**message, "headers": titled}
             await send(message)
 
         try:
             await self._answer(scope, receive, counted_send)
         finally:
-            if status:  # else no response went out (the client left first)
+            if self.metrics is not None and status:  # else no response went out
                 model = scope.get("state", {}).get("model", "")
                 self.metrics.request(_route_of(scope["path"]), model, status)
 
@@ -620,12 +621,11 @@ class QuillApp:
             message = f"metrics are off on this server; {self.state.metrics_off_advice}"
             raise ApiError(HTTPStatus.NOT_IMPLEMENTED, message, "metrics_off")
         body = await anyio.to_thread.run_sync(self.metrics.exposition)
-        response = Response(body, headers={"Content-Type": CONTENT_TYPE})
-        # llama-server's header, when the counters began (a scraper sees a restart), in its
-        # casing: starlette would lower it, and a client may compare it as written.
-        started = str(self.state.created).encode()
-        response.raw_headers.append((b"Process-Start-Time-Unix", started))
-        return response
+        # llama-server's header: when the counters began (a scraper sees a restart)
+        started = str(self.state.created)
+        return Response(
+            body, headers={"Content-Type": CONTENT_TYPE, "Process-Start-Time-Unix": started}
+        )
 
     async def _stored_response(self, request: Request) -> Response:
         """GET /v1/responses/{id} (a stored response) and DELETE (forget it)."""
