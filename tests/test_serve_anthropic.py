@@ -460,3 +460,17 @@ def test_a_failure_mid_stream_is_an_anthropic_error_event() -> None:
     assert json.loads(reply.failure(failed).decode().split("data: ")[1])["error"]["type"] == (
         "api_error"
     )
+
+
+def test_malformed_framing_is_anthropics_400_too(server, models) -> None:
+    """A negative or doubled Content-Length is refused by the HTTP layer before any route runs:
+    still in the shape of the API the request line named."""
+    for framing in (
+        b"Content-Length: -5\r\n\r\n",
+        b"Content-Length: 5\r\nContent-Length: 6\r\n\r\n",
+    ):
+        status, error = status_and_error(server, HEAD + framing)
+        assert status.startswith(b"HTTP/1.1 400"), status
+        assert error["type"] == "error" and error["error"]["type"] == "invalid_request_error"
+    reply = post(server, {"model": str(models[QWEN]), "max_tokens": 1, "messages": ASK})
+    assert reply.status_code == 200  # and the server answers on

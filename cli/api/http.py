@@ -122,10 +122,12 @@ class HttpLimits:
     drain_timeout_s: float = 30.0
 
 
-def raw_error_response(error: ApiError) -> bytes:
+def raw_error_response(error: ApiError, path: str = "") -> bytes:
     """A whole HTTP/1.1 response that closes the connection, for the protocol layer, where no
-    valid request exists to answer through the application."""
-    body = json.dumps(error.body()).encode()
+    valid request exists to answer through the application (path: where the request line said
+    it went, for the error's shape)."""
+    shape = error_shape(path)
+    body = json.dumps(shape(error) if shape is not None else error.body()).encode()
     head = (
         f"HTTP/1.1 {error.status} {HTTPStatus(error.status).phrase}\r\n"
         "content-type: application/json\r\n"
@@ -156,12 +158,15 @@ class QuillH11Protocol(H11Protocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        self._request_start = b""
         self._header_timer: asyncio.TimerHandle | None = None
         if len(self.connections) > self.limits.max_connections:
             self.app = _too_many_connections  # this connection's request: a 429, then close
         self._arm_header_timer()
 
     def data_received(self, data: bytes) -> None:
+        if self.conn.their_state is h11.IDLE:  # a request begins: its line, for send_400_response
+            self._request_start = data[:256]
         super().data_received(data)
         if self.conn.their_state is h11.IDLE:
             self._arm_header_timer()  # a next request on a kept-alive connection has begun
@@ -199,7 +204,10 @@ class QuillH11Protocol(H11Protocol):
             timeout = self.limits.header_timeout_s
             message = f"the request line and headers did not arrive within {timeout:g} s"
             self.transport.write(
-                raw_error_response(ApiError(HTTPStatus.REQUEST_TIMEOUT, message, "header_timeout"))
+                raw_error_response(
+                    ApiError(HTTPStatus.REQUEST_TIMEOUT, message, "header_timeout"),
+                    _path_of(self._request_start),
+                )
             )
         self.transport.close()
 
@@ -211,9 +219,8 @@ class QuillH11Protocol(H11Protocol):
                 "malformed HTTP request (request line, headers or body framing); "
                 "send HTTP/1.1 with a valid Content-Length or chunked body"
             )
-            self.transport.write(
-                raw_error_response(ApiError(HTTPStatus.BAD_REQUEST, message, "malformed_http"))
-            )
+            error = ApiError(HTTPStatus.BAD_REQUEST, message, "malformed_http")
+            self.transport.write(raw_error_response(error, _path_of(self._request_start)))
         self.transport.close()
 
 
@@ -1004,6 +1011,12 @@ def _error_read_back(status: int, text: bytes) -> ApiError:
         return ApiError(status, error["message"], error.get("code"), error.get("param"))
     phrase = HTTPStatus(status).phrase if status in HTTPStatus._value2member_map_ else ""
     return ApiError(status, text.decode("utf-8", "replace").strip() or phrase or f"HTTP {status}")
+
+
+def _path_of(request_start: bytes) -> str:
+    """The path of a request line ("POST /v1/messages HTTP/1.1"), or "" where there is none."""
+    parts = request_start.split(b"\r\n", 1)[0].split(b" ")
+    return parts[1].decode("latin-1") if len(parts) == 3 else ""
 
 
 def _loop_events(served: ServedRequest) -> LoopEvents:
