@@ -383,3 +383,22 @@ def test_include_usage_sends_usage_in_a_chunk_of_its_own(aliased: str) -> None:
         json={"messages": [{"role": "user", "content": "red"}], "stream_options": "yes"},
     )  # fmt: skip
     assert refused.status_code == 400 and "stream_options" in refused.json()["error"]["message"]
+
+
+def test_a_schema_with_tuple_items_is_read_as_draft_7(aliased: str) -> None:
+    """ "items": [schemas] (the tuple form of drafts 4 to 7; 2020-12 says prefixItems) is taken,
+    as llama-server takes it: the reply is an array of one integer."""
+    schema = {"items": [{"type": "integer"}]}
+    body = {"messages": [{"role": "user", "content": "red"}], "max_tokens": 12,
+            "response_format": {"type": "json_object", "schema": schema}}  # fmt: skip
+    reply = httpx.post(f"{aliased}/v1/chat/completions", json=body, timeout=60)
+    assert reply.status_code == 200, reply.text
+    content = reply.json()["choices"][0]["message"]["content"]
+    if reply.json()["choices"][0]["finish_reason"] == "stop":
+        value = json.loads(content)
+        assert isinstance(value, list) and len(value) == 1 and isinstance(value[0], int)
+    else:  # cut by max_tokens: a prefix of such an array
+        assert content.startswith("[")
+    bad = {**body, "response_format": {"type": "json_object", "schema": {"items": 5}}}
+    refused = httpx.post(f"{aliased}/v1/chat/completions", json=bad, timeout=60)
+    assert refused.status_code == 400 and "not a valid JSON Schema" in refused.text

@@ -84,7 +84,7 @@ def schema_violation(schema: dict[str, Any], value: Any) -> str | None:
     """The first way value breaks schema (formats checked too), or None."""
     import jsonschema
 
-    validator_class = jsonschema.validators.validator_for(schema, jsonschema.Draft202012Validator)
+    validator_class = _validator_class(schema)
     validator = validator_class(schema, format_checker=validator_class.FORMAT_CHECKER)
     error = jsonschema.exceptions.best_match(validator.iter_errors(value))
     if error is None:
@@ -93,12 +93,32 @@ def schema_violation(schema: dict[str, Any], value: Any) -> str | None:
     return f"the output does not match the schema at {where}: {error.message}"
 
 
+def _validator_class(schema: dict[str, Any]) -> Any:
+    """The draft a schema is read under: the one its $schema names, else 2020-12, or draft 7
+    where an "items" is an array (the tuple form drafts 4 to 7 wrote, which 2020-12 spells
+    prefixItems and llama-server still takes)."""
+    import jsonschema
+
+    default = (
+        jsonschema.Draft7Validator if _tuple_items(schema) else jsonschema.Draft202012Validator
+    )
+    return jsonschema.validators.validator_for(schema, default)
+
+
+def _tuple_items(schema: Any) -> bool:
+    if isinstance(schema, list):
+        return any(_tuple_items(item) for item in schema)
+    if not isinstance(schema, dict):
+        return False
+    return isinstance(schema.get("items"), list) or any(map(_tuple_items, schema.values()))
+
+
 def check_schema(schema: dict[str, Any]) -> None:
     """Refuse a schema that is not a valid JSON Schema, with jsonschema's reason."""
     import jsonschema
 
     _refuse_deep(schema)
-    validator_class = jsonschema.validators.validator_for(schema, jsonschema.Draft202012Validator)
+    validator_class = _validator_class(schema)
     try:
         validator_class.check_schema(schema)
     except jsonschema.exceptions.SchemaError as error:
@@ -152,8 +172,11 @@ def unenforced_keywords(schema: Any, where: str = "#") -> list[str]:
     for key in ("anyOf", "oneOf", "allOf", "prefixItems"):
         for index, sub in enumerate(schema.get(key) or []):
             found.extend(unenforced_keywords(sub, f"{where}/{key}/{index}"))
-    if isinstance(schema.get("items"), dict):
-        found.extend(unenforced_keywords(schema["items"], f"{where}/items"))
+    items = schema.get("items")
+    if isinstance(items, dict):
+        found.extend(unenforced_keywords(items, f"{where}/items"))
+    for index, sub in enumerate(items if isinstance(items, list) else []):  # draft 7's tuple
+        found.extend(unenforced_keywords(sub, f"{where}/items/{index}"))
     return found
 
 
