@@ -74,6 +74,7 @@ EngineAnswer = Callable[[dict, "Engine", ServerLimits], dict[str, Any]]
 
 LISTEN_BACKLOG = 2048
 KEEP_ALIVE_S = 5  # an idle keep-alive connection is closed after this
+LINGER_S = 1.0  # reading what a client still sends after its request was refused, at most
 MAX_HEADER_BYTES = 16 * 1024  # request line and headers together
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 ROUTE_METHODS = {
@@ -159,12 +160,17 @@ class QuillH11Protocol(H11Protocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._request_start = b""
+        self._lingering = False
+        self._close_now = transport.close
+        transport.close = self._close_lingering  # type: ignore[method-assign]
         self._header_timer: asyncio.TimerHandle | None = None
         if len(self.connections) > self.limits.max_connections:
             self.app = _too_many_connections  # this connection's request: a 429, then close
         self._arm_header_timer()
 
     def data_received(self, data: bytes) -> None:
+        if self._lingering:
+            return  # the rest of a refused request's body: read, so the close is no reset
         if self.conn.their_state is h11.IDLE:  # a request begins: its line, for send_400_response
             self._request_start = data[:256]
         super().data_received(data)
@@ -181,6 +187,19 @@ class QuillH11Protocol(H11Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm_header_timer()
         super().connection_lost(exc)
+
+    def _close_lingering(self) -> None:
+        """Close; but while the client may still be sending a body the server never read (a
+        413 or 400 answered first), end the writing side and read on for a moment before the
+        close: closing with unread bytes sends a reset, which can destroy the answer before the
+        client reads it (nginx's lingering close)."""
+        if self._lingering or self.conn.their_state is not h11.SEND_BODY:
+            self._close_now()
+            return
+        self._lingering = True
+        with contextlib.suppress(OSError, RuntimeError, NotImplementedError):
+            self.transport.write_eof()
+        self.loop.call_later(LINGER_S, self._close_now)
 
     def _arm_header_timer(self) -> None:
         if self._header_timer is None:

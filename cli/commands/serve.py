@@ -290,7 +290,7 @@ def serve(
     catalog = ServeCatalog(files, everything, options, settings, max_queue, park_bytes, store_bytes)
     pool = _model_pool(catalog, keep_alive_s, max_models, limit)
     pool.aliases = dict.fromkeys(alias[1:], alias[0]) if alias else {}
-    pool.strict = strict_model
+    pool.strict = strict_model or everything  # serving the whole disk: names must match
     socks = _listen(hosts, port)
     # No model named: none is loaded yet, and a request may use any model's context.
     n_ctx = _open_first_model(catalog, pool) if named else context_size(ctx, None)
