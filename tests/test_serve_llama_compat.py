@@ -263,7 +263,14 @@ def test_chat_template_takes_llama_cpps_built_in_names(tiny_models, quill_home, 
     """--chat-template NAME (llama-server's): a name that is no file but one of llama.cpp's
     built-in templates renders through it; any other name is one line saying what it takes."""
     process, url = start_server(
-        quill_home, tmp_path, str(tiny_models[0]), "--chat-template", "command-r", "--ctx", "256"
+        # --chat-template-file: llama-server's spelling of the same option
+        quill_home,
+        tmp_path,
+        str(tiny_models[0]),
+        "--chat-template-file",
+        "command-r",
+        "--ctx",
+        "256",
     )
     try:
         messages = [{"role": "system", "content": "You are a test."},
