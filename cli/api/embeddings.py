@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from cli.api.server import bad_request, text_field
+from cli.api.server import bad_request, is_token_id, text_field
 from cli.engine.embedding import Embedder, Embedding
 from cli.engine.embedqueue import EmbeddingJob, EmbeddingScheduler
 from cli.errors import TextTooLongError
@@ -78,7 +78,7 @@ def _tokens_of(text: str, embedder: Embedder, where: str) -> list[int]:
 def _checked_ids(ids: Sequence[Any], embedder: Embedder, where: str) -> list[int]:
     n_vocab = embedder.vocabulary.n_vocab
     for token in ids:
-        if not isinstance(token, int) or isinstance(token, bool) or not 0 <= token < n_vocab:
+        if not is_token_id(token, n_vocab):
             raise bad_request(
                 f"'{where}' holds {token!r}, which is not a token id of this model "
                 f"(0 to {n_vocab - 1})",

@@ -27,6 +27,7 @@ from cli.api.server import (
     ServedRequest,
     ServerLimits,
     bad_request,
+    is_token_id,
     parse_request,
     shown_json,
     text_field,
@@ -146,7 +147,7 @@ def _mixed_tokens(prompt: list, engine: Engine) -> list[int]:
                 tokens += engine.tokenize(text)
             else:
                 tokens += engine.vocabulary.tokenize_bytes(text.encode("utf-8"), False)
-        elif isinstance(item, int) and not isinstance(item, bool) and 0 <= item < size:
+        elif is_token_id(item, size):
             tokens.append(item)
         else:
             raise bad_request(

@@ -93,6 +93,11 @@ def bad_request(message: str, param: str | None = None, code: str | None = None)
     return ApiError(HTTPStatus.BAD_REQUEST, message, code, param)
 
 
+def is_token_id(value: Any, n_vocab: int) -> bool:
+    """Whether a JSON value is a token id of a vocabulary of n_vocab tokens (true is no id)."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < n_vocab
+
+
 def context_exceeded(prompt_tokens: int, n_ctx: int, param: str) -> ApiError:
     """A prompt longer than a request's context: OpenAI's code, llama-server's type and fields."""
     return ApiError(
@@ -429,7 +434,7 @@ def _biased_tokens(key: Any, engine: Engine) -> list[int]:
     if isinstance(key, str) and key.strip().lstrip("-").isdigit():
         key = int(key)
     if isinstance(key, int) and not isinstance(key, bool):
-        if not 0 <= key < engine.n_vocab:
+        if not is_token_id(key, engine.n_vocab):
             raise bad_request(
                 f"logit_bias names token {key}, which this model's vocabulary (0 to "
                 f"{engine.n_vocab - 1}) lacks",

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from cli.api.server import ServerLimits, bad_request, text_field, typed_field
+from cli.api.server import ServerLimits, bad_request, is_token_id, text_field, typed_field
 
 if TYPE_CHECKING:
     from cli.engine.engine import Engine
@@ -53,7 +53,7 @@ def detokenize(body: dict, engine: Engine, limits: ServerLimits) -> dict[str, An
         raise bad_request(f"'tokens' has over {MAX_DETOKENIZE_TOKENS} ids", "tokens")
     size = engine.vocabulary.n_vocab
     for index, token in enumerate(tokens):
-        if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token < size:
+        if not is_token_id(token, size):
             raise bad_request(
                 f"tokens[{index}] is not a token id of this model (0 to {size - 1})", "tokens"
             )
