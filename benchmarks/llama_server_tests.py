@@ -46,7 +46,7 @@ RENAMED = {"-ctk": "--kv-k", "-ctv": "--kv-v", "--cors-origins": "--cors",
 # Flags that ask for what quill always does, or mean nothing to it: dropped (with their value).
 # (--embedding, --reranking: quill serves an embedding or reranker model's routes by its kind.)
 DROPPED = {"--cont-batching": 0, "--jinja": 0, "--no-jinja": 0, "--no-ui": 0,
-           "--batch-size": 1, "--ubatch-size": 1, "--embedding": 0,
+           "--ubatch-size": 1, "--embedding": 0,
            "--reranking": 0, "--kv-unified": 0, "--swa-full": 0, "-fa": 1}  # fmt: skip
 
 SHIM = '''#!{python}

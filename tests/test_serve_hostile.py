@@ -186,6 +186,7 @@ def test_a_stopped_scheduler_makes_health_say_so_and_requests_503_at_once(tiny_p
         (["--ctx", "16", "--parallel", "17"], "use --parallel 16 or less, or raise --ctx"),
         (["--ctx", "2048", "--parallel", "600"], "use --parallel 512 or less"),
         (["--ctx", "512", "--parallel", "300"], "sequences llama.cpp can decode together"),
+        (["--batch-size", "4", "--parallel", "6"], "use --parallel 4 or less or a larger --batch"),
     ],
 )
 def test_parallel_beyond_the_batch_is_refused_before_loading(quill_home, args, needle):

@@ -18,6 +18,7 @@ from conftest import raw_exchange, start_server
 from tinymodel import write_tiny_llama
 
 CTX = 512
+BATCH = 16  # --batch-size: a prompt of a few dozen tokens prefills over several steps
 PROMPT = "the old merchant watches the quiet harbour"
 GREEDY = {"temperature": 0, "ignore_eos": True}  # a reply of exactly n_predict tokens
 
@@ -28,7 +29,7 @@ def server(quill_home, tmp_path_factory) -> Iterator[str]:
     model = write_tiny_llama(folder / "tiny.gguf", n_layer=1)
     process, url = start_server(
         quill_home, folder, str(model),
-        "--ctx", str(CTX), "--parallel", "2", "--body-timeout", "1",
+        "--ctx", str(CTX), "--parallel", "2", "--body-timeout", "1", "--batch-size", str(BATCH),
     )  # fmt: skip
     yield url
     process.terminate()
@@ -174,6 +175,77 @@ def test_the_stream_sends_a_frame_per_token_and_a_last_one_with_the_whole_reply(
     assert last["content"] == "" and last["tokens"] == []  # sent already, as llama-server does
     assert last["tokens_predicted"] == last["timings"]["predicted_n"] == 6
     assert last["generation_settings"]["stream"] is True and "prompt" in last
+
+
+def stream_frames(server: str, path: str, body: dict) -> list[dict]:
+    with httpx.stream("POST", f"{server}{path}", json={**body, "stream": True}, timeout=60) as r:
+        assert r.status_code == 200
+        text = r.read().decode()
+    datas = [line.removeprefix("data: ") for line in text.splitlines() if line.startswith("data:")]
+    return [json.loads(data) for data in datas if data != "[DONE]"]
+
+
+LONG_PROMPT = "a long road winter market seven green lanterns by the quiet harbour " * 5
+
+
+def test_return_progress_tells_the_prefill_batch_by_batch_before_any_text(server):
+    body = {"prompt": LONG_PROMPT, "n_predict": 3, "cache_prompt": False, **GREEDY}
+    frames = stream_frames(server, "/completion", {**body, "return_progress": True,
+                                                   "timings_per_token": True})  # fmt: skip
+    progress = [frame for frame in frames if "prompt_progress" in frame]
+    total = len(token_ids(server, LONG_PROMPT))
+    # One before the first batch, then one after each batch of at most --batch-size tokens.
+    assert len(progress) == 1 + math.ceil(total / BATCH)
+    told = [frame["prompt_progress"] for frame in progress]
+    assert told[0] == {"total": total, "cache": 0, "processed": 0, "time_ms": 0}
+    processed = [one["processed"] for one in told]
+    assert processed == [*range(0, total, BATCH), total]
+    assert all(one["total"] == total and one["cache"] == 0 for one in told)
+    times = [one["time_ms"] for one in told]
+    assert times == sorted(times) and times[-1] > 0
+    assert progress[0]["timings"]["prompt_n"] == progress[0]["timings"]["prompt_ms"] == 0
+    assert progress[-1]["timings"]["prompt_n"] == total and progress[-1]["content"] == ""
+    first_text = next(i for i, frame in enumerate(frames) if frame.get("tokens"))
+    assert first_text > frames.index(progress[-1])  # the prefill is told before the reply
+    # A cached prompt starts where its cache ends; unasked, or not streamed, nothing is told.
+    complete(server, {**body, "cache_prompt": True})
+    cached = [frame["prompt_progress"] for frame in stream_frames(
+        server, "/completion", {**body, "cache_prompt": True, "return_progress": True}
+    ) if "prompt_progress" in frame]  # fmt: skip
+    assert cached[0]["cache"] == cached[0]["processed"] == total - 1  # the last one is decoded
+    assert cached[-1]["processed"] == total and len(cached) == 2
+    assert not any(
+        "prompt_progress" in frame for frame in stream_frames(server, "/completion", body)
+    )
+    whole = complete(server, {**body, "return_progress": True})
+    assert "prompt_progress" not in whole and whole["tokens_predicted"] == 3
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": "chat " + LONG_PROMPT}]},
+        ),
+        ("/v1/completions", {"prompt": "completions " + LONG_PROMPT}),
+        ("/v1/responses", {"input": "responses " + LONG_PROMPT}),
+    ],
+)
+def test_return_progress_on_the_openai_routes(server, path, body):
+    asked = {**body, "max_tokens": 2, "temperature": 0, "return_progress": True}
+    if path == "/v1/responses":
+        asked = {**body, "max_output_tokens": 2, "return_progress": True}
+    frames = stream_frames(server, path, asked)
+    told = [frame["prompt_progress"] for frame in frames if "prompt_progress" in frame]
+    assert len(told) >= 3 and told[-1]["processed"] == told[-1]["total"] > BATCH
+    progress = [frame for frame in frames if "prompt_progress" in frame]
+    if path == "/v1/responses":
+        assert all(frame["type"] == "response.in_progress" for frame in progress)
+    else:  # a chunk with nothing generated
+        choices = [frame["choices"][0] for frame in progress]
+        assert all(choice.get("delta", {}).get("content") is None for choice in choices)
+        assert all(choice.get("text", "") == "" for choice in choices)
 
 
 # --- timings and the prompt cache -----------------------------------------------------------------

@@ -26,7 +26,7 @@ from cli.api.server import (
     text_field,
     typed_field,
 )
-from cli.engine.events import StreamEvent
+from cli.engine.events import PromptProgress, StreamEvent
 
 if TYPE_CHECKING:
     from cli.engine.engine import Engine
@@ -508,6 +508,10 @@ class AnthropicReply:
             status = HTTPStatus.SERVICE_UNAVAILABLE
         failed = ApiError(status, str(detail.get("message", "the reply failed")))
         return _event("error", anthropic_error(failed))
+
+    def progress(self, progress: PromptProgress) -> list[bytes]:
+        """Nothing: Anthropic's stream has no event for a prompt's progress."""
+        return []
 
     def _delta_frames(self, delta: dict[str, Any]) -> list[bytes]:
         """The frames of one of ChatReply's deltas."""

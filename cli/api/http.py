@@ -63,7 +63,7 @@ from cli.api.server import (
 from cli.api.tokens import detokenize, tokenize
 from cli.engine.batching import BatchScheduler, SchedulerStoppedError
 from cli.engine.embedqueue import EmbeddingScheduler
-from cli.engine.events import StreamEvent
+from cli.engine.events import PromptProgress, StreamEvent
 from cli.errors import InvalidOutputError, QueueFullError, UsageError
 
 if TYPE_CHECKING:
@@ -902,6 +902,8 @@ class QuillApp:
                     error = _request_failed(item)
                     events.outcome = str(error.status)
                     raise error
+                if isinstance(item, PromptProgress):  # asked for by streams only
+                    continue
                 events.took(item)
                 pieces.append(item)
         finally:
@@ -918,7 +920,8 @@ class QuillApp:
             while True:
                 item = await events.get()
                 await merged.put((index, item))
-                if isinstance(item, BaseException) or item.finish_reason is not None:
+                finished = isinstance(item, StreamEvent) and item.finish_reason is not None
+                if finished or isinstance(item, BaseException):
                     return
 
         forwarders = [asyncio.ensure_future(forward(i, q)) for i, q in enumerate(queues)]
@@ -937,6 +940,10 @@ class QuillApp:
                         one.outcome = f"200, then {error.status}"
                     yield replies[index].failure(error.body())
                     return
+                if isinstance(item, PromptProgress):
+                    for frame in replies[index].progress(item):
+                        yield frame
+                    continue
                 events.took(item)
                 first_at[index] = first_at[index] or time.perf_counter()
                 queued_s = (first_at[index] - received) - item.prefill_s

@@ -22,7 +22,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from cli.api.replies import sse
+from cli.api.replies import progress_json, progress_timings, sse, timings
 from cli.api.server import (
     ServedRequest,
     ServerLimits,
@@ -33,7 +33,7 @@ from cli.api.server import (
     text_field,
     typed_field,
 )
-from cli.engine.events import Candidate, StreamEvent, TokenLogprobs
+from cli.engine.events import Candidate, PromptProgress, StreamEvent, TokenLogprobs
 
 if TYPE_CHECKING:
     from cli.engine.engine import Engine
@@ -43,7 +43,7 @@ if TYPE_CHECKING:
 SHARED_FIELDS = (
     "temperature", "top_k", "top_p", "min_p", "repeat_penalty", "presence_penalty",
     "frequency_penalty", "seed", "stop", "n_probs", "cache_prompt", "stream", "ignore_eos",
-    "grammar", "json_schema", "logit_bias",
+    "grammar", "json_schema", "logit_bias", "return_progress",
 )  # fmt: skip
 # llama-server's samplers that quill does not have, at the values that turn them off: what a
 # request ran with, whatever it asked of them.
@@ -262,6 +262,22 @@ class NativeReply:
     def failure(self, error: dict[str, Any]) -> bytes:
         return sse(error)
 
+    def progress(self, progress: PromptProgress) -> list[bytes]:
+        """A frame with no content and the prompt's progress (its timings where asked)."""
+        frame: dict[str, Any] = {
+            "index": self.served.choice,
+            "content": "",
+            "tokens": [],
+            "stop": False,
+            "id_slot": self.served.id_slot,
+            "tokens_predicted": 0,
+            "tokens_evaluated": progress.total,
+            "prompt_progress": progress_json(progress),
+        }
+        if self.timings_per_token:
+            frame["timings"] = progress_timings(progress)
+        return [sse(frame)]
+
     def _final(self, last: StreamEvent, content: str, tokens: list[int]) -> dict[str, Any]:
         has_new_line = self.has_new_line or "\n" in content
         return {
@@ -330,31 +346,6 @@ def _stop_type(last: StreamEvent) -> str:
     if last.stop_string is not None:
         return "word"
     return STOP_TYPES[last.finish_reason or "stop"]
-
-
-def timings(last: StreamEvent) -> dict[str, float]:
-    """llama-server's timings: prompt_n counts the tokens prefilled (cache_n those reused), and
-    the generation's rates are over its decode steps (the first token comes from the prefill's
-    logits); 0 where nothing was measured, so that every value is finite."""
-    prompt_n = last.prompt_tokens - last.cached_prompt_tokens
-    prompt_ms = max(last.prefill_s, 0.0) * 1000
-    steps = max(last.generation_tokens - 1, 0)
-    predicted_ms = max(last.decode_s, 0.0) * 1000
-    return {
-        "cache_n": last.cached_prompt_tokens,
-        "prompt_n": prompt_n,
-        "prompt_ms": prompt_ms,
-        "prompt_per_token_ms": _per(prompt_ms, prompt_n),
-        "prompt_per_second": _per(prompt_n * 1000, prompt_ms),
-        "predicted_n": last.generation_tokens,
-        "predicted_ms": predicted_ms,
-        "predicted_per_token_ms": _per(predicted_ms, steps),
-        "predicted_per_second": _per(steps * 1000, predicted_ms),
-    }
-
-
-def _per(amount: float, count: float) -> float:
-    return amount / count if amount > 0 and count > 0 else 0.0
 
 
 def _probability(entry: TokenLogprobs) -> dict[str, Any]:

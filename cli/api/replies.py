@@ -12,7 +12,7 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from cli.engine.events import Candidate, StreamEvent, TokenLogprobs
+from cli.engine.events import Candidate, PromptProgress, StreamEvent, TokenLogprobs
 from cli.engine.reasoning import ReasoningSplitter, prompt_opens_thinking
 from cli.engine.toolcalls import (
     HERMES_CLOSE,
@@ -237,6 +237,10 @@ class ReplyWriter:
         """The frame that ends a stream which failed after it began (error: its error body)."""
         return sse(error)
 
+    def progress(self, progress: PromptProgress) -> list[bytes]:
+        """A chunk with nothing generated, and llama-server's prompt_progress."""
+        return [sse({**self.chunk(None), "prompt_progress": progress_json(progress)})]
+
     def _finish_reason(self, last: StreamEvent) -> str | None:
         return self.reply.finish_reason(last.finish_reason) if self.reply else last.finish_reason
 
@@ -249,9 +253,7 @@ class ReplyWriter:
 
     @staticmethod
     def _totals(last: StreamEvent, queued_s: float) -> dict[str, Any]:
-        """OpenAI's usage, and llama-server's timings (cache_n: prompt tokens reused from the
-        slot's cache, prompt_n: those prefilled) plus TTFT and where the cached tokens came
-        from: cache_memory_n (a slot, a parked cache) and cache_disk_n (the KV store)."""
+        """OpenAI's usage, and llama-server's timings plus TTFT."""
         return {
             "usage": {
                 "prompt_tokens": last.prompt_tokens,
@@ -260,15 +262,7 @@ class ReplyWriter:
                 "prompt_tokens_details": {"cached_tokens": last.cached_prompt_tokens},
             },
             "timings": {
-                "cache_n": last.cached_prompt_tokens,
-                "cache_memory_n": last.cached_prompt_tokens - last.restored_prompt_tokens,
-                "cache_disk_n": last.restored_prompt_tokens,
-                "prompt_n": last.prompt_tokens - last.cached_prompt_tokens,
-                "prompt_ms": last.prefill_s * 1000,
-                "prompt_per_second": last.prefill_tokens_per_s,
-                "predicted_n": last.generation_tokens,
-                "predicted_ms": last.decode_s * 1000,
-                "predicted_per_second": last.decode_tokens_per_s,
+                **timings(last),
                 "ttft_ms": (max(queued_s, 0.0) + last.prefill_s) * 1000,
             },
         }
@@ -285,6 +279,51 @@ def merged_choices(bodies: list[dict[str, Any]]) -> dict[str, Any]:
     usage = {**first["usage"], "completion_tokens": completion, "total_tokens": prompt + completion}
     choices = [choice for body in bodies for choice in body["choices"]]
     return {**first, "choices": choices, "usage": usage}
+
+
+def timings(last: StreamEvent) -> dict[str, float]:
+    """llama-server's timings of a reply so far: cache_n counts the prompt tokens reused
+    (cache_memory_n from a slot or a parked cache, cache_disk_n from the KV store), prompt_n
+    those prefilled; the generation's rates are over its decode steps (the first token comes
+    from the prefill's logits); 0 where nothing was measured, so that every value is finite."""
+    prompt_n = last.prompt_tokens - last.cached_prompt_tokens
+    return {
+        "cache_n": last.cached_prompt_tokens,
+        "cache_memory_n": last.cached_prompt_tokens - last.restored_prompt_tokens,
+        "cache_disk_n": last.restored_prompt_tokens,
+        **_rates("prompt", prompt_n, prompt_n, last.prefill_s),
+        **_rates("predicted", last.generation_tokens, last.generation_tokens - 1, last.decode_s),
+    }
+
+
+def progress_timings(progress: PromptProgress) -> dict[str, float]:
+    """The timings of a request still prefilling: nothing generated yet."""
+    prompt_n = progress.processed - progress.cached
+    return {
+        "cache_n": progress.cached,
+        **_rates("prompt", prompt_n, prompt_n, progress.elapsed_s),
+        **_rates("predicted", 0, 0, 0.0),
+    }
+
+
+def _rates(name: str, count: int, steps: int, seconds: float) -> dict[str, float]:
+    ms = max(seconds, 0.0) * 1000
+    return {
+        f"{name}_n": count,
+        f"{name}_ms": ms,
+        f"{name}_per_token_ms": ms / steps if ms > 0 and steps > 0 else 0.0,
+        f"{name}_per_second": steps * 1000 / ms if ms > 0 and steps > 0 else 0.0,
+    }
+
+
+def progress_json(progress: PromptProgress) -> dict[str, Any]:
+    """llama-server's prompt_progress object."""
+    return {
+        "total": progress.total,
+        "cache": progress.cached,
+        "processed": progress.processed,
+        "time_ms": progress.elapsed_s * 1000,
+    }
 
 
 def sse(payload: dict) -> bytes:

@@ -20,7 +20,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from cli.api.replies import ChatReply
+from cli.api.replies import ChatReply, progress_json, progress_timings, timings
 from cli.api.server import (
     SAMPLING_RANGES,
     ApiError,
@@ -32,7 +32,7 @@ from cli.api.server import (
     text_field,
     typed_field,
 )
-from cli.engine.events import StreamEvent
+from cli.engine.events import PromptProgress, StreamEvent
 from cli.engine.sampling import SamplingParams
 
 if TYPE_CHECKING:
@@ -135,6 +135,7 @@ class ResponsesRequest(ServedRequest):
     conversation: list[Item] = field(default_factory=list)  # input items, the history first
     echo: dict[str, Any] = field(default_factory=dict)  # the request's settings, as echoed
     store: bool = True
+    timings_per_token: bool = False  # llama-server's: timings on each delta, as on /completion
 
 
 class ResponsesApi:
@@ -160,6 +161,7 @@ class ResponsesApi:
             conversation=conversation,
             echo=echoed_settings(body, instructions),
             store=typed_field(body, "store", bool, True),
+            timings_per_token=typed_field(body, "timings_per_token", bool, False),
         )
 
     def reply_format(self, body: dict, served: ServedRequest, model_name: str) -> ResponseWriter:
@@ -308,6 +310,7 @@ def _chat_body(body: dict, messages: list[dict[str, Any]]) -> dict[str, Any]:
     """The chat-completions body parse_request reads for this request."""
     _check_settings(body)
     chat: dict[str, Any] = {"messages": messages, "stream": body.get("stream")}
+    chat["return_progress"] = body.get("return_progress")  # llama-server's
     chat["max_tokens"] = body.get("max_output_tokens")
     # the sampling fields: temperature and top_p are the Responses API's, the rest
     # llama-server's extensions (seed, top_k, ...), read as on /v1/chat/completions
@@ -631,10 +634,24 @@ class ResponseWriter:
 
     def frames(self, event: StreamEvent, queued_s: float) -> list[bytes]:
         told = self._feed(event)
+        if self.request.timings_per_token:
+            told = [{**one, "timings": timings(event)} for one in told]
         if event.finish_reason is not None:
             response = self._finish(event)
-            told.append({"type": f"response.{response['status']}", "response": response})
+            told.append(
+                {"type": f"response.{response['status']}", "response": response,
+                 "timings": timings(event)}
+            )  # fmt: skip
         return [self._sse(one) for one in told]
+
+    def progress(self, progress: PromptProgress) -> list[bytes]:
+        """response.in_progress again, with llama-server's prompt_progress."""
+        response = self._response("in_progress", [], None)
+        told = {"type": "response.in_progress", "response": response,
+                "prompt_progress": progress_json(progress)}  # fmt: skip
+        if self.request.timings_per_token:
+            told["timings"] = progress_timings(progress)
+        return [self._sse(told)]
 
     def failure(self, error: dict[str, Any]) -> bytes:
         """A stream that failed after it began: OpenAI's error event, then response.failed

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from cli.api.replies import ChatReply, ReplyWriter
 from cli.engine.batching import BatchRequest, BatchScheduler
-from cli.engine.events import MAX_TOP_LOGPROBS, StreamEvent
+from cli.engine.events import MAX_TOP_LOGPROBS, PromptProgress, StreamEvent
 from cli.engine.sampling import SamplingParams
 from cli.engine.structured import (
     Constraint,
@@ -281,6 +281,10 @@ class ReplyFormat(Protocol):
         """The event that ends a stream which failed after it began (error: its error body)."""
         ...
 
+    def progress(self, progress: PromptProgress) -> list[bytes]:
+        """The Server-Sent Events that tell a prompt's prefill progress (return_progress)."""
+        ...
+
 
 class GenerationApi(Protocol):
     """One API's generation route: its request body read into a request for the scheduler,
@@ -383,6 +387,7 @@ def parse_request(
     max_tokens = min(max_tokens, engine.n_ctx - len(tokens))
     cache_prompt = typed_field(body, "cache_prompt", bool, True)  # llama-server's, on by default
     logprobs = _logprobs_request(body, chat)
+    progress = typed_field(body, "return_progress", bool, False)  # llama-server's, streams only
     return ServedRequest(
         tokens,
         max_tokens,
@@ -390,6 +395,7 @@ def parse_request(
         stop,
         cache_prompt=cache_prompt,
         logprobs=logprobs,
+        progress=progress and bool(body.get("stream")),
         reply=reply,
     )
 

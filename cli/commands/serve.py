@@ -13,6 +13,7 @@ import typer
 from cli.commands import options as shared
 from cli.commands.cache import DEFAULT_CACHE_MAX, CacheMax
 from cli.commands.templating import ChatTemplateFile, Think, read_template_option
+from cli.engine.options import DEFAULT_BATCH
 from cli.errors import UsageError
 
 if TYPE_CHECKING:
@@ -164,6 +165,16 @@ def serve(
             f"its slots share. {shared.CTX_DEFAULT_HELP}",
         ),
     ] = None,
+    batch_size: Annotated[
+        int,
+        typer.Option(
+            "-b",
+            "--batch-size",
+            min=1,
+            help="Most tokens decoded in one step, prompts' and replies' together (at most "
+            "--ctx): smaller steps keep replies flowing while a long prompt prefills.",
+        ),
+    ] = DEFAULT_BATCH,
     slots_listed: Annotated[
         bool,
         typer.Option(
@@ -273,7 +284,8 @@ def serve(
     options = shared.load_options(
         ctx, threads, gpu_layers, kv_type, kv_k, kv_v, rpc, parallel=parallel
     )
-    check_parallel(parallel, ctx)
+    options = replace(options, n_batch=batch_size)
+    check_parallel(parallel, ctx, batch_size)
     max_connections = open_file_room(max_connections)
     http_limits = _http_limits(
         hosts, max_connections, header_timeout, body_timeout, drain_timeout, cors
@@ -553,20 +565,21 @@ def duration_option(option: str, text: str) -> float:
         raise UsageError(f"{option}: {error}") from None
 
 
-def check_parallel(parallel: int, ctx: int | None) -> None:
+def check_parallel(parallel: int, ctx: int | None, n_batch: int = DEFAULT_BATCH) -> None:
     """Refuse a --parallel that llama.cpp would abort on: every decoding sequence puts a token
-    with logits into each batch, and a batch holds at most min(512, --ctx) tokens."""
+    with logits into each batch, and a batch holds at most min(--batch-size, --ctx) tokens."""
     import llama_cpp
 
-    from cli.engine.options import LoadOptions, context_size
+    from cli.engine.options import context_size
 
-    ctx, n_batch = context_size(ctx, None), LoadOptions().n_batch
+    ctx = context_size(ctx, None)
     batch = min(n_batch, ctx)
     if parallel > batch:
         raise UsageError(
             f"--parallel {parallel} needs a batch of {parallel} tokens, but batches hold "
-            f"{batch} (the smaller of 512 and --ctx {ctx}): use --parallel {batch} or less"
-            + (", or raise --ctx" if ctx < n_batch else "")
+            f"{batch} (the smaller of --batch-size {n_batch} and --ctx {ctx}): use --parallel "
+            f"{batch} or less"
+            + (", or raise --ctx" if ctx < n_batch else " or a larger --batch-size")
         )
     most = int(llama_cpp.llama_max_parallel_sequences())
     if parallel > most:

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cli.engine.engine import Engine
-from cli.engine.events import StreamEvent
+from cli.engine.events import PromptProgress, StreamEvent
 from cli.engine.kvcache import DecodeError
 from cli.engine.sampling import SamplingParams
 from cli.engine.settings import PromptCache
@@ -67,12 +67,16 @@ class BatchRequest:
     max_tokens: int
     sampling: SamplingParams = field(default_factory=SamplingParams)
     stop: Sequence[str] = ()
-    events: queue.Queue[StreamEvent | BaseException] = field(default_factory=queue.Queue)
+    # PromptProgress only where progress is asked for; stream() passes over them
+    events: queue.Queue[StreamEvent | PromptProgress | BaseException] = field(
+        default_factory=queue.Queue
+    )
     cancelled: threading.Event = field(default_factory=threading.Event)
     cache_prompt: bool = True  # False: prefill the whole prompt, reusing no slot's cache
     cached_tokens: int = 0  # prompt tokens found in the slot's cache, set when admitted
     restored_tokens: int = 0  # of cached_tokens, those loaded from the KV store on disk
     logprobs: int | None = None  # alternatives per token's logprobs; None: no logprobs
+    progress: bool = False  # also put a PromptProgress when admitted and after each prompt batch
 
     def stream(self) -> Iterator[StreamEvent]:
         """The events of this request, as they are made; the last has finish_reason set."""
@@ -80,6 +84,8 @@ class BatchRequest:
             item = self.events.get()
             if isinstance(item, BaseException):
                 raise item
+            if isinstance(item, PromptProgress):
+                continue
             yield item
             if item.finish_reason is not None:
                 return
@@ -302,7 +308,8 @@ class BatchScheduler:
                 request.events.put(error)
                 continue
             step.restored_prompt_tokens = request.restored_tokens
-            self._slots[index] = _Slot(request, step, deque(prompt[cached:]))
+            self._slots[index] = slot = _Slot(request, step, deque(prompt[cached:]))
+            self._tell_progress(slot)
 
     def _restore_from_store(self, index: int, prompt: list[int]) -> bool:
         """Load into slot index the kept state that spares the most of prompt's prefill, where
@@ -446,7 +453,10 @@ class BatchScheduler:
             if not slot.pending and slot.step.generated:  # decoding: feed back the last token
                 items.append((index, slot.last_token, True))
                 owners.append(slot)
+        prefilling = []
         for index, slot in busy:
+            if slot.pending and len(items) < capacity:
+                prefilling.append(slot)
             while slot.pending and len(items) < capacity:
                 token = slot.pending.popleft()
                 items.append((index, token, not slot.pending))
@@ -466,6 +476,8 @@ class BatchScheduler:
         self.max_sequences_in_a_step = max(
             self.max_sequences_in_a_step, sum(slot.output >= 0 for _, slot in busy)
         )
+        for slot in prefilling:
+            self._tell_progress(slot)
         for index, slot in busy:
             if slot.output >= 0:
                 try:
@@ -473,6 +485,17 @@ class BatchScheduler:
                 except Exception as error:  # this request's failure, not the server's
                     slot.request.events.put(error)
                     self._free(index, keep_cache=False)
+
+    @staticmethod
+    def _tell_progress(slot: _Slot) -> None:
+        request, step = slot.request, slot.step
+        if request.progress:
+            done = step.prompt_tokens - len(slot.pending)
+            prefilled = done > step.cached_prompt_tokens  # no time before the first batch
+            elapsed_s = time.perf_counter() - step.started if prefilled else 0.0
+            request.events.put(
+                PromptProgress(step.prompt_tokens, step.cached_prompt_tokens, done, elapsed_s)
+            )
 
     def _sample(self, index: int, slot: _Slot) -> None:
         event = slot.step.sample(slot.output)

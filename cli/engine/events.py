@@ -30,6 +30,18 @@ class TokenLogprobs:
 
 
 @dataclass(frozen=True)
+class PromptProgress:
+    """How far a request's prompt is prefilled (llama-server's prompt_progress): made when the
+    scheduler admits it (processed == cached) and after each batch that decoded some of it,
+    for the requests that ask (BatchRequest.progress)."""
+
+    total: int  # the prompt's tokens
+    cached: int  # of those, found in the cache
+    processed: int  # cached ones included
+    elapsed_s: float  # since the request was admitted
+
+
+@dataclass(frozen=True)
 class StreamEvent:  # one step of generation; the last has finish_reason set
     text: str  # text released by this step ("" while a possible stop string is held back)
     token: int | None  # the token sampled at this step

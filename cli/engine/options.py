@@ -10,6 +10,7 @@ if TYPE_CHECKING:
 
 ALL_LAYERS = -1  # offload every layer
 DEFAULT_CTX = 4096
+DEFAULT_BATCH = 512  # llama.cpp's n_batch default: the most tokens one decode takes
 
 
 def context_size(requested: int | None, trained_ctx: int | None) -> int:
@@ -21,7 +22,7 @@ def context_size(requested: int | None, trained_ctx: int | None) -> int:
 @dataclass(frozen=True)
 class LoadOptions:
     n_ctx: int | None = None  # None: context_size's default
-    n_batch: int = 512
+    n_batch: int = DEFAULT_BATCH
     threads: int | None = None  # None: physical cores that other work leaves free
     gpu_layers: int = 0  # ALL_LAYERS offloads every layer
     kv_type_k: str = "f16"
