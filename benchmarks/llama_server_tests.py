@@ -44,10 +44,12 @@ FILES = [
 RENAMED = {"-ctk": "--kv-k", "-ctv": "--kv-v", "--cors-origins": "--cors",
            "--n-gpu-layers": "--gpu-layers"}  # fmt: skip
 # Flags that ask for what quill always does, or mean nothing to it: dropped (with their value).
-# (--embedding, --reranking: quill serves an embedding or reranker model's routes by its kind.)
+# (--embedding, --reranking: quill serves an embedding or reranker model's routes by its kind;
+# --backend_sampling: quill samples on the CPU, whatever runs the model.)
 DROPPED = {"--cont-batching": 0, "--jinja": 0, "--no-jinja": 0, "--no-ui": 0,
            "--ubatch-size": 1, "--embedding": 0,
-           "--reranking": 0, "--kv-unified": 0, "--swa-full": 0, "-fa": 1}  # fmt: skip
+           "--reranking": 0, "--kv-unified": 0, "--swa-full": 0, "-fa": 1,
+           "--backend_sampling": 0}  # fmt: skip
 
 SHIM = '''#!{python}
 """llama-server's command line, run as {target}: see benchmarks/llama_server_tests.py."""

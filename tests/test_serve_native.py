@@ -140,6 +140,37 @@ def test_n_probs_gives_each_token_its_sorted_alternatives(server):
     assert "completion_probabilities" not in complete(server, {"prompt": PROMPT, "n_predict": 2})
 
 
+def test_post_sampling_probs_are_of_what_the_sampler_chain_drew_from(server):
+    body = {"prompt": PROMPT, "n_predict": 6, "n_probs": 5, "post_sampling_probs": True,
+            "ignore_eos": True, "seed": 7}  # fmt: skip
+    # top_k 3: at most three tokens can be drawn at each step, whatever their raw logits say
+    reply = complete(server, {**body, "temperature": 1.0, "top_k": 3, "min_p": 0, "top_p": 1})
+    assert reply["generation_settings"]["post_sampling_probs"] is True
+    for entry in reply["completion_probabilities"]:
+        top = entry["top_probs"]
+        assert "logprob" not in entry and "top_logprobs" not in entry
+        assert 1 <= len(top) <= 3 and all(0 < c["prob"] <= 1 for c in top)
+        assert sum(c["prob"] for c in top) == pytest.approx(1.0)  # the whole distribution
+        assert [c["prob"] for c in top] == sorted((c["prob"] for c in top), reverse=True)
+        assert entry["id"] in [c["id"] for c in top]  # the token was drawn from these
+        assert entry["prob"] == next(c["prob"] for c in top if c["id"] == entry["id"])
+    # The same seed draws the same tokens with and without the probabilities read.
+    plain = complete(server, {**body, "temperature": 1.0, "top_k": 3, "min_p": 0, "top_p": 1,
+                              "post_sampling_probs": False, "return_tokens": True})  # fmt: skip
+    assert [e["id"] for e in reply["completion_probabilities"]] == plain["tokens"]
+    # Greedy draws the best token for certain.
+    greedy = complete(server, {**body, "temperature": 0})
+    for entry in greedy["completion_probabilities"]:
+        alone = {key: entry[key] for key in ("id", "token", "bytes", "prob")}
+        assert entry["prob"] == 1.0 and entry["top_probs"] == [alone]
+    # On the OpenAI routes the same distribution is given as logprobs.
+    chat = post(server, {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": 3,
+                         "logprobs": True, "top_logprobs": 5, "top_k": 2, "temperature": 1.0,
+                         "post_sampling_probs": True}, "/v1/chat/completions").json()  # fmt: skip
+    for entry in chat["choices"][0]["logprobs"]["content"]:
+        assert 1 <= len(entry["top_logprobs"]) <= 2
+
+
 def test_return_tokens_gives_the_generated_ids(server):
     reply = complete(server, {"prompt": PROMPT, "n_predict": 4, "return_tokens": True, **GREEDY})
     assert len(reply["tokens"]) == 4

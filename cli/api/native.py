@@ -43,7 +43,7 @@ if TYPE_CHECKING:
 SHARED_FIELDS = (
     "temperature", "top_k", "top_p", "min_p", "repeat_penalty", "presence_penalty",
     "frequency_penalty", "seed", "stop", "n_probs", "cache_prompt", "stream", "ignore_eos",
-    "grammar", "json_schema", "logit_bias", "return_progress",
+    "grammar", "json_schema", "logit_bias", "return_progress", "post_sampling_probs",
 )  # fmt: skip
 # llama-server's samplers that quill does not have, at the values that turn them off: what a
 # request ran with, whatever it asked of them.
@@ -81,7 +81,7 @@ class NativeCompletionApi:
         served = parse_request(_openai_body(body, max_tokens), engine, limits, False, tokens)
         if body.get("seed") == -1:  # llama-server's "a random seed", whatever the server's --seed
             served.sampling = dataclasses.replace(served.sampling, seed=None)
-        for name in ("return_tokens", "timings_per_token", "post_sampling_probs"):
+        for name in ("return_tokens", "timings_per_token"):
             typed_field(body, name, bool, False)  # read when replying: checked before queueing
         _response_fields(body)
         return NativeRequest(
@@ -322,7 +322,7 @@ class NativeReply:
             "grammar": sampling.grammar or "",
             "cache_prompt": served.cache_prompt,
             "timings_per_token": self.timings_per_token,
-            "post_sampling_probs": False,
+            "post_sampling_probs": served.post_sampling,
             "return_tokens": self.return_tokens,
         }
 
@@ -349,15 +349,18 @@ def _stop_type(last: StreamEvent) -> str:
 
 
 def _probability(entry: TokenLogprobs) -> dict[str, Any]:
-    """One token of completion_probabilities, as llama-server writes it."""
-    return {**_candidate(entry.chosen), "top_logprobs": [_candidate(c) for c in entry.top]}
-
-
-def _candidate(candidate: Candidate) -> dict[str, Any]:
-    logprob = candidate.logprob if math.isfinite(candidate.logprob) else LOWEST_LOGPROB
+    """One token of completion_probabilities, as llama-server writes it: logprobs, or with
+    post_sampling_probs the probabilities themselves."""
+    top = "top_probs" if entry.post_sampling else "top_logprobs"
     return {
-        "id": candidate.token,
-        "token": candidate.text,
-        "bytes": list(candidate.piece),
-        "logprob": logprob,
+        **_candidate(entry.chosen, entry.post_sampling),
+        top: [_candidate(c, entry.post_sampling) for c in entry.top],
     }
+
+
+def _candidate(candidate: Candidate, as_probability: bool) -> dict[str, Any]:
+    said = {"id": candidate.token, "token": candidate.text, "bytes": list(candidate.piece)}
+    if as_probability:
+        return {**said, "prob": math.exp(candidate.logprob)}
+    logprob = candidate.logprob if math.isfinite(candidate.logprob) else LOWEST_LOGPROB
+    return {**said, "logprob": logprob}

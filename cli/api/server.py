@@ -388,6 +388,7 @@ def parse_request(
     cache_prompt = typed_field(body, "cache_prompt", bool, True)  # llama-server's, on by default
     logprobs = _logprobs_request(body, chat)
     progress = typed_field(body, "return_progress", bool, False)  # llama-server's, streams only
+    post_sampling = typed_field(body, "post_sampling_probs", bool, False)  # llama-server's
     return ServedRequest(
         tokens,
         max_tokens,
@@ -396,6 +397,7 @@ def parse_request(
         cache_prompt=cache_prompt,
         logprobs=logprobs,
         progress=progress and bool(body.get("stream")),
+        post_sampling=post_sampling,
         reply=reply,
     )
 

@@ -77,6 +77,7 @@ class BatchRequest:
     restored_tokens: int = 0  # of cached_tokens, those loaded from the KV store on disk
     logprobs: int | None = None  # alternatives per token's logprobs; None: no logprobs
     progress: bool = False  # also put a PromptProgress when admitted and after each prompt batch
+    post_sampling: bool = False  # logprobs of what the sampler chain drew from (SequenceStep)
 
     def stream(self) -> Iterator[StreamEvent]:
         """The events of this request, as they are made; the last has finish_reason set."""
@@ -303,6 +304,7 @@ class BatchScheduler:
                     started=time.perf_counter(),
                     seq=index,
                     logprobs=request.logprobs,
+                    post_sampling=request.post_sampling,
                 )
             except Exception as error:  # this request's failure, not the server's
                 request.events.put(error)

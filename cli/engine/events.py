@@ -27,6 +27,10 @@ class TokenLogprobs:
 
     chosen: Candidate
     top: tuple[Candidate, ...]
+    # llama-server's post_sampling_probs: the logprobs are of the distribution the sampler chain
+    # drew from (after penalties, top-k/p, min-p and temperature; before a grammar), and top
+    # holds only tokens it could draw.
+    post_sampling: bool = False
 
 
 @dataclass(frozen=True)

@@ -25,11 +25,8 @@ import numpy as np
 
 from cli.engine.gbnf import GrammarError, safe_grammar
 from cli.engine.llamalog import llama_log
+from cli.engine.samplerchain import TOKEN_DATA
 from cli.errors import InvalidOutputError
-
-# llama_token_data as numpy lays it out: candidate arrays filled without a Python loop.
-TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])
-assert TOKEN_DATA.itemsize == ctypes.sizeof(llama.llama_token_data)
 
 
 class GrammarDeadEnd(InvalidOutputError):

@@ -35,6 +35,22 @@ def token_logprobs(
     return TokenLogprobs(chosen, candidates)
 
 
+def drawn_logprobs(
+    ids: np.ndarray, probs: np.ndarray, token: int, top: int, piece: Callable[[int], bytes]
+) -> TokenLogprobs:
+    """token's log-probability in the distribution a sampler chain drew it from (ids, probs:
+    ChainDistribution's), and the top most likely of the tokens it could draw."""
+    drawable = probs > 0
+    ids, logprobs = ids[drawable], np.log(probs[drawable])
+    order = np.lexsort((ids, -logprobs))[: max(top, 0)]
+    candidates = tuple(
+        Candidate(int(ids[i]), piece(int(ids[i])), float(logprobs[i])) for i in order
+    )
+    where = np.flatnonzero(ids == token)
+    chosen = float(logprobs[where[0]]) if len(where) else float("-inf")  # a grammar's pick
+    return TokenLogprobs(Candidate(token, piece(token), chosen), candidates, post_sampling=True)
+
+
 class HeldLogprobs:
     """One sequence's token entries, each kept as the (first char, end char) its piece decodes
     to in the reply, until the text stream releases that text (a possible stop string holds

@@ -3,11 +3,17 @@ imports the params at start-up, and building a chain needs llama.cpp loaded."""
 
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Sequence
 
 import llama_cpp as llama
+import numpy as np
 
 from cli.engine.sampling import SamplingParams
+
+# llama_token_data as numpy lays it out: candidate arrays filled without a Python loop.
+TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])
+assert TOKEN_DATA.itemsize == ctypes.sizeof(llama.llama_token_data)
 
 
 def sampler_chain(
@@ -69,3 +75,37 @@ def penalties_sampler(sampling: SamplingParams, n_vocab: int):  # all three, one
     if len(llama.llama_sampler_init_penalties.argtypes) == 5:
         return llama.llama_sampler_init_penalties(n_vocab, *args)
     return llama.llama_sampler_init_penalties(*args)
+
+
+class ChainDistribution:
+    """The probabilities a sampler chain draws its next token from: every sampler but the last
+    (the draw: dist, or greedy) applied to a step's logits, then the softmax of the logits they
+    kept (greedy: all on the best one). Those samplers' apply changes none of their state, so
+    reading the distribution leaves the chain as it was."""
+
+    def __init__(self, chain: object, n_vocab: int) -> None:
+        count = llama.llama_sampler_chain_n(chain)
+        samplers = [llama.llama_sampler_chain_get(chain, i) for i in range(count)]
+        self.greedy = llama.llama_sampler_name(samplers[-1]) == b"greedy"
+        self._shapers = samplers[:-1]
+        self._data = np.zeros(n_vocab, dtype=TOKEN_DATA)
+        self._ids = np.arange(n_vocab, dtype=np.int32)
+
+    def probabilities(self, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(candidate tokens, their probabilities): the tokens the chain may draw."""
+        data = self._data
+        data["id"], data["logit"], data["p"] = self._ids, logits, 0.0
+        array = llama.llama_token_data_array(
+            data=data.ctypes.data_as(ctypes.POINTER(llama.llama_token_data)),
+            size=len(data),
+            selected=-1,
+            sorted=False,
+        )
+        for shaper in self._shapers:
+            llama.llama_sampler_apply(shaper, ctypes.byref(array))
+        kept = np.ctypeslib.as_array(array.data, (array.size,))
+        ids, kept_logits = kept["id"].copy(), kept["logit"].astype(np.float64)
+        if self.greedy:
+            return ids[[int(kept_logits.argmax())]], np.ones(1)
+        shifted = np.exp(kept_logits - kept_logits.max())
+        return ids, shifted / shifted.sum()

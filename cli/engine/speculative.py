@@ -11,7 +11,6 @@ benchmarks/README.md, 2026-12-01).
 
 from __future__ import annotations
 
-import ctypes
 import time
 from collections.abc import Generator, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
@@ -21,7 +20,7 @@ import llama_cpp as llama
 import numpy as np
 
 from cli.engine.events import StreamEvent
-from cli.engine.grammar import TOKEN_DATA
+from cli.engine.samplerchain import ChainDistribution
 from cli.engine.sampling import SamplingParams
 from cli.errors import SpecOptionError, UsageError
 
@@ -215,34 +214,15 @@ class RejectionSampler:
 
     def __init__(self, step: SequenceStep, n_vocab: int) -> None:
         chain = step.sampler
-        count = llama.llama_sampler_chain_n(chain)
-        samplers = [llama.llama_sampler_chain_get(chain, i) for i in range(count)]
-        # The chain ends with the sampler that draws (dist); the ones before shape p.
-        assert llama.llama_sampler_name(samplers[-1]) == b"dist", "a sampling chain ends in dist"
         self._chain = chain
-        self._shapers = samplers[:-1]
-        self._data = np.zeros(n_vocab, dtype=TOKEN_DATA)
-        self._ids = np.arange(n_vocab, dtype=np.int32)
+        self._distribution = ChainDistribution(chain, n_vocab)
+        # The chain ends with the sampler that draws (dist); the ones before shape p.
+        assert not self._distribution.greedy, "a sampling chain ends in dist"
         self._rng = np.random.default_rng(step.seed)  # a seeded run repeats
 
     def probabilities(self, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(candidate tokens, their probabilities) as the chain would draw from them."""
-        data = self._data
-        data["id"] = self._ids
-        data["logit"] = logits
-        data["p"] = 0.0
-        array = llama.llama_token_data_array(
-            data=data.ctypes.data_as(ctypes.POINTER(llama.llama_token_data)),
-            size=len(data),
-            selected=-1,
-            sorted=False,
-        )
-        for shaper in self._shapers:
-            llama.llama_sampler_apply(shaper, ctypes.byref(array))
-        kept = np.ctypeslib.as_array(array.data, (array.size,))
-        ids = kept["id"].copy()
-        shifted = np.exp(kept["logit"].astype(np.float64) - kept["logit"].max())
-        return ids, shifted / shifted.sum()
+        return self._distribution.probabilities(logits)
 
     def choose(self, engine: Engine, output: int, guess: int | None) -> int:
         ids, probs = self.probabilities(engine.output_logits(output))

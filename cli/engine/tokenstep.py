@@ -16,9 +16,9 @@ import numpy as np
 
 from cli.engine.events import MAX_TOP_LOGPROBS, StreamEvent, TokenLogprobs
 from cli.engine.grammar import GrammarGate
-from cli.engine.logprobs import HeldLogprobs
+from cli.engine.logprobs import HeldLogprobs, drawn_logprobs
 from cli.engine.reasoning import ReasoningWait
-from cli.engine.samplerchain import kept_after_mask, sampler_chain
+from cli.engine.samplerchain import ChainDistribution, kept_after_mask, sampler_chain
 from cli.engine.sampling import SamplingParams
 from cli.engine.textstream import TextStream
 
@@ -68,7 +68,10 @@ class SequenceStep:
         started: float,
         seq: int = 0,
         logprobs: int | None = None,
+        post_sampling: bool = False,
     ) -> None:
+        """post_sampling: logprobs of the distribution the chain draws from, not of the raw
+        logits (llama-server's post_sampling_probs)."""
         if logprobs is not None and not 0 <= logprobs <= MAX_TOP_LOGPROBS:
             raise ValueError(f"logprobs must be 0 to {MAX_TOP_LOGPROBS}, not {logprobs}")
         self.engine = engine
@@ -87,6 +90,9 @@ class SequenceStep:
         banned = engine.eog_tokens if sampling.ignore_eos else ()
         # The llama.cpp chain (speculation's acceptance test reads its probabilities too).
         self.sampler = sampler_chain(sampling, self.seed, prompt_tokens, banned, engine.n_vocab)
+        self._drawn: ChainDistribution | None = None
+        if post_sampling and logprobs is not None:
+            self._drawn = ChainDistribution(self.sampler, engine.n_vocab)
         self._grammar: GrammarGate | None = None  # each sequence its own grammar state
         self._wait: ReasoningWait | None = None
         if sampling.grammar:
@@ -110,6 +116,7 @@ class SequenceStep:
         grammar = self._grammar
         # Copied before the samplers change the buffer: the distribution the token is drawn from.
         logits = self.engine.output_logits(output) if self.logprobs is not None else None
+        drawn = self._drawn.probabilities(logits) if self._drawn and logits is not None else None
         if grammar is not None:
             wait = self._wait
             free = None if wait is None or wait.holding else self._free
@@ -118,7 +125,10 @@ class SequenceStep:
             token = self.engine.sample(self.sampler, output)
         if logits is None:
             return self.event(token)
-        return self.event(token, self.engine.token_logprobs(logits, token, self.logprobs or 0))
+        top = self.logprobs or 0
+        if drawn is not None:
+            return self.event(token, drawn_logprobs(*drawn, token, top, self.engine.piece))
+        return self.event(token, self.engine.token_logprobs(logits, token, top))
 
     def _free(self, token: int) -> bool:
         """Whether the grammar lets token through as reasoning (ReasoningWait)."""
