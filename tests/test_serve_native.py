@@ -86,6 +86,37 @@ def test_a_prompt_as_text_as_token_ids_and_mixed_evaluates_the_same_tokens(serve
 # --- n_predict, stop words, probabilities, tokens -------------------------------------------------
 
 
+def test_several_prompts_are_answered_as_a_list_in_their_order(server):
+    ids = token_ids(server, PROMPT)
+    prompts = [ids, "a second prompt", {"prompt_string": "and a third"}]
+    body = {"prompt": prompts, "n_predict": 3, "return_tokens": True, **GREEDY}
+    replies = complete(server, body)
+    assert isinstance(replies, list) and [r["index"] for r in replies] == [0, 1, 2]
+    assert [r["tokens_evaluated"] for r in replies] == [
+        len(ids),
+        len(token_ids(server, "a second prompt")),
+        len(token_ids(server, "and a third")),
+    ]
+    assert all(len(r["tokens"]) == r["tokens_predicted"] == 3 for r in replies)
+    assert replies[1]["prompt"].endswith("a second prompt")
+    # Streamed: each prompt's frames carry its index, and each ends with its own last frame.
+    frames = stream_frames(server, "/completion", body)
+    assert sorted(f["index"] for f in frames if f["stop"]) == [0, 1, 2]
+    assert sorted(f["index"] for f in frames if f["tokens"]) == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+    # Refused before the model is taken: nothing stays counted in flight.
+    for refused in ({"prompt": ["p"] * 9}, {"prompt": "p", "n": 99}):
+        assert (
+            post(
+                server, refused, "/v1/completions" if "n" in refused else "/completion"
+            ).status_code
+            == 400
+        )
+    assert [m["requests"] for m in httpx.get(f"{server}/api/ps").json()["models"]] == [0]
+    # A list with one prompt, or with a token id in it, is one prompt: one reply, not a list.
+    assert isinstance(complete(server, {**body, "prompt": ["just one"]}), dict)
+    assert isinstance(complete(server, {**body, "prompt": [*ids, "more"]}), dict)
+
+
 def test_n_predict_bounds_the_reply_and_with_ignore_eos_is_met_exactly(server):
     bounded = complete(server, {"prompt": PROMPT, "n_predict": 3, "temperature": 0})
     assert 1 <= bounded["tokens_predicted"] <= 3
@@ -325,7 +356,8 @@ def test_a_repeated_prompt_is_read_from_the_cache(server):
         ({"prompt": [1, 1 << 30]}, "prompt", "prompt[1]"),
         ({"prompt": [1, -1]}, "prompt", "prompt[1]"),
         ({"prompt": [1, 2.5]}, "prompt", "prompt[1]"),
-        ({"prompt": ["one", "two"]}, "prompt", "2 prompts"),
+        ({"prompt": ["p"] * 9}, "prompt", "9 prompts: at most 8"),
+        ({"prompt": [["one", "two"], "three"]}, "prompt", "do not nest"),
         ({"prompt": "hi", "n_predict": "8"}, "n_predict", "'n_predict' must be a number"),
         ({"prompt": "hi", "n_predict": 0}, "n_predict", "at least 1"),
         ({"prompt": "hi", "n_probs": -1}, "n_probs", "'n_probs' must be between"),

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from cli.api.replies import ChatReply
 from cli.api.server import (
     ApiError,
+    OneChoice,
     ServedRequest,
     ServerLimits,
     bad_request,
@@ -375,7 +376,7 @@ def _parsed(chat: dict[str, Any], engine: Engine, limits: ServerLimits) -> Serve
         raise ApiError(error.status, message, error.code, error.param) from None
 
 
-class AnthropicApi:
+class AnthropicApi(OneChoice):
     """POST /v1/messages."""
 
     def parse(self, body: dict, engine: Engine, limits: ServerLimits) -> ServedRequest:

@@ -45,7 +45,7 @@ from cli.api.anthropic import AnthropicApi, count_tokens
 from cli.api.metrics import CONTENT_TYPE, ServerMetrics
 from cli.api.native import NativeCompletionApi
 from cli.api.pool import ModelPool, PooledModel, parse_duration
-from cli.api.replies import ReplyWriter, merged_choices
+from cli.api.replies import ReplyWriter
 from cli.api.responses import ResponsesApi, ResponseStore
 from cli.api.server import (
     ApiError,
@@ -57,7 +57,6 @@ from cli.api.server import (
     ServerState,
     apply_template,
     bad_request,
-    choice_bodies,
     parse_body,
 )
 from cli.api.tokens import detokenize, tokenize
@@ -672,8 +671,8 @@ class QuillApp:
         self._refuse_if_unavailable()
         body = parse_body(await self._read_body(request))
         keep_alive = _keep_alive(body)
+        bodies = api.choices(body)  # one per sequence (OpenAI's n, several prompts)
         model = await self._acquire(request, body)
-        bodies = choice_bodies(body, api)  # one per choice (OpenAI's n)
         try:
             served = await self._submit_choices(bodies, model, api)
         except BaseException:
@@ -723,7 +722,7 @@ class QuillApp:
                 wholes.append(reply.whole(pieces, queued_s))
         finally:
             finished()
-        return JsonResponse(merged_choices(wholes))
+        return JsonResponse(api.merged(body, wholes))
 
     async def _submit_choices(
         self, bodies: list[dict], model: PooledModel, api: GenerationApi

@@ -8,11 +8,10 @@ reads, so its bounds, the context check and the constraints are that route's own
 native API has of its own is read here: the prompt's shapes, n_predict's -1, seed's -1,
 return_tokens, timings_per_token, id_slot and response_fields.
 
-Not done as llama-server does: several prompts in one request (a 400: quill answers one reply per
-request); post_sampling_probs (ignored: quill's probabilities are the raw logits' log-softmax,
-which the reply's logprob and top_logprobs keys say); the samplers quill lacks (mirostat, DRY,
-XTC, ...: ignored, and generation_settings shows them off); id_slot (checked, but quill picks the
-slot whose cache shares the longest prefix with the prompt); return_progress (no prefill events).
+Several prompts in one request (a list of prompts) are a choice each (NativeCompletionApi.choices),
+answered as a list. Not done as llama-server does: the samplers quill lacks (mirostat, DRY, XTC,
+...: ignored, and generation_settings shows them off); id_slot (checked, but quill picks the slot
+whose cache shares the longest prefix with the prompt).
 """
 
 from __future__ import annotations
@@ -24,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from cli.api.replies import progress_json, progress_timings, sse, timings
 from cli.api.server import (
+    MAX_CHOICES,
     ServedRequest,
     ServerLimits,
     bad_request,
@@ -95,8 +95,34 @@ class NativeCompletionApi:
         assert isinstance(served, NativeRequest)  # made by parse above
         return NativeReply(body, served, model_name)
 
+    def choices(self, body: dict) -> list[dict]:
+        """A body per prompt where 'prompt' is a list of several (each a string, token ids or
+        a prompt object), generated side by side; else the body."""
+        prompts = several_prompts(body.get("prompt"))
+        if prompts is None:
+            return [body]
+        if len(prompts) > MAX_CHOICES:
+            raise bad_request(
+                f"'prompt' holds {len(prompts)} prompts: at most {MAX_CHOICES} per request (each "
+                "takes a slot); send the rest in another request",
+                "prompt",
+            )
+        return [{**body, "prompt": prompt} for prompt in prompts]
+
+    def merged(self, body: dict, wholes: list[dict[str, Any]]) -> Any:
+        """Several prompts' replies as a list, in the prompts' order, as llama-server's."""
+        return wholes if several_prompts(body.get("prompt")) is not None else wholes[0]
+
 
 # --- the request ----------------------------------------------------------------------------------
+
+
+def several_prompts(prompt: Any) -> list | None:
+    """The prompts of a 'prompt' that is a list of two or more (a list with no token id in it
+    is a list of prompts, as llama-server reads one); None: one prompt."""
+    if isinstance(prompt, list) and len(prompt) > 1 and not any(map(_is_number, prompt)):
+        return prompt
+    return None
 
 
 def prompt_tokens(prompt: Any, engine: Engine) -> list[int]:
@@ -111,13 +137,8 @@ def prompt_tokens(prompt: Any, engine: Engine) -> list[int]:
         tokens = engine.tokenize(text_field(prompt, "'prompt'", "prompt"))
     elif isinstance(prompt, list) and any(_is_number(item) for item in prompt):
         tokens = _mixed_tokens(prompt, engine)
-    elif isinstance(prompt, list) and prompt:
-        # llama-server answers an array of replies; quill's routes answer one reply each.
-        raise bad_request(
-            f"'prompt' holds {len(prompt)} prompts (an array without token ids is a list of "
-            "prompts): quill answers one prompt per request; send each in a request of its own",
-            "prompt",
-        )
+    elif isinstance(prompt, list) and prompt:  # a list of prompts inside one prompt
+        raise bad_request(f"prompt lists do not nest: {PROMPT_SHAPES}", "prompt")
     else:
         raise bad_request(f"{PROMPT_SHAPES}, got {shown_json(prompt)}", "prompt")
     if not tokens:
@@ -243,7 +264,7 @@ class NativeReply:
         self.has_new_line = self.has_new_line or "\n" in event.text
         last = event.finish_reason is not None
         frame: dict[str, Any] = {
-            "index": 0,
+            "index": self.served.choice,
             "content": event.text,
             "tokens": [event.token] if event.token is not None else [],
             "stop": False,
@@ -281,7 +302,7 @@ class NativeReply:
     def _final(self, last: StreamEvent, content: str, tokens: list[int]) -> dict[str, Any]:
         has_new_line = self.has_new_line or "\n" in content
         return {
-            "index": 0,
+            "index": self.served.choice,
             "content": content,
             "tokens": tokens,
             "id_slot": self.served.id_slot,

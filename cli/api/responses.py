@@ -24,6 +24,7 @@ from cli.api.replies import ChatReply, progress_json, progress_timings, timings
 from cli.api.server import (
     SAMPLING_RANGES,
     ApiError,
+    OneChoice,
     ServedRequest,
     ServerLimits,
     bad_request,
@@ -138,7 +139,7 @@ class ResponsesRequest(ServedRequest):
     timings_per_token: bool = False  # llama-server's: timings on each delta, as on /completion
 
 
-class ResponsesApi:
+class ResponsesApi(OneChoice):
     """POST /v1/responses, whose finished responses go into store (the one that serves GET
     and DELETE /v1/responses/{id})."""
 

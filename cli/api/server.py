@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Any, Protocol
 
-from cli.api.replies import ChatReply, ReplyWriter
+from cli.api.replies import ChatReply, ReplyWriter, merged_choices
 from cli.engine.batching import BatchRequest, BatchScheduler
 from cli.engine.events import MAX_TOP_LOGPROBS, PromptProgress, StreamEvent
 from cli.engine.sampling import SamplingParams
@@ -295,6 +295,25 @@ class GenerationApi(Protocol):
 
     def reply_format(self, body: dict, served: ServedRequest, model_name: str) -> ReplyFormat: ...
 
+    def choices(self, body: dict) -> list[dict]:
+        """The body of each sequence the request asks for (OpenAI's n, llama-server's several
+        prompts), each parsed and generated on its own; one for most requests."""
+        ...
+
+    def merged(self, body: dict, wholes: list[dict[str, Any]]) -> Any:
+        """The reply to a request that was not streamed, from its sequences' whole replies."""
+        ...
+
+
+class OneChoice:
+    """The choices of an API whose requests are one sequence each."""
+
+    def choices(self, body: dict) -> list[dict]:
+        return [body]
+
+    def merged(self, body: dict, wholes: list[dict[str, Any]]) -> Any:
+        return wholes[0]
+
 
 @dataclass(frozen=True)
 class OpenAIApi:
@@ -313,30 +332,29 @@ class OpenAIApi:
         usage_chunk = options.get("include_usage") is True
         return ReplyWriter(ident, model_name, served.reply, served.choice, usage_chunk)
 
+    def choices(self, body: dict) -> list[dict]:
+        """One body per choice of n (1 to MAX_CHOICES), each its own seed where the request set
+        one (seed + i: the choices differ, and repeat), all under one id."""
+        n = _number(body, "n", int, 1, MAX_CHOICES, 1)
+        if n == 1:
+            return [body]
+        seed = typed_field(body, "seed", int, None)
+        ident = f"{'chatcmpl' if self.chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
+        return [
+            {
+                **body,
+                CHOICES_ID: ident,
+                **({"seed": (seed + i) % (2**32 - 1)} if seed is not None else {}),
+            }
+            for i in range(n)
+        ]
+
+    def merged(self, body: dict, wholes: list[dict[str, Any]]) -> Any:
+        return merged_choices(wholes)
+
 
 MAX_CHOICES = 8  # OpenAI's n: each choice is a sequence of its own in a slot
 CHOICES_ID = "_quill_choices_id"  # the one id a request's choices share (set here, never sent)
-
-
-def choice_bodies(body: dict, api: GenerationApi) -> list[dict]:
-    """One body per choice of an OpenAI request's n (1 to MAX_CHOICES), each its own seed where
-    the request set one (seed + i: the choices differ, and repeat), all under one id; any
-    other API has one choice."""
-    if not isinstance(api, OpenAIApi):
-        return [body]
-    n = _number(body, "n", int, 1, MAX_CHOICES, 1)
-    if n == 1:
-        return [body]
-    seed = typed_field(body, "seed", int, None)
-    ident = f"{'chatcmpl' if api.chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
-    return [
-        {
-            **body,
-            CHOICES_ID: ident,
-            **({"seed": (seed + i) % (2**32 - 1)} if seed is not None else {}),
-        }
-        for i in range(n)
-    ]
 
 
 def parse_request(
