@@ -110,6 +110,18 @@ class DoesNotFitError(QuillError):
         )
 
 
+class PullDoesNotFitError(QuillError):
+    """quill pull refused a model before downloading it: its plan is larger than the memory."""
+
+    exit_code = EXIT_DOES_NOT_FIT
+
+    def __init__(self, label: str, file: str, needs: int, n_ctx: int, where: str, room: int):
+        super().__init__(
+            f"{label} ({file}) needs {human_bytes(needs)} of memory at a context of {n_ctx}, and "
+            f"{where} has {human_bytes(room)}; nothing was downloaded"
+        )
+
+
 class NotOwnedError(UsageError):
     """quill refuses to delete a file it did not download or make."""
 

@@ -35,6 +35,7 @@ class Transfer:
     path: str
     start: int  # first byte sent (from the Range header)
     sent: int  # bytes actually written
+    end: int | None = None  # the last byte a range asked for (a header read); None: to the end
 
 
 @dataclass
@@ -50,8 +51,18 @@ class Hub:
     url: str = ""
     cdn_url: str = ""  # another origin, as the Hub's CDN is: HEAD does not follow it
 
+    # Checksums given rather than computed: a sparse file claiming tens of GB is never read whole.
+    etags: dict[Path, str] = field(default_factory=dict)
+
+    @property
+    def downloads(self) -> list[Transfer]:
+        """The transfers to the file's end: downloads, not the header's range reads."""
+        return [transfer for transfer in self.transfers if transfer.end is None]
+
     def sha256(self, path: Path) -> str:
-        return hashlib.sha256(path.read_bytes()).hexdigest()
+        if path not in self.etags:
+            self.etags[path] = hashlib.sha256(path.read_bytes()).hexdigest()
+        return self.etags[path]
 
 
 @contextmanager
@@ -116,41 +127,45 @@ def serve_hub(hub: Hub) -> Iterator[Hub]:
             path = self._known(repo, name)
             if path is None:
                 return
-            data = bytearray(path.read_bytes())
-            if name in hub.corrupt:
-                data[len(data) // 2] ^= 0xFF
-            start, end = 0, len(data) - 1
+            size = path.stat().st_size
+            start, end = 0, size - 1
             ranged = self.headers.get("Range")
             if ranged:
                 first, _, last = ranged.removeprefix("bytes=").partition("-")
-                start, end = int(first), int(last) if last else len(data) - 1
+                start, end = int(first), min(int(last), size - 1) if last else size - 1
             self.send_response(206 if ranged else 200)
             self.send_header("Accept-Ranges", "bytes")
             self.send_header("Content-Length", str(end - start + 1))
             if ranged:
-                self.send_header("Content-Range", f"bytes {start}-{end}/{len(data)}")
+                self.send_header("Content-Range", f"bytes {start}-{end}/{size}")
             self.end_headers()
             if not body:
                 return
-            transfer = Transfer(name, start, 0)
+            named_end = ranged and not ranged.endswith("-")
+            transfer = Transfer(name, start, 0, end if named_end else None)
             hub.transfers.append(transfer)
             stop = end + 1
             if name in hub.cut_once and not ranged:
                 hub.cut_once.discard(name)
                 stop = start + int((end + 1 - start) * hub.cut_at)
             chunk = 1 << 18
-            for offset in range(start, stop, chunk):
-                piece = bytes(data[offset : min(offset + chunk, stop)])
-                # Counted before the client can have it: once a request returns, its count is whole.
-                transfer.sent += len(piece)
-                try:
-                    self.wfile.write(piece)
-                    self.wfile.flush()
-                except (BrokenPipeError, ConnectionResetError):
-                    transfer.sent -= len(piece)
-                    return
-                if hub.seconds_per_mib:
-                    time.sleep(hub.seconds_per_mib * len(piece) / 2**20)
+            with path.open("rb") as source:  # only the bytes asked for are read
+                source.seek(start)
+                for offset in range(start, stop, chunk):
+                    piece = bytearray(source.read(min(chunk, stop - offset)))
+                    if name in hub.corrupt and offset <= size // 2 < offset + len(piece):
+                        piece[size // 2 - offset] ^= 0xFF
+                    # Counted before the client can have it: once a request returns, its count
+                    # is whole.
+                    transfer.sent += len(piece)
+                    try:
+                        self.wfile.write(piece)
+                        self.wfile.flush()
+                    except (BrokenPipeError, ConnectionResetError):
+                        transfer.sent -= len(piece)
+                        return
+                    if hub.seconds_per_mib:
+                        time.sleep(hub.seconds_per_mib * len(piece) / 2**20)
             if stop <= end:
                 self.close_connection = True  # the "dropped connection"
 

@@ -27,8 +27,10 @@ CHUNK = RESUME_CHUNK  # downloads reach the disk a chunk at a time, so resumes s
 
 @pytest.fixture(scope="module")
 def big_file(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("big") / "big.gguf"
-    path.write_bytes(b"GGUF" + os.urandom(40 * 2**20 - 4))
+    """A tiny model padded with noise to 40 MiB: pull reads its header, then the bytes."""
+    path = write_tiny_llama(tmp_path_factory.mktemp("big") / "big.gguf", n_layer=1)
+    with path.open("ab") as out:
+        out.write(os.urandom(40 * 2**20 - path.stat().st_size))
     return path
 
 
@@ -82,7 +84,7 @@ def test_a_dropped_connection_is_resumed_not_restarted(hub, tmp_path, big_file):
     hub.cut_at = 0.6  # 24 MiB of 40
     result = quill(hub, tmp_path, "pull", "hf://owner/big/big.gguf")
     assert result.returncode == 0, result.stderr
-    first, second = hub.transfers
+    first, second = hub.downloads
     size = big_file.stat().st_size
     assert first.start == 0 and first.sent < size
     assert second.start == 24 * CHUNK  # resumed from what was on disk, not from zero
@@ -104,7 +106,7 @@ def start_slow_pull(hub: Hub, home: Path, until_sent: int) -> subprocess.Popen[s
     )
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and not (
-        hub.transfers and hub.transfers[0].sent > until_sent
+        hub.downloads and hub.downloads[0].sent > until_sent
     ):
         time.sleep(0.05)
     return process
@@ -120,7 +122,7 @@ def test_a_killed_pull_resumes_where_it_stopped(hub, tmp_path, big_file):
     hub.seconds_per_mib = 0.0
     result = quill(hub, tmp_path, "pull", "hf://owner/big/big.gguf")
     assert result.returncode == 0, result.stderr
-    resumed = hub.transfers[-1]
+    resumed = hub.downloads[-1]
     assert resumed.start == kept
     assert resumed.sent == big_file.stat().st_size - resumed.start
     assert sha256_of(next(blob_dir(tmp_path, "owner/big").iterdir())) == sha256_of(big_file)

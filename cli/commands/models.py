@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -16,11 +16,16 @@ from cli.commands.options import (
     parse_rpc,
     stdin_is_terminal,
 )
-from cli.errors import Interrupted, ModelNotFoundError, UsageError
+from cli.errors import Interrupted, ModelNotFoundError, PullDoesNotFitError, UsageError
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from pathlib import Path
 
+    from cli.engine.options import LoadOptions
+    from cli.measure.fit import FitDecision, Room
+    from cli.store.header import ModelHeader
+    from cli.store.models import ModelRequest
     from quant.gguf import GGUFHeader
     from quant.memory import DeviceShare
 
@@ -36,6 +41,28 @@ def pull(
     name: Annotated[
         str, typer.Argument(help="Alias[:tag], OWNER/REPO[:QUANT] or hf://OWNER/REPO/FILE.gguf.")
     ],
+    ctx: Annotated[
+        int | None,
+        typer.Option(
+            "-c", "--ctx", min=16, help="Check the fit at this context (default: run's, 4096)."
+        ),
+    ] = None,
+    mem: Annotated[
+        str | None,
+        typer.Option(
+            "--mem",
+            help="Fit within this much memory (e.g. 8GiB) instead of the RAM or GPU memory "
+            "available now.",
+        ),
+    ] = None,
+    force: Annotated[
+        bool, typer.Option("--force", help="Download even a model whose plan does not fit.")
+    ] = False,
+    dry_run: Annotated[
+        bool,
+        typer.Option("--dry-run", help="Decide and say what would be fetched; fetch nothing."),
+    ] = False,
+    json_output: JsonOutput = False,
     offline: Annotated[
         bool, typer.Option("--offline", help="Only check the local cache; no network.")
     ] = False,
@@ -43,8 +70,12 @@ def pull(
         bool, typer.Option("--verbose", "-v", help="Show the Hub client's log and pip's output.")
     ] = False,
 ) -> None:
-    """Download a model into the local cache: resumable, checked against its sha256."""
-    from cli.commands.options import obtain_request
+    """Download a model into the local cache: resumable, checked against its sha256. Its header
+    is read first (a few MB): a model whose memory plan does not fit is refused before any weight
+    is fetched, and OWNER/REPO alone takes the largest GGUF file that fits with room to spare."""
+    from cli.commands.options import check_at_most, obtain_request, size_option
+    from cli.engine.options import LoadOptions
+    from cli.measure.fit import Room
     from cli.store.models import local_path, parse_model_name
     from cli.store.registry import load_registry, model_kind
     from cli.ui import render
@@ -53,19 +84,116 @@ def pull(
     request = parse_model_name(name, load_registry())
     if request.path is not None:
         raise UsageError(f"{name} is a local file already; `quill run -m {name}` runs it")
+    check_at_most("--ctx", ctx, MAX_PULL_CTX, "past any model's trained context")
+    options = LoadOptions(n_ctx=ctx)
+    room = Room("--mem", size_option("--mem", mem)) if mem else Room.largest(available_memory())
     try:
-        path = local_path(request)
-        render.info_line(f"{request.label}: already on disk at {path}")
+        path: Path | None = local_path(request)
     except ModelNotFoundError:
+        path = None
+    if path is not None:
+        decision: FitDecision | None = _decision_on_disk(request.label, path, options, room)
+        render.info_line(f"{request.label}: already on disk at {path}")
+    else:
+        request, decision = _fit_before_download(request, options, room, offline, verbose)
+        _refuse_unless_fits(request.label, decision, json_output, force)
+        if dry_run:
+            _say_decision(json_output, decision, None)
+            return
         try:
             path = obtain_request(request, offline, verbose)
         except KeyboardInterrupt:
             raise Interrupted(
                 "interrupted; run the same command again to resume the download"
             ) from None
+        decision = decision or _decision_on_disk(request.label, path, options, room)
+    _say_decision(json_output, decision, path)
     size = human_bytes(path.stat().st_size)
     base = f" · {BASE_NOTE}" if model_kind(request.label, load_registry()) == "base" else ""
     render.info_line(f"{request.label}: {size}{base}")
+
+
+MAX_PULL_CTX = 1 << 21  # as run's --ctx bound (cli/commands/options.py MAX_CTX)
+
+
+def _fit_before_download(
+    request: ModelRequest, options: LoadOptions, room: Room, offline: bool, verbose: bool
+) -> tuple[ModelRequest, FitDecision | None]:
+    """(the request to download, the decision), from the headers of the files a Hub source
+    offers; no decision where no header can be read before downloading (a wheel's model)."""
+    from dataclasses import replace
+
+    from cli.measure.fit import decide, model_file
+    from cli.store.hub import HubSource
+    from cli.store.models import ModelRequest
+    from cli.store.sources import Fetch, SourceFailed
+    from cli.ui import render
+
+    how = Fetch(offline, verbose=verbose)
+    predict = _decode_predictor()
+    for source in request.sources:
+        if not isinstance(source, HubSource):
+            continue
+        try:
+            names = [source.file] if source.file or source.quant_named else source.gguf_files(how)
+            files = []
+            for file in names:
+                one = replace(source, file=file) if file else source
+                header = one.header(how)
+                files.append(model_file(header.names[0], header, options, room, predict))
+        except SourceFailed as failure:
+            if source is request.sources[-1] and len(request.sources) == 1:
+                raise
+            render.info_line(f"{failure}: the fit is checked once the file is here")
+            continue
+        decision = decide(request.label, files, room)
+        if len(files) > 1:  # from now on, the chosen file of the repository
+            chosen = replace(source, file=decision.chosen.file)
+            request = ModelRequest(f"{source.repo}:{decision.chosen.quant}", (chosen,))
+        return request, decision
+    return request, None
+
+
+def _refuse_unless_fits(
+    label: str, decision: FitDecision | None, json_output: bool, force: bool
+) -> None:
+    from cli.ui import render
+
+    if decision is None:
+        return
+    if not json_output:
+        render.fit_report(decision)
+    if not decision.fits and not force:
+        chosen, room = decision.chosen, decision.room
+        raise PullDoesNotFitError(
+            label, chosen.file, chosen.memory.total_bytes, chosen.memory.n_ctx, room.where,
+            room.bytes,
+        )  # fmt: skip
+
+
+def _decision_on_disk(label: str, path: Path, options: LoadOptions, room: Room) -> FitDecision:
+    from cli.measure.fit import decide, model_file
+    from cli.store.header import header_on_disk
+
+    header = header_on_disk(path)
+    return decide(label, [model_file(path.name, header, options, room, _decode_predictor())], room)
+
+
+def _decode_predictor() -> Callable[[ModelHeader], float | None]:
+    """Decode tokens/s predicted here for a model, from its header (cli/measure/predict.py)."""
+    return lambda _model: None
+
+
+def _say_decision(json_output: bool, decision: FitDecision | None, path: Path | None) -> None:
+    """--json: the decision and where the file is (null: not downloaded), on stdout."""
+    import json
+
+    from cli.ui import render
+
+    if json_output:
+        data: dict[str, Any] = decision.as_dict() if decision is not None else {"fits": None}
+        data["path"] = str(path) if path is not None else None
+        render.write_stdout(json.dumps(data, indent=1) + "\n")
 
 
 def _file_kind(path: Path) -> str | None:

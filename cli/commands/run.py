@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -239,6 +239,21 @@ def run_once(request: RunRequest, name: str, backend: Backend) -> int:
         backend.close()
 
 
+def _plan_at_load(backend: Backend) -> dict[str, Any] | None:
+    """The memory plan of the model as it was opened (what quill pull and inspect plan from the
+    header alone); None for a server's model."""
+    if backend.server_url is not None or backend.kv_type_k is None or backend.kv_type_v is None:
+        return None
+    from pathlib import Path
+
+    from cli.engine.options import LoadOptions, memory_plan
+    from cli.store.header import header_on_disk
+
+    shape = header_on_disk(Path(backend.location)).shape
+    options = LoadOptions(backend.n_ctx, kv_type_k=backend.kv_type_k, kv_type_v=backend.kv_type_v)
+    return memory_plan(shape, options).as_dict()
+
+
 def _stream(
     backend: Backend,
     recorder: MetricsRecorder,
@@ -274,9 +289,10 @@ def _stream(
     if request.json_output:
         reasoning = "".join(thoughts)
         shown = logprobs if request.logprobs is not None else None
-        render.write_stdout(
-            render.run_json(model_name, backend.location, text, metrics, reasoning, shown) + "\n"
+        document = render.run_json(
+            model_name, backend.location, text, metrics, reasoning, shown, _plan_at_load(backend)
         )
+        render.write_stdout(document + "\n")
     else:
         if text and not text.endswith("\n"):  # a reply is a line, on a terminal or in a file
             render.write_stdout("\n")

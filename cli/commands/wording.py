@@ -11,6 +11,7 @@ from cli.errors import (
     DoesNotFitError,
     KvCacheTypeError,
     NotOnDiskError,
+    PullDoesNotFitError,
     QuantizeRefusedError,
     SilentLoadError,
     SilentQuantizeError,
@@ -54,6 +55,8 @@ def user_message(error: Exception) -> str:
         return f"{error}: /clear, or restart with --on-overflow truncate or a larger --ctx"
     if isinstance(error, ChatOverflowError):
         return f"{error}: shorten it or restart with a larger --ctx"
+    if isinstance(error, PullDoesNotFitError):
+        return f"{error}: pick a smaller quant (OWNER/REPO lists them), lower --ctx, or --force"
     if isinstance(error, DoesNotFitError) and error.resource == "disk":
         return f"{error}: free some space, or set QUILL_HOME to a larger disk"
     if isinstance(error, DoesNotFitError):

@@ -25,6 +25,7 @@ from cli.units import human_bytes
 from quant.gguf import SPLIT_NAME, GGUFHeader, joined, split_parts
 
 RESUME_CHUNK = 2**20
+DEFAULT_QUANT = "Q4_K_M"  # what llama.cpp's -hf takes when a repository is named alone
 FIRST_RANGE = FIRST_READ  # a header's first request
 
 
@@ -36,7 +37,9 @@ class HubSource:
     repo: str
     file: str | None = None
     revision: str | None = None
-    quant: str = "Q4_K_M"
+    quant: str = DEFAULT_QUANT
+    # False: OWNER/REPO alone (quill pull chooses by fit; run takes DEFAULT_QUANT)
+    quant_named: bool = True
 
     def describe(self) -> str:
         return f"Hugging Face {self.repo}"
@@ -82,12 +85,7 @@ class HubSource:
         from huggingface_hub import HfApi
         from huggingface_hub.utils import logging
 
-        # HF_HUB_OFFLINE is the Hub's own switch; offline means no network at all.
-        if how.offline or hub_offline():
-            raise SourceFailed(self.describe(), "skipped, offline")
-        unresolvable = _hub_unresolvable()
-        if unresolvable is not None:
-            raise SourceFailed(self.describe(), unresolvable)
+        self._check_reachable(how)
         # Its retry warnings are noise next to quill's own summary unless asked for.
         logging.set_verbosity_info() if how.verbose else logging.set_verbosity_error()
         file = file or self.file or ""
@@ -96,6 +94,25 @@ class HubSource:
             return HubFile.ask(self.repo, file, self.revision)
         except _hub_errors() as error:
             raise SourceFailed(self.describe(), _hub_failure(error, file, self.revision)) from None
+
+    def _check_reachable(self, how: Fetch) -> None:
+        # HF_HUB_OFFLINE is the Hub's own switch; offline means no network at all.
+        if how.offline or hub_offline():
+            raise SourceFailed(self.describe(), "skipped, offline")
+        unresolvable = _hub_unresolvable()
+        if unresolvable is not None:
+            raise SourceFailed(self.describe(), unresolvable)
+
+    def gguf_files(self, how: Fetch) -> list[str]:
+        """The repository's models: each single-file GGUF, and the first file of each split one."""
+        from huggingface_hub import HfApi
+
+        self._check_reachable(how)
+        try:
+            files = HfApi().list_repo_files(self.repo, revision=self.revision)
+        except _hub_errors() as error:
+            raise SourceFailed(self.describe(), _hub_failure(error, "", self.revision)) from None
+        return _models(files, splits=True)
 
     def header(self, how: Fetch) -> ModelHeader:
         """The file's header (a split's files joined) by HTTP range requests; no weights."""
@@ -116,8 +133,7 @@ class HubSource:
     def _file_for_quant(self, files: list[str], splits: bool = False) -> str:
         """The one single-file GGUF in the repository with this quantization (or, with splits,
         the first file of a split one: pull fetches one file, a header needs only that)."""
-        parts = {f: SPLIT_NAME.search(f) for f in files if f.endswith(".gguf")}
-        ggufs = sorted(f for f, at in parts.items() if not at or (splits and at[1] == "00001"))
+        ggufs = _models(files, splits)
         wanted = re.compile(rf"(^|[-._/]){re.escape(self.quant)}([-._]|$)", re.IGNORECASE)
         matches = [f for f in ggufs if wanted.search(f.removesuffix(".gguf"))]
         if len(matches) == 1:
@@ -129,6 +145,12 @@ class HubSource:
         quants = (re.split(r"[-.]", SPLIT_NAME.sub("", f).removesuffix(".gguf"))[-1] for f in ggufs)
         listing = ", ".join(f"{self.repo}:{quant}" for quant in quants)
         raise SourceFailed(self.repo, f"has no {self.quant} file; available: {listing}")
+
+
+def _models(files: list[str], splits: bool) -> list[str]:
+    """The GGUF files that are a model each (with splits: a split model's first file)."""
+    parts = {f: SPLIT_NAME.search(f) for f in files if f.endswith(".gguf")}
+    return sorted(f for f, at in parts.items() if not at or (splits and at[1] == "00001"))
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from cli.errors import (
 )
 from cli.store.header import ModelHeader, header_on_disk
 from cli.store.home import quill_home
-from cli.store.hub import HubSource
+from cli.store.hub import DEFAULT_QUANT, HubSource
 from cli.store.registry import Registry, TagSpec, names_near
 from cli.store.sources import Fetch, Fetched, LocalFile, Report, Source, SourceFailed
 from quant.partfiles import write_replacing
@@ -74,7 +74,9 @@ def parse_model_name(name: str, registry: Registry) -> ModelRequest:
         raise ModelNotFoundError(f"{_quoted(name)} cannot be a model name or path") from None
     base, _, tag = name.partition(":")
     if REPO_NAME.match(base):
-        return ModelRequest(name, (HubSource(base, quant=tag or "Q4_K_M"),))
+        hub = HubSource(base, quant=tag or DEFAULT_QUANT, quant_named=bool(tag))
+        return ModelRequest(name, (hub,))
+    base, tag = _size_tag(base, tag, registry)
     entry = registry.models.get(base)
     if entry is None:
         known = ", ".join(sorted(registry.models))
@@ -93,6 +95,15 @@ def parse_model_name(name: str, registry: Registry) -> ModelRequest:
         tags = ", ".join(f"{base}:{t}" for t in entry.tags)
         raise ModelNotFoundError(f"{base} has no tag {tag!r}; available: {tags}")
     return ModelRequest(name, entry.tags[tag].sources, entry.tags[tag])
+
+
+def _size_tag(base: str, tag: str, registry: Registry) -> tuple[str, str]:
+    """Ollama's names, size as a tag (qwen2.5:0.5b, qwen2.5:0.5b-q8_0), as the registry's
+    (qwen2.5-0.5b, qwen2.5-0.5b:q8_0); other names as they are."""
+    size, _, quant = tag.partition("-")
+    if base not in registry.models and f"{base}-{size}" in registry.models:
+        return f"{base}-{size}", quant
+    return base, tag
 
 
 def _quoted(text: str) -> str:

@@ -195,12 +195,16 @@ def run_json(
     metrics: RunMetrics,
     reasoning: str | None = None,
     logprobs: Sequence[Any] | None = None,
+    memory: dict[str, Any] | None = None,
 ) -> str:
-    """quill run --json's document; logprobs (TokenLogprobs) as OpenAI's logprobs.content."""
+    """quill run --json's document; logprobs (TokenLogprobs) as OpenAI's logprobs.content;
+    memory: the plan of the model as it was opened (a local model's)."""
     result: dict[str, Any] = {"model": model, "path": path, "text": text}
     if reasoning is not None:
         result["reasoning"] = reasoning
     result.update(metrics.as_dict())
+    if memory is not None:
+        result["memory"] = memory
     if logprobs is not None:
         from cli.api.replies import chat_logprob
 
@@ -342,6 +346,36 @@ def memory_report(
         fits = "fits" if memory.total_bytes <= free else "does not fit"
         text += f"{fits} in {where}: {human_bytes(free)} available\n"
     write_stdout(text)
+
+
+def fit_report(decision: Any) -> None:
+    """quill pull's decision (cli/measure/fit.py's FitDecision), on stderr: each file considered,
+    what its plan needs at the context, whether it fits, its predicted decode speed here."""
+    chosen, room = decision.chosen, decision.room
+    if len(decision.files) > 1:
+        rows = [
+            [
+                ("* " if one is chosen else "  ") + one.file,
+                one.quant or "?",
+                human_bytes(one.size_bytes),
+                human_bytes(one.memory.total_bytes),
+                "yes" if one.fits else "no",
+                _tokens_per_s(one.decode_tokens_per_s),
+            ]
+            for one in decision.files
+        ]
+        headers = ["FILE", "QUANT", "SIZE", "NEEDS", "FITS", "DECODE HERE"]
+        write_stderr(columns(headers, rows, right=(2, 3, 5)))
+    speed = _tokens_per_s(chosen.decode_tokens_per_s)
+    write_stderr(
+        f"{decision.model}: {chosen.file} needs {human_bytes(chosen.memory.total_bytes)} at a "
+        f"context of {chosen.memory.n_ctx} ({room.where} has {human_bytes(room.bytes)}): "
+        f"{decision.why}; decode predicted here {speed}\n"
+    )
+
+
+def _tokens_per_s(value: float | None) -> str:
+    return "?" if value is None else f"{value:.1f} tok/s"
 
 
 def split_report(shares: list[Any]) -> None:
