@@ -49,6 +49,10 @@ COMMANDS: tuple[tuple[str, str, str, str | None], ...] = (
 )
 
 
+# Ollama's names for two commands, answered as the commands themselves (not listed apart).
+ALIASES = {"ls": "list", "show": "inspect"}
+
+
 # The first sentence of each command's docstring: `quill --help` lists the commands without
 # importing their modules (tests/test_layers.py checks each against its docstring).
 SUMMARIES: dict[str, str] = {
@@ -137,7 +141,7 @@ class QuillGroup(TyperGroup):
         return [name for name, *_ in COMMANDS]
 
     def get_command(self, ctx: Any, cmd_name: str) -> Any:
-        info = _command_info(cmd_name)
+        info = _command_info(ALIASES.get(cmd_name, cmd_name))
         if info is None:
             return None
         return typer.main.get_command_from_info(
@@ -146,7 +150,8 @@ class QuillGroup(TyperGroup):
 
     def format_commands(self, ctx: Any, formatter: Any) -> None:
         with formatter.section("Commands"):
-            formatter.write_dl([(name, SUMMARIES[name]) for name, *_ in COMMANDS])
+            named = {name: f"{name} ({alias})" for alias, name in ALIASES.items()}
+            formatter.write_dl([(named.get(name, name), SUMMARIES[name]) for name, *_ in COMMANDS])
 
 
 # Help is click's plain text: rich's panels cost more start-up time (its import alone is a

@@ -229,6 +229,18 @@ def test_inspect_reads_the_header_of_a_real_model(runner, smollm2_path):
     assert "TENSOR TYPE" in table.stdout and "134,515,008" in table.stdout
 
 
+def test_ls_and_show_answer_as_list_and_inspect(runner, smollm2_path):
+    """Ollama's names: `ls` is `list`, `show` is `inspect`, and --help lists each once."""
+    assert runner.invoke(app, ["ls"]).stdout == runner.invoke(app, ["list"]).stdout
+    shown = runner.invoke(app, ["show", "smollm2-135m", "--json"])
+    assert (
+        shown.exit_code == 0
+        and shown.stdout == runner.invoke(app, ["inspect", "smollm2-135m", "--json"]).stdout
+    )
+    listing = runner.invoke(app, ["--help"]).stdout
+    assert "list (ls)" in listing and "inspect (show)" in listing
+
+
 def test_inspect_bad_files(runner, tmp_path, smollm2_path):
     cut = tmp_path / "cut.gguf"
     cut.write_bytes(smollm2_path.read_bytes()[: 3 * 2**20])
