@@ -45,6 +45,7 @@ COMMANDS: tuple[tuple[str, str, str, str | None], ...] = (
     ("perplexity", "quality", "perplexity", "PPL_EPILOG"),
     ("quant-report", "quality", "quant_report", None),
     ("cache", "cache", "cache", None),
+    ("config", "config", "config", "CONFIG_EPILOG"),
     ("rpc-server", "rpcserver", "rpc_server", "RPC_EPILOG"),
 )
 
@@ -99,6 +100,8 @@ SUMMARIES: dict[str, str] = {
         "The KV store (the prompt caches quill run, chat and serve keep) and the replicas "
         "under QUILL_HOME/cache: list or clear them."
     ),
+    "config": "Show the defaults in force and where each comes from, or set one in QUILL_HOME's "
+    "config.toml.",
     "rpc-server": (
         "Serve this machine's CPU (or GPUs) to quill and llama.cpp clients over llama.cpp's "
         "RPC protocol, one client at a time, until Ctrl-C or SIGTERM."

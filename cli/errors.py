@@ -39,7 +39,7 @@ _EVERY_COMMAND = (EXIT_OK, EXIT_INTERNAL, EXIT_USAGE)
 _MODEL = (EXIT_MODEL_NOT_FOUND, EXIT_MODEL_LOAD)
 COMMAND_EXIT_CODES: dict[str, tuple[int, ...]] = {
     "run": (*_MODEL, EXIT_CONTEXT_OVERFLOW, EXIT_ENDPOINT, EXIT_INVALID_OUTPUT, EXIT_RPC),
-    "pull": (EXIT_MODEL_NOT_FOUND,),
+    "pull": (EXIT_MODEL_NOT_FOUND, EXIT_DOES_NOT_FIT),
     "list": (),
     "rm": (EXIT_MODEL_NOT_FOUND,),
     "inspect": (*_MODEL, EXIT_RPC),
@@ -58,6 +58,7 @@ COMMAND_EXIT_CODES: dict[str, tuple[int, ...]] = {
     "perplexity": _MODEL,
     "quant-report": _MODEL,
     "cache": (),
+    "config": (),
 }
 
 

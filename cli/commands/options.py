@@ -286,15 +286,24 @@ class ModelSource:
 
 
 def model_source(
-    endpoint: str | None, api_key: str | None, offline: bool, rpc: str | None = None
+    endpoint: str | None,
+    api_key: str | None,
+    offline: bool,
+    rpc: str | None = None,
+    configured: bool = True,
 ) -> ModelSource:
     """The options that say where the model is, refused with --rpc's servers, which hold a model
-    loaded here."""
+    loaded here; configured: with no --endpoint, the user's default endpoint (run and chat)."""
     if rpc and endpoint:
         raise UsageError(
             "--rpc splits a model loaded here over RPC servers, and --endpoint sends the "
             "request to a server that loads its own: choose one"
         )
+    if endpoint is None and not rpc and configured:
+        from cli.store.config import in_force
+
+        default = in_force("endpoint").value  # QUILL_ENDPOINT, or config.toml's
+        endpoint = default if isinstance(default, str) else None
     return ModelSource(endpoint, api_key, offline)
 
 
@@ -383,13 +392,24 @@ def load_options(
     )
 
 
+def stats_shown(no_stats: bool) -> bool:
+    """Whether the stats line shows: not with --no-stats, nor where the user's stats setting
+    (QUILL_STATS, config.toml) is false."""
+    from cli.store.config import in_force
+
+    return not no_stats and in_force("stats").value is not False
+
+
 def model_request(name: str | None) -> ModelRequest:
     """What a model name asks for (None: the default model), without obtaining it."""
+    from cli.store.config import in_force
     from cli.store.models import parse_model_name
     from cli.store.registry import load_registry
 
     registry = load_registry()
-    return parse_model_name(name or registry.default, registry)
+    default = in_force("model").value or registry.default  # the user's default, else quill's
+    assert isinstance(default, str)
+    return parse_model_name(name or default, registry)
 
 
 def model_label(name: str | None) -> str:
