@@ -64,5 +64,34 @@ def reference_markdown() -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
+REGISTRY_START = "<!-- the registry's models: cli/docgen.py registry_markdown, from models.yaml -->"
+REGISTRY_END = "<!-- end of the registry's models -->"
+
+
+def registry_markdown() -> str:
+    """The registry's models as docs/models.md lists them (tests/test_docs.py keeps it equal)."""
+    from cli.store.registry import load_registry
+    from cli.store.wheels import WheelSource
+
+    registry = load_registry()
+    rows = []
+    for alias, entry in registry.models.items():
+        tags = ", ".join(f"**{t}**" if t == entry.default_tag else t for t in entry.tags)
+        wheel = any(isinstance(s, WheelSource) for t in entry.tags.values() for s in t.sources)
+        notes = [
+            *(["base model: continues text"] if entry.base else []),
+            *(["also from the package index"] if wheel else []),
+        ]
+        context = f"{entry.context:,}" if entry.context else "?"
+        rows.append(
+            f"| `{alias}` | {_cell(entry.description)} | {tags} | {context} | {', '.join(notes)} |"
+        )
+    header = [
+        "| alias | model | tags (default in bold) | context | notes |",
+        "|---|---|---|---|---|",
+    ]
+    return "\n".join([REGISTRY_START, *header, *rows, REGISTRY_END]) + "\n"
+
+
 if __name__ == "__main__":
     print(reference_markdown(), end="")

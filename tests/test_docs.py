@@ -240,3 +240,25 @@ def test_pasted_help_is_current():
     assert not stale, (
         f"stale --help in the docs (python scripts/refresh_docs.py --help-blocks): {stale}"
     )
+
+
+def test_troubleshooting_lists_every_exit_code_in_helps_words():
+    from cli.errors import EXIT_CODES
+
+    text = (ROOT / "docs" / "troubleshooting.md").read_text()
+    listed = dict(re.findall(r"^\| (\d+) \| (.+) \|$", text, re.M))
+    assert {int(code): meaning for code, meaning in listed.items()} == EXIT_CODES
+
+
+def test_the_readme_command_table_lists_every_command():
+    from cli.app import COMMANDS
+
+    table = (ROOT / "README.md").read_text().split("## Commands", 1)[1].split("\n\n", 2)[1]
+    named = set(re.findall(r"^\| `quill ([\w-]+)", table, re.M))
+    assert named == {name for name, *_ in COMMANDS}
+
+
+def test_the_registry_list_in_models_md_is_models_yaml():
+    from cli.docgen import registry_markdown
+
+    assert registry_markdown() in (ROOT / "docs" / "models.md").read_text()
