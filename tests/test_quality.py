@@ -10,6 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from cli.app import app
+from cli.commands.quality import report_files
 
 from conftest import PPL_TEXT
 from reference import Reference
@@ -139,3 +140,24 @@ def test_quant_report_speeds_carry_their_spread_and_threads(runner, tiny32_path)
     for line in lines[2:]:
         cells = [cell.strip() for cell in line.strip("|").split("|")]
         assert int(cells[5]) >= 1 and " ± " in cells[6] and " ± " in cells[7]
+
+
+def test_quant_report_leaves_the_users_own_quantized_files(runner, tiny32_path, tmp_path):
+    """The user quantized the model to q8_0 beside it; a report over q8_0 makes its own file."""
+    source = tmp_path / "tiny32.gguf"
+    source.write_bytes(tiny32_path.read_bytes())
+    mine = tmp_path / "tiny32-q8_0.gguf"
+    made = runner.invoke(app, ["quantize", str(source), "--to", "q8_0", "-o", str(mine)])
+    assert made.exit_code == 0, made.stderr
+    before = mine.read_bytes()
+    mine.write_bytes(before + b"the user's own bytes")  # a file the report must not replace
+    result = runner.invoke(
+        app,
+        ["quant-report", str(source), "-f", str(PPL_TEXT), "--types", "f16,q8_0",
+         "--kv-types", "f16", "--ctx", "64", "--chunks", "1", "-p", "8", "-n", "2", "-r", "1",
+         "--json"],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    assert mine.read_bytes() == before + b"the user's own bytes"
+    assert (report_files() / "tiny32-q8_0.gguf").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tiny32-q8_0.gguf", "tiny32.gguf"]

@@ -229,6 +229,16 @@ def quant_report(
         render.quant_report_table(rows, kv_ctx, markdown=output.markdown)
 
 
+def report_files() -> Path:
+    """Where quant-report keeps the files it quantizes: apart from the user's models, and made
+    again by each report."""
+    from cli.store.home import quill_home
+
+    folder = quill_home() / "cache" / "quant-report"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
 def _quantized_models(
     request: ModelRequest, source: Path, weights: list[str], threads: int | None
 ) -> list[tuple[str, Path]]:
@@ -254,9 +264,11 @@ def _quantized_models(
     with StepProgress("quantizing") as progress:
 
         def quantized(request: ModelRequest, source: Path, target: str) -> Path:
+            # The report's own files, apart: a user's quantized model of the same name stays.
+            output = report_files() / f"{source.stem}-{target}.gguf"
             made = make_quantized(
-                label, request, source, target, registry, quantize_threads, force=True,
-                on_tensor=progress.update,
+                label, request, source, target, registry, quantize_threads, output, force=True,
+                on_tensor=progress.update, keep=False,
             )  # fmt: skip
             return Path(made.result.output)
 

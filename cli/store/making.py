@@ -52,9 +52,11 @@ def make_quantized(
     force: bool = False,
     on_tensor: TensorProgress | None = None,
     on_start: Callable[[], None] | None = None,
+    keep: bool = True,
 ) -> Made:
     """Quantize source to target; the output goes beside the source, or under QUILL_HOME/models
-    for a model of the store, and is recorded there under alias:target."""
+    for a model of the store, and is recorded there under alias:target (keep=False: neither,
+    for a file of quill's own at output, such as quant-report's)."""
     read_model(source)  # not a GGUF, or truncated: one clear error before llama.cpp tries
     stem = re.sub(r"[-._](q\d\w*|f16|bf16|f32|iq\w+)$", "", source.stem, flags=re.IGNORECASE)
     base = name.partition(":")[0]
@@ -85,7 +87,7 @@ def make_quantized(
     finally:
         log.listener = None
     made_name = f"{alias}:{target}"
-    if in_store or output.resolve().is_relative_to(quill_home().resolve()):
+    if keep and (in_store or output.resolve().is_relative_to(quill_home().resolve())):
         what = (str(output), made_name, "quantize", None, output.name, result.output_bytes, None)
         record(quill_home(), Download(*what, time.time(), file_quant(output)))
     return Made(made_name, result)
