@@ -150,7 +150,7 @@ class ChatNotFoundError(UsageError):
         elif not matches:
             text = f"no saved chat {shown} in {folder}"
         else:
-            text = f"{shown} matches {len(matches)} chats ({', '.join(matches[:4])})"
+            text = f"{shown} matches {len(matches)} chats ({', '.join(matches)})"
         super().__init__(text)
 
 

@@ -82,3 +82,21 @@ def test_the_default_endpoint_is_where_run_sends_its_request(tmp_path):
     )
     assert result.returncode == 6, result.stderr
     assert "127.0.0.1:9" in result.stderr
+
+
+def test_the_stats_choice_hides_the_stats_line_and_a_flag_still_does(tmp_path, smollm2_path):
+    args = ("run", "-m", str(smollm2_path), "-n", "2", "hello")
+    shown = run_quill(tmp_path, *args)
+    assert shown.returncode == 0 and "TTFT" in shown.stderr
+    hidden = run_quill(tmp_path, *args, env=quill_env(tmp_path, QUILL_STATS="0"))
+    assert hidden.returncode == 0 and "TTFT" not in hidden.stderr
+    assert run_quill(tmp_path, "config", "set", "stats", "no").returncode == 0
+    assert "TTFT" not in run_quill(tmp_path, *args).stderr
+    # The variable beats the file.
+    assert "TTFT" in run_quill(tmp_path, *args, env=quill_env(tmp_path, QUILL_STATS="on")).stderr
+    assert (
+        "TTFT"
+        not in run_quill(
+            tmp_path, *args, "--no-stats", env=quill_env(tmp_path, QUILL_STATS="on")
+        ).stderr
+    )

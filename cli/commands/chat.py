@@ -137,6 +137,17 @@ def chat(
     spec: SpecMode = "off",
     draft: DraftModel = None,
     draft_tokens: DraftTokens = None,
+    list_chats: Annotated[
+        bool,
+        typer.Option(
+            "--list",
+            help="List the saved chats, the newest first: the ID --resume takes, when, turns, "
+            "model, first words. Opens no model.",
+        ),
+    ] = False,
+    json_output: Annotated[
+        bool, typer.Option("--json", help="With --list: one JSON array on stdout.")
+    ] = False,
 ) -> None:
     """Chat with a model in the terminal: each turn prefills only what is new."""
     from dataclasses import replace
@@ -145,13 +156,18 @@ def chat(
     from cli.store.promptcache import chat_cache
     from cli.store.transcripts import TranscriptFiles
 
+    if list_chats or json_output:
+        _list_chats(json_output, list_chats, [name, model, resume, transcript])
+        return
     constraint = build_constraint(schema, schema_multi, json_format, grammar, strict)
     system = system_with_schema(system, constraint)
     speculation = spec_options(spec, draft, draft_tokens, endpoint, constraint)
     if on_overflow not in OVERFLOW_POLICIES:
         raise UsageError(f"--on-overflow takes truncate or error, not {on_overflow!r}")
-    chosen, transcript = _resumed(resume, transcript, shared.model_name(name, model), endpoint)
     source = shared.model_source(endpoint, api_key, offline, rpc)
+    chosen, transcript = _resumed(
+        resume, transcript, shared.model_name(name, model), source.endpoint
+    )
     options = shared.load_options(ctx, threads, gpu_layers, kv_type, kv_k, kv_v, rpc)
     template = read_template_option(chat_template)
     settings = ModelSettings(chat_template=template, think=think, spec=speculation)
@@ -181,7 +197,8 @@ def chat(
         )
         if session.continued:
             render.info_line(f"continuing the {session.continued} messages in {transcript}")
-        repl = Repl(session, opener(settings), not no_stats, constraint, report.after_turn)
+        shown = shared.stats_shown(no_stats)
+        repl = Repl(session, opener(settings), shown, constraint, report.after_turn)
         try:
             repl.run()
         finally:
@@ -214,7 +231,7 @@ def _model_and_transcript(
 ) -> tuple[str | None, Path]:
     """The model to open (a server's first where it names none) and the transcript file (by
     default a new one under chats/, named for the time and the model)."""
-    from cli.store.chats import chats_dir
+    from cli.store.chats import new_transcript
 
     if transcript is not None and (not transcript.name or transcript.is_dir()):
         raise UsageError(f"--transcript {transcript} is a directory: give a file such as chat.json")
@@ -222,9 +239,43 @@ def _model_and_transcript(
         chosen = source.served_name(chosen)
     if transcript is None:
         label = chosen if source.endpoint and chosen else shared.model_label(chosen)
-        started = time.strftime("%Y%m%d-%H%M%S")
-        transcript = chats_dir() / f"{started}-{label.replace('/', '_')}.json"
+        transcript = new_transcript(label)
     return chosen, transcript
+
+
+def _list_chats(json_output: bool, list_chats: bool, chat_options: list[object]) -> None:
+    """--list: the saved chats, the newest first, as a table or (--json) a JSON array."""
+    import json
+
+    from cli.store.chats import chat_summaries, chats_dir
+    from cli.units import shortened
+
+    if not list_chats:
+        raise UsageError("--json goes with --list (a reply as JSON: --format json)")
+    if any(option is not None for option in chat_options):
+        raise UsageError("--list starts no chat: drop the model, --resume and --transcript")
+    chats = chat_summaries()
+    if json_output:
+        objects = [
+            {"id": c.id, "path": str(c.path), "saved": _when(c.written, "%Y-%m-%dT%H:%M:%S%z"),
+             "model": c.model, "first_message": c.first, "turns": c.turns, "error": c.problem}
+            for c in chats
+        ]  # fmt: skip
+        render.write_stdout(json.dumps(objects, ensure_ascii=False, indent=1) + "\n")
+    elif not chats:
+        render.info_line(f"no saved chats in {chats_dir()} yet: `quill chat` starts one")
+    else:
+        rows = [
+            [c.id, _when(c.written, "%Y-%m-%d %H:%M"), str(c.turns), c.model or "?",
+             shortened(c.first or ("(unreadable)" if c.problem else "(none yet)"), 50)]
+            for c in chats
+        ]  # fmt: skip
+        render.write_stdout(render.columns(["ID", "SAVED", "TURNS", "MODEL", "FIRST"], rows, (2,)))
+        render.info_line("continue one with `quill chat --resume ID`")
+
+
+def _when(seconds: float, form: str) -> str:
+    return time.strftime(form, time.localtime(seconds))
 
 
 def _typed_settings(invocation: typer.Context) -> list[str]:

@@ -402,14 +402,11 @@ def stats_shown(no_stats: bool) -> bool:
 
 def model_request(name: str | None) -> ModelRequest:
     """What a model name asks for (None: the default model), without obtaining it."""
-    from cli.store.config import in_force
+    from cli.store.config import default_model
     from cli.store.models import parse_model_name
     from cli.store.registry import load_registry
 
-    registry = load_registry()
-    default = in_force("model").value or registry.default  # the user's default, else quill's
-    assert isinstance(default, str)
-    return parse_model_name(name or default, registry)
+    return parse_model_name(name or default_model(), load_registry())
 
 
 def model_label(name: str | None) -> str:

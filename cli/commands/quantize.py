@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from cli.commands.options import JsonOutput, Offline, Threads, check_threads
+from cli.commands.options import JsonOutput, Offline, check_threads
 
 if TYPE_CHECKING:
     from cli.store.models import ModelRequest
@@ -23,7 +23,16 @@ def quantize(
     output: Annotated[
         Path | None, typer.Option("-o", "--output", help="Where to write it.")
     ] = None,
-    threads: Threads = None,
+    threads: Annotated[
+        int | None,
+        typer.Option(
+            "-t",
+            "--threads",
+            min=1,
+            help="Default: every physical core, busy or not (quantize does not measure other "
+            "work).",
+        ),
+    ] = None,
     allow_requantize: Annotated[
         bool,
         typer.Option(

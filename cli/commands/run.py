@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -61,14 +62,16 @@ class RunRequest:
 
 
 def run(
+    invocation: typer.Context,
     words: Annotated[
         list[str] | None,
         typer.Argument(
-            metavar="[MODEL] PROMPT",
+            metavar="[MODEL] [PROMPT]",
             show_default=False,
             help="The prompt; text on stdin comes first, then this. Two arguments are a model "
             "(as -m takes it: an alias, a model on disk, a .gguf path) and the prompt, in "
-            "Ollama's order.",
+            "Ollama's order. One that names a model is the model, as in ollama run MODEL: the "
+            "prompt is then stdin, or at a terminal a chat opens.",
         ),
     ] = None,
     model: shared.ModelOption = None,
@@ -141,8 +144,15 @@ def run(
         ),
     ] = None,
 ) -> None:
-    """Generate a reply to PROMPT, streamed to stdout; reasoning and timing go to stderr."""
-    model, prompt = shared.model_and_prompt(words or [], model)
+    """Generate a reply to PROMPT, streamed to stdout; reasoning and timing go to stderr. A
+    MODEL without a prompt, at a terminal, opens a chat with it (quill chat MODEL)."""
+    words = words or []
+    if len(words) == 1 and model is None and _one_argument_is_model(words[0], endpoint):
+        model, words = words[0], []
+        if shared.stdin_is_terminal():  # no prompt anywhere: Ollama's `ollama run MODEL`
+            _chat_instead(invocation, locals())
+            return
+    model, prompt = shared.model_and_prompt(words, model)
     constraint = build_constraint(schema, schema_multi, json_format, grammar, strict)
     speculation = spec_options(spec, draft, draft_tokens, endpoint, constraint)
     if logprobs is not None and speculation is not None:
@@ -151,7 +161,7 @@ def run(
             "logits, which speculative decoding skips; drop one of them"
         )
     source = shared.model_source(endpoint, api_key, offline, rpc)
-    if endpoint and (chat_template or think is not None or think_budget is not None):
+    if source.endpoint and (chat_template or think is not None or think_budget is not None):
         raise UsageError(
             "--chat-template, --think and --think-budget apply to a local model; a server "
             "renders its own template (quill serve takes --chat-template and --think)"
@@ -160,8 +170,8 @@ def run(
         from cli.ui import render
 
         render.warning_line("--logprobs shows only in --json output; none are computed without it")
+    from cli.store.config import default_model
     from cli.store.promptcache import run_cache
-    from cli.store.registry import load_registry
 
     template, shown = read_template_option(chat_template), logprobs if json_output else None
     cache = None if no_cache else run_cache(shared.size_option("--cache-max", cache_max))
@@ -177,7 +187,7 @@ def run(
         sampling=constrained_sampling(sampling, constraint),
         stop=tuple(stop or ()),
         json_output=json_output,
-        show_stats=not no_stats,
+        show_stats=shared.stats_shown(no_stats),
         timeline=timeline,
         verbose=verbose,
         hide_thinking=hide_thinking,
@@ -186,14 +196,73 @@ def run(
     )
     # Checked with a server too, as chat checks them: a typo is one line whichever runs the model.
     options = shared.load_options(ctx, threads, gpu_layers, kv_type, kv_k, kv_v, rpc)
-    local = None if endpoint else options
-    name, backend = shared.open_backend(model, source, local, settings, verbose)
-    if not endpoint:  # named as the user named it (the default: its alias)
-        name = model or load_registry().default
-    raise typer.Exit(run_once(request, name, backend))
+    local = None if source.endpoint else options
+    label, backend = shared.open_backend(model, source, local, settings, verbose)
+    # --json's "model" as the user named it (the default: its alias); the stats line's the one
+    # opened: the tag a bare alias resolved to, a file by its name (a path would fill the line).
+    name = label if source.endpoint else model or default_model()
+    stats_name = Path(label).name if label.endswith(".gguf") else label
+    raise typer.Exit(run_once(request, name, backend, stats_name))
 
 
-def run_once(request: RunRequest, name: str, backend: Backend) -> int:
+def names_model(word: str) -> bool:
+    """Whether run's one argument names a model rather than being the prompt, judged without
+    the network: what the two-argument form takes as a model (names_known_model: an alias or
+    alias:tag from models.yaml, a model on disk by its store name, an existing .gguf file), or
+    what the model parser reads as a models.yaml or Hugging Face model (an Ollama size tag such as
+    qwen2.5:0.5b, OWNER/REPO[:QUANT], hf://OWNER/REPO/FILE.gguf), or a missing .gguf file (opening
+    it says so, where a prompt would be answered by another model). A file of another kind, or
+    text with a space, is a prompt."""
+    from cli.errors import QuillError
+
+    if shared.names_known_model(word):
+        return True
+    if not word or any(character.isspace() for character in word):
+        return False
+    if word.endswith(".gguf"):
+        return True
+    try:
+        return shared.model_request(word).path is None  # no file: a registry or Hub model
+    except QuillError:  # no model of any form
+        return False
+
+
+def _one_argument_is_model(word: str, endpoint: str | None) -> bool:
+    """Whether run's one argument is the model (names_model). One that only resembles a model's
+    name (llama3, qwen:0.5b) is the unknown-model error with its guess, as with two arguments:
+    an Ollama user's model name, answered as a prompt by another model, would mislead. (A
+    server's model names are its own: with --endpoint such a word stays the prompt.)"""
+    from cli.store.registry import load_registry, names_near
+
+    if names_model(word):
+        return True
+    if endpoint is None and names_near(word, load_registry(), shared.downloaded_names()):
+        shared.model_label(word)  # the unknown-model error, with its "did you mean" (exit 3)
+    return False
+
+
+def _chat_instead(invocation: typer.Context, values: dict[str, Any]) -> None:
+    """quill chat, given run's options as run got them (values: run's arguments, the model in
+    -m's place). An option only a single reply has (--json, --raw, ...) is refused: the chat
+    would drop it unseen."""
+    import inspect
+
+    from cli.commands.chat import chat
+
+    # --json is chat's with --list, not a reply as JSON: refused here, as run's other own options.
+    takes = set(inspect.signature(chat).parameters) - {"invocation", "json_output"}
+    for option in invocation.command.params:
+        name = option.name or ""
+        typed = getattr(invocation.get_parameter_source(name), "name", "") == "COMMANDLINE"
+        if typed and name not in takes and name != "words":
+            raise UsageError(
+                f"{option.opts[0]} goes with a prompt: quill run {values['model']} without one "
+                f"opens a chat, which takes no {option.opts[0]}"
+            )
+    chat(invocation, **{key: value for key, value in values.items() if key in takes})
+
+
+def run_once(request: RunRequest, name: str, backend: Backend, label: str) -> int:
     from cli.commands.cache import finish_prompt_cache
     from cli.engine.metrics import MetricsRecorder
     from cli.ui import render
@@ -226,7 +295,7 @@ def run_once(request: RunRequest, name: str, backend: Backend) -> int:
                 messages, request.max_tokens, request.sampling, request.stop
             )
         try:
-            code = _stream(backend, recorder, events, request, name)
+            code = _stream(backend, recorder, events, request, name, label)
             show = request.show_stats and not request.json_output
             # An interrupted run leaves at once: no state is written on the way out.
             finish_prompt_cache(backend, show, keep=code == EXIT_OK)
@@ -244,8 +313,6 @@ def _plan_at_load(backend: Backend) -> dict[str, Any] | None:
     header alone); None for a server's model."""
     if backend.server_url is not None or backend.kv_type_k is None or backend.kv_type_v is None:
         return None
-    from pathlib import Path
-
     from cli.engine.options import LoadOptions, memory_plan
     from cli.store.header import header_on_disk
 
@@ -259,7 +326,8 @@ def _stream(
     recorder: MetricsRecorder,
     events: Iterator[StreamEvent],
     request: RunRequest,
-    model_name: str,
+    model_name: str,  # --json's
+    label: str,  # the stats line's
 ) -> int:
     from cli.ui import render
 
@@ -300,7 +368,7 @@ def _stream(
             stats = backend.speculation_stats
             render.print_timeline(recorder.arrivals(), guessed=stats.guessed if stats else ())
         if request.show_stats:
-            render.print_stats(metrics, backend.reports_runtime)
+            render.print_stats(metrics, backend.reports_runtime, label)
     if request.verbose and backend.perf_note():
         render.info_line(backend.perf_note())
     if request.verbose and request.constraint is not None:

@@ -42,10 +42,10 @@ ThinkBudget = Annotated[
 
 def registry_family(model: str | None) -> str | None:
     """The template family models.yaml records for a model name (alias or alias:tag)."""
+    from cli.store.config import default_model
     from cli.store.registry import load_registry
 
-    registry = load_registry()
-    entry = registry.models.get((model or registry.default).partition(":")[0])
+    entry = load_registry().models.get((model or default_model()).partition(":")[0])
     return entry.template if entry else None
 
 

@@ -102,6 +102,14 @@ def in_force(name: str) -> InForce:
     return InForce(name, None, None)
 
 
+def default_model() -> str:
+    """The model a command takes when none is named: the user's, else the registry's."""
+    from cli.store.registry import load_registry
+
+    configured = in_force("model").value
+    return configured if isinstance(configured, str) else load_registry().default
+
+
 def set_setting(name: str, text: str | None) -> None:
     """Write one setting into config.toml (None: remove it), the others kept."""
     known(name)

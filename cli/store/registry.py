@@ -220,9 +220,38 @@ def model_kind(name: str, registry: Registry) -> str | None:
 
 
 def names_near(name: str, registry: Registry, local_names: Iterable[str] = ()) -> list[str]:
-    """The model names a mistyped one may have meant, for an error's "did you mean": the
-    registry's aliases and the names of models on disk, closest first by difflib's ratio."""
+    """The model names a mistyped one may have meant, for an error's "did you mean" (three at
+    most): the registry's aliases and the names of models on disk, closest first by difflib's
+    ratio. Ollama's names are read as models.yaml writes them: a size as the tag (qwen2.5:0.5x,
+    qwen:0.5b) is compared as qwen2.5-0.5x; a family without a size (qwen2.5, qwen, llama3, or
+    qwen2.5:q8_0) names the family's aliases, smallest first (a size difflib cannot guess)."""
     import difflib
 
+    family, _, tag = name.partition(":")
+    size = tag.partition("-")[0] if tag[:1].isdigit() else ""  # 0.5b-q8_0: size, quantization
+    if not size:
+        kin = [alias for alias in registry.models if _of_family(alias, family)]
+        if kin:
+            return sorted(kin, key=_alias_size)[:3]
+    wanted = f"{family}-{size}" if size else name
     candidates = {*registry.models, *local_names}
-    return difflib.get_close_matches(name, sorted(candidates), n=3, cutoff=0.6)
+    return difflib.get_close_matches(wanted, sorted(candidates), n=3, cutoff=0.6)
+
+
+# The size an alias ends with, in parameters: qwen2.5-0.5b, gemma3-270m.
+ALIAS_SIZE = re.compile(r"-(\d+(?:\.\d+)?)([mb])$")
+
+
+def _of_family(alias: str, family: str) -> bool:
+    """Whether alias is family's model of some version or size: qwen2.5-0.5b is qwen's,
+    qwen2.5's and qwen2's; llama3.2-1b is llama3's. A version or size follows the family name
+    directly, so that a word ("all", a prompt's first) is no family of all-minilm-l6-v2."""
+    return re.match(rf"{re.escape(family)}[-.]?\d", alias) is not None
+
+
+def _alias_size(alias: str) -> tuple[float, str]:
+    found = ALIAS_SIZE.search(alias)
+    if found is None:  # phi4-mini: after the sized ones
+        return float("inf"), alias
+    number = float(found.group(1))
+    return (number / 1000 if found.group(2) == "m" else number), alias

@@ -50,9 +50,12 @@ def _ms(seconds: float | None) -> str:
     return "n/a" if seconds is None else f"{seconds * 1000:.0f} ms"
 
 
-def stats_parts(metrics: RunMetrics, local: bool = True) -> list[tuple[str, str]]:
+def stats_parts(
+    metrics: RunMetrics, local: bool = True, model: str | None = None
+) -> list[tuple[str, str]]:
     """(label, value) pairs of the stats line, in the order they are shown; a server's model
-    (not local) has no load time, KV cache or threads of ours."""
+    (not local) has no load time, KV cache or threads of ours. The model it ran comes last (None:
+    none named), so that what reads the line from its start finds the timings where they were."""
     m = metrics
     prefill = f"{m.prompt_tokens - m.cached_prompt_tokens} tok, {m.prefill_tokens_per_s:.1f} tok/s"
     if m.cached_prompt_tokens:
@@ -83,7 +86,8 @@ def stats_parts(metrics: RunMetrics, local: bool = True) -> list[tuple[str, str]
         if m.rpc
         else ("GPU layers", str(m.gpu_layers)),
     ]
-    return [part for part in parts if local or part[0] in REMOTE_PARTS]
+    shown = [part for part in parts if local or part[0] in REMOTE_PARTS]
+    return shown + ([("model", model)] if model is not None else [])
 
 
 def _threads_text(m: RunMetrics) -> str:
@@ -141,9 +145,9 @@ def write_reasoning(text: str) -> None:
     write_stderr(text)
 
 
-def print_stats(metrics: RunMetrics, local: bool = True) -> None:
+def print_stats(metrics: RunMetrics, local: bool = True, model: str | None = None) -> None:
     line = _text()
-    for index, (label, value) in enumerate(stats_parts(metrics, local)):
+    for index, (label, value) in enumerate(stats_parts(metrics, local, model)):
         if index:
             line.append(" · ", style="dim")
         line.append(f"{label} ", style="dim")
