@@ -88,6 +88,7 @@ def test_piped_stdin_is_the_prompt_of_the_model_named_alone(runner: CliRunner, t
     assert typed.exit_code == 0, typed.stderr
     reply, expected = json.loads(piped.stdout), json.loads(typed.stdout)
     assert reply["model"] == str(tiny_path)
+    # same path: one prompt, greedy, each run alone on one process's CPU path
     assert reply["prompt_tokens"] == expected["prompt_tokens"] and reply["text"] == expected["text"]
 
 

@@ -188,6 +188,7 @@ def test_post_sampling_probs_are_of_what_the_sampler_chain_drew_from(server):
     # The same seed draws the same tokens with and without the probabilities read.
     plain = complete(server, {**body, "temperature": 1.0, "top_k": 3, "min_p": 0, "top_p": 1,
                               "post_sampling_probs": False, "return_tokens": True})  # fmt: skip
+    # same path: one server, each request alone, the same seed
     assert [e["id"] for e in reply["completion_probabilities"]] == plain["tokens"]
     # Greedy draws the best token for certain.
     greedy = complete(server, {**body, "temperature": 0})
