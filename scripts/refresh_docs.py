@@ -49,6 +49,7 @@ HELP_LINE = re.compile(r"^\$ quill (.*)--help$")
 MACHINE_PREFIX = "Output on this page: pasted by `scripts/refresh_docs.py`"
 TRANSLATIONS = {"guide.zh.md": "guide.md"}  # a translation shows its original's output
 SKIP = {  # a part of the command line: why it is not run here
+    "someone/": "needs a Hub: shown from a run against tests/hubserver.py, a local stand-in",
     "gemma3-270m": "needs Gemma 3 270M, a 240 MB download from the package index",
     "Hi there": "a first run on a machine without the model: downloads from the package index",
     "Tell me about the sea": "shows a run beside a busy process started for the purpose",

@@ -84,6 +84,7 @@ def test_plot_writes_a_png_that_opens(runner, tiny32_path, tmp_path):
         (["-d", "9000"], "trained for 4096"),
         (["-r", "0"], "-r/--repetitions must be at least 1"),
         (["--json", "--csv"], "choose one of --json, --csv and --markdown"),
+        (["--endpoint", "http://127.0.0.1:9/v1", "--predict"], "--predict predicts this machine"),
     ],
 )
 def test_bad_axes_are_refused_clearly(runner, tiny32_path, args, needle):

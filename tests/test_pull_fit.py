@@ -94,16 +94,38 @@ def hub(quant_files, tmp_path_factory):
         yield served
 
 
-def pull(hub: Hub, home: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return run_quill(home, "pull", *args, env=hub_env(hub.url, home))
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory) -> Path:
+    """A quill home where this machine's decode speed was measured once (a pull's first
+    prediction calibrates, seconds): each test's home starts from its measurements."""
+    return tmp_path_factory.mktemp("measured")
+
+
+@pytest.fixture
+def pull(hub, measured, tmp_path):
+    """`quill pull ARGS` against the stand-in, in this test's home, starting from the
+    measurements of the module's first pull."""
+    names = ("bandwidth.json", "predict.json")
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        for name in names:
+            if (measured / name).is_file() and not (tmp_path / name).exists():
+                shutil.copy(measured / name, tmp_path / name)
+        result = run_quill(tmp_path, "pull", *args, env=hub_env(hub.url, tmp_path))
+        for name in names:
+            if (tmp_path / name).is_file():
+                shutil.copy(tmp_path / name, measured / name)
+        return result
+
+    return run
 
 
 def hf_files(home: Path) -> list[Path]:
     return [p for p in (home / "hf").rglob("*") if p.is_file() and not p.name.endswith(".lock")]
 
 
-def test_a_70b_header_is_refused_with_only_its_header_read(hub, tmp_path):
-    result = pull(hub, tmp_path, "owner/huge-GGUF:Q4_K_M")
+def test_a_70b_header_is_refused_with_only_its_header_read(hub, tmp_path, pull):
+    result = pull("owner/huge-GGUF:Q4_K_M")
     assert result.returncode == 8, result.stderr
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith("quill: error: owner/huge-GGUF:Q4_K_M (Huge-70B-Instruct-Q4_K_M.gguf)")
@@ -114,7 +136,7 @@ def test_a_70b_header_is_refused_with_only_its_header_read(hub, tmp_path):
     assert all(t.start == 0 and t.end is not None and t.sent <= 2**21 for t in hub.transfers)
     assert hf_files(tmp_path) == []
     # --dry-run --force says what would happen, and still fetches nothing.
-    dry = pull(hub, tmp_path, "owner/huge-GGUF:Q4_K_M", "--dry-run", "--force", "--json")
+    dry = pull("owner/huge-GGUF:Q4_K_M", "--dry-run", "--force", "--json")
     assert dry.returncode == 0, dry.stderr
     plan = json.loads(dry.stdout)
     assert plan["fits"] is False and plan["path"] is None
@@ -122,29 +144,32 @@ def test_a_70b_header_is_refused_with_only_its_header_read(hub, tmp_path):
     assert hub.downloads == []
 
 
-def test_a_repository_alone_takes_the_largest_file_that_fits_with_room(hub, tmp_path):
-    listed = pull(hub, tmp_path, "owner/tiny-GGUF", "--dry-run", "--json", "--ctx", "512")
+def test_a_repository_alone_takes_the_largest_file_that_fits_with_room(hub, tmp_path, pull):
+    listed = pull("owner/tiny-GGUF", "--dry-run", "--json", "--ctx", "512")
     assert listed.returncode == 0, listed.stderr
     plan = json.loads(listed.stdout)
     needs = {one["quant"]: one["memory"]["total_bytes"] for one in plan["files"]}
     assert set(needs) == set(QUANTS) and plan["chosen"] == "Tiny-Q8_0.gguf"  # all fit in RAM
+    # Each file's decode speed, predicted here from its header alone (cli/measure/predict.py).
+    assert all(one["predicted_decode_tokens_per_s"] > 0 for one in plan["files"])
     assert needs["Q8_0"] > needs["Q6_K"] > needs["Q4_K_M"]
     # A budget the Q6_K plan fits with room to spare (90%), and the Q8_0 does not.
     budget = int(needs["Q6_K"] / 0.9) + 1024
     assert needs["Q8_0"] > 0.9 * budget
-    result = pull(hub, tmp_path, "owner/tiny-GGUF", "--mem", str(budget), "--ctx", "512")
+    result = pull("owner/tiny-GGUF", "--mem", str(budget), "--ctx", "512")
     assert result.returncode == 0, result.stderr
     assert "* Tiny-Q6_K.gguf" in result.stderr  # the table marks the one taken
+    assert "DECODE HERE" in result.stderr and "decode predicted here" in result.stderr
     assert all(f"Tiny-{quant}.gguf" in result.stderr for quant in QUANTS)
     assert "the largest of 5 files whose plan takes at most 90% of --mem" in result.stderr
     assert [t.path for t in hub.downloads] == ["Tiny-Q6_K.gguf"]
     # Too small for any: refused, the smallest's plan named.
-    tight = pull(hub, tmp_path, "owner/tiny-GGUF", "--mem", str(needs["Q3_K_M"] // 2))
+    tight = pull("owner/tiny-GGUF", "--mem", str(needs["Q3_K_M"] // 2))
     assert tight.returncode == 8 and "Tiny-Q3_K_M.gguf" in tight.stderr.splitlines()[-1]
 
 
-def test_repo_quant_takes_that_file(hub, tmp_path):
-    result = pull(hub, tmp_path, "owner/tiny-GGUF:Q8_0", "--json")
+def test_repo_quant_takes_that_file(hub, tmp_path, pull):
+    result = pull("owner/tiny-GGUF:Q8_0", "--json")
     assert result.returncode == 0, result.stderr
     plan = json.loads(result.stdout)
     assert plan["chosen"] == "Tiny-Q8_0.gguf" and len(plan["files"]) == 1
@@ -152,8 +177,8 @@ def test_repo_quant_takes_that_file(hub, tmp_path):
     assert [t.path for t in hub.downloads] == ["Tiny-Q8_0.gguf"]
 
 
-def test_the_plan_pull_prints_is_the_one_run_reports_after_loading(hub, tmp_path):
-    pulled = pull(hub, tmp_path, "owner/tiny-GGUF:Q4_K_M", "--json", "--ctx", "1024")
+def test_the_plan_pull_prints_is_the_one_run_reports_after_loading(hub, tmp_path, pull):
+    pulled = pull("owner/tiny-GGUF:Q4_K_M", "--json", "--ctx", "1024")
     assert pulled.returncode == 0, pulled.stderr
     planned = json.loads(pulled.stdout)["files"][0]["memory"]
     ran = run_quill(
@@ -164,20 +189,23 @@ def test_the_plan_pull_prints_is_the_one_run_reports_after_loading(hub, tmp_path
     reported = json.loads(ran.stdout)
     assert reported["memory"] == planned
     assert reported["kv_cache_bytes"] == planned["kv_bytes"]  # the loaded model's own KV cache
-    again = pull(hub, tmp_path, "owner/tiny-GGUF:Q4_K_M", "--json", "--ctx", "1024")
+    again = pull("owner/tiny-GGUF:Q4_K_M", "--json", "--ctx", "1024")
     assert (
         "already on disk" in again.stderr
         and json.loads(again.stdout)["files"][0]["memory"] == planned
     )
 
 
-def test_a_full_disk_is_refused_before_the_download(hub, tmp_path):
+def test_a_full_disk_is_refused_before_the_download(hub, tmp_path, pull, measured):
     """The Hub's cache on a 64 MiB tmpfs, mounted in a private namespace: too small for the file
     and the margin pull keeps."""
     if shutil.which("unshare") is None:
         pytest.skip("no unshare here to mount a private tmpfs")
     cache = tmp_path / "small-disk"
     cache.mkdir()
+    for name in ("bandwidth.json", "predict.json"):  # measured: no calibration in this test
+        if (measured / name).is_file():
+            shutil.copy(measured / name, tmp_path / name)
     env = hub_env(hub.url, tmp_path, HF_HOME=str(cache))
     script = (
         f'mount -t tmpfs -o size=64m none "{cache}" && exec "{QUILL}" pull owner/tiny-GGUF:Q8_0'

@@ -34,7 +34,8 @@ from quant.gguf import read_header
 
 from conftest import QUILL, quill_env
 
-GRID = ["-p", "16", "-n", "8", "-r", "1", "-t", "1"]
+# No decode prediction: its first calibration takes seconds (tests/test_predict.py has its own).
+GRID = ["-p", "16", "-n", "8", "-r", "1", "-t", "1", "--no-predict"]
 TiB = 2**40
 hub_env = test_header.hub_env  # the local Hub stand-in, a fixture
 
@@ -42,15 +43,18 @@ hub_env = test_header.hub_env  # the local Hub stand-in, a fixture
 @pytest.fixture
 def home(tmp_path, monkeypatch, quill_home) -> Iterator[Path]:
     """A quill home of this test's own: its replicas and prompt caches are the only ones. The
-    memory bandwidth bench measures once is shared with the session's home."""
-    home, measured = tmp_path / "home", "bandwidth.json"
+    memory bandwidth and the decode prediction's calibration bench measures once are shared
+    with the session's home."""
+    home = tmp_path / "home"
     home.mkdir()
-    if (quill_home / measured).is_file():
-        shutil.copy(quill_home / measured, home / measured)
+    for measured in ("bandwidth.json", "predict.json"):
+        if (quill_home / measured).is_file():
+            shutil.copy(quill_home / measured, home / measured)
     monkeypatch.setenv("QUILL_HOME", str(home))
     yield home
-    if (home / measured).is_file() and not (quill_home / measured).is_file():
-        shutil.copy(home / measured, quill_home / measured)
+    for measured in ("bandwidth.json", "predict.json"):
+        if (home / measured).is_file() and not (quill_home / measured).is_file():
+            shutil.copy(home / measured, quill_home / measured)
 
 
 def bench(runner, name: str, *extra: str):
@@ -65,7 +69,7 @@ def the_replica() -> Path:
 def test_smollm2s_replica_is_built_once_then_reused_and_every_row_says_so(
     runner, home, smollm2_path
 ):
-    built = bench(runner, str(smollm2_path), "--json")
+    built = bench(runner, str(smollm2_path), "--json", "--predict")  # --replica's default
     assert built.exit_code == 0, built.stderr
     name = str(smollm2_path)
     assert f"replica of {name}: built " in built.stderr and "MiB/s" in built.stderr
@@ -73,6 +77,10 @@ def test_smollm2s_replica_is_built_once_then_reused_and_every_row_says_so(
     assert data["model"] == f"replica of {name}"
     assert [row["replica_of"] for row in data["rows"]] == [name, name]
     assert all(row["tokens_per_s"] > 0 for row in data["rows"])
+    # The tg row beside the decode speed predicted from SmolLM2's header alone.
+    tg = data["rows"][1]
+    assert tg["predicted_tokens_per_s"] > 0 and tg["calibration"]["shares"].keys() >= {"Q4_1"}
+    assert "decode prediction with 1 threads:" in built.stderr
     path = the_replica()
     assert tensor_table(header_on_disk(path)) == tensor_table(header_on_disk(smollm2_path))
     stamp = path.stat().st_mtime_ns

@@ -137,6 +137,15 @@ def bench(
         ),
     ] = False,
     rpc: shared.Rpc = None,
+    predict: Annotated[
+        bool | None,
+        typer.Option(
+            "--predict/--no-predict",
+            help="Also predict each tg row's decode speed from the model's header alone and show "
+            "measured/predicted (docs/models.md says how; the first time with a thread count it "
+            "calibrates on synthetic models, a few seconds). Default: on with --replica.",
+        ),
+    ] = None,
 ) -> None:
     """Measure prefill and decode speed over a grid of lengths, depths, KV types and threads."""
     from cli.measure.bench import BenchGrid
@@ -155,12 +164,17 @@ def bench(
         repetitions=repetitions,
         spec=tuple(spec.split(",")),
         rpc=shared.parse_rpc(rpc),
+        predict=replica if predict is None else predict,
     )
     _check_grid(grid)
     specs = _spec_options(grid, draft, draft_tokens, endpoint)
     if endpoint and replica:
         raise UsageError("--replica measures here, and --endpoint a server: choose one")
-    source = shared.model_source(endpoint, api_key, offline, rpc)
+    if endpoint and predict:
+        raise UsageError(
+            "--predict predicts this machine's decode, and --endpoint measures a server's"
+        )
+    source = shared.model_source(endpoint, api_key, offline, rpc, configured=False)
     if source.endpoint:
         rows = _bench_endpoint(source, chosen, grid)
         _show_bench(rows, chosen or "endpoint", output, plot)
@@ -214,12 +228,22 @@ def _bench_here(
     of = f" (replica of {replica_of})" if replica_of else ""
     for row in run_bench(path, grid, on_load=name_cpu_path, speculate=speculate):
         rows.append(replace(row, replica_of=replica_of) if replica_of else row)
+        predicted = ""
+        if row.predicted_tokens_per_s and row.measured_over_predicted:
+            predicted = (
+                f", predicted {row.predicted_tokens_per_s:.1f} "
+                f"(measured/predicted {row.measured_over_predicted:.2f})"
+            )
         render.info_line(
             f"{row.test} @ depth {row.depth}, {row.kv_type}, {row.threads} threads, "
-            f"batch {row.batch}: {row.tokens_per_s:.1f} ± {row.tokens_per_s_sd:.1f} tok/s{of}"
+            f"batch {row.batch}: {row.tokens_per_s:.1f} ± {row.tokens_per_s_sd:.1f} tok/s"
+            f"{predicted}{of}"
         )
     for limit in dict.fromkeys(row.read_bandwidth for row in rows if row.read_bandwidth):
         render.info_line(limit.describe())
+    calibrations = {row.threads: row.calibration for row in rows if row.calibration}
+    for calibration in calibrations.values():
+        render.info_line(calibration.describe())
     return rows
 
 

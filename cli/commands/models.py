@@ -180,8 +180,36 @@ def _decision_on_disk(label: str, path: Path, options: LoadOptions, room: Room) 
 
 
 def _decode_predictor() -> Callable[[ModelHeader], float | None]:
-    """Decode tokens/s predicted here for a model, from its header (cli/measure/predict.py)."""
-    return lambda _model: None
+    """Decode tokens/s predicted here for a model, from its header alone (cli/measure/predict.py),
+    with the threads run would take now; the first prediction on a machine measures it (seconds,
+    once, said on stderr). None where the header gives no prediction."""
+    from cli.engine.freecores import measure_free_cores
+    from cli.errors import ModelLoadError
+    from cli.measure.predict import (
+        VECTORS,
+        decode_calibration,
+        predict_decode,
+        weights_read_by_type,
+    )
+    from cli.ui import render
+    from quant.gguf import GGUFError
+
+    threads = measure_free_cores().threads
+    said: list[str] = []  # the calibration's line, once
+
+    def predict(model: ModelHeader) -> float | None:
+        try:
+            types = [kind for kind in weights_read_by_type(model.header) if kind != VECTORS]
+            calibration = decode_calibration(threads, types)
+            if calibration.seconds and not said:
+                said.append(calibration.describe())
+                render.info_line(said[0])
+            return predict_decode(model.header, threads, calibration=calibration).tokens_per_s
+        except (GGUFError, ModelLoadError) as error:
+            render.warning_line(f"no decode prediction for {model.where}: {error}")
+            return None
+
+    return predict
 
 
 def _say_decision(json_output: bool, decision: FitDecision | None, path: Path | None) -> None:

@@ -5,7 +5,8 @@ depth D, prompt length P and generation length N, after one warm-up round:
   ppP @ dD: P random tokens prefilled after D cached tokens (tokens/s; time to the first token)
   tgN @ dD: N tokens decoded one by one after D cached tokens (tokens/s; the bytes each step
             reads, weights plus the KV cache so far, hence the GB/s that speed implies and its
-            share of this machine's measured read bandwidth: cli/measure/bandwidth.py)
+            share of this machine's measured read bandwidth: cli/measure/bandwidth.py; with
+            grid.predict, the speed cli/measure/predict.py predicts from the header alone)
 It only drives Engine.stream_generate: the engine's prefix cache keeps the depth filled once, so
 the timed call computes only the measured tokens.
 """
@@ -35,7 +36,16 @@ from cli.measure.bandwidth import (
     read_bandwidth,
     weights_read_per_token,
 )
+from cli.measure.predict import (
+    VECTORS,
+    DecodeCalibration,
+    DecodePrediction,
+    decode_calibration,
+    predict_decode,
+    weights_read_by_type,
+)
 from cli.store.header import header_on_disk
+from quant.gguf import GGUFHeader
 from quant.memory import ModelShape
 
 GREEDY_NO_EOS = SamplingParams(temperature=0.0, ignore_eos=True)
@@ -53,6 +63,7 @@ class BenchGrid:
     repetitions: int = 5
     spec: tuple[str, ...] = ("off",)  # speculative decoding modes for tg rows (tgN+ngram, ...)
     rpc: tuple[str, ...] = ()  # RPC servers that hold every layer (cli/engine/rpc.py)
+    predict: bool = False  # tg rows: also the decode speed predicted from the header alone
 
     @property
     def needed_ctx(self) -> int:
@@ -81,6 +92,10 @@ class BenchRow:
     cached_tokens: int | None = None  # remote ppP rows: the most prompt tokens the server reused
     replica_of: str | None = None  # the model a replica's rows measure (its weights are noise)
     rpc: tuple[str, ...] = ()  # the RPC servers that held the layers
+    predicted_tokens_per_s: float | None = None  # tg rows with grid.predict: from the header
+    measured_over_predicted: float | None = None  # tokens_per_s / predicted_tokens_per_s
+    prediction: DecodePrediction | None = None  # how it was predicted
+    calibration: DecodeCalibration | None = None  # the terms it took (the row's threads)
 
 
 def mean_sd(values: Sequence[float]) -> tuple[float, float]:
@@ -99,6 +114,7 @@ def run_bench(
     header = header_on_disk(model).header
     weights, shape = weights_read_per_token(header), ModelShape.from_header(header)
     limits: dict[int, Bandwidth] = {}  # by threads
+    calibrations: dict[int, DecodeCalibration] = {}  # by threads, with grid.predict
     for repack, kv_type, threads, batch in itertools.product(
         grid.repacks, grid.kv_types, grid.threads or (None,), grid.batches
     ):
@@ -106,6 +122,9 @@ def run_bench(
         threads = threads or measure_free_cores().threads
         if threads not in limits and not grid.rpc:  # before the load, quiet; cached after once
             limits[threads] = read_bandwidth(threads)
+        if grid.predict and threads not in calibrations and not grid.rpc:  # the same
+            types = [kind for kind in weights_read_by_type(header) if kind != VECTORS]
+            calibrations[threads] = decode_calibration(threads, types, grid.kv_types)
         options = LoadOptions(
             n_ctx=grid.needed_ctx,
             n_batch=batch,
@@ -128,9 +147,13 @@ def run_bench(
                         speculate(engine, mode)
                         row = measure_generation(engine, context, n, grid.repetitions, rng)
                         # A step reads the weights and the KV cache of every position before it.
-                        kv = kv_read_per_token(shape, depth + 1 + n / 2, kv_type)
+                        mean_depth = depth + 1 + n / 2
+                        kv = kv_read_per_token(shape, mean_depth, kv_type)
                         if not grid.rpc:  # the weights are read on the servers' machines
                             row = with_traffic(row, weights + kv, limits[threads])
+                        if mode == "off" and threads in calibrations:
+                            known = calibrations[threads]
+                            row = with_prediction(row, header, mean_depth, known)
                         row = replace(row, rpc=grid.rpc)
                         if mode != "off":
                             stats = engine.speculator.last_stats if engine.speculator else None
@@ -218,6 +241,21 @@ def with_traffic(row: BenchRow, per_token: int, limit: Bandwidth) -> BenchRow:
         weights_kv_gb_per_s=gb_per_s,
         bandwidth_share=share,
         read_bandwidth=limit,
+    )
+
+
+def with_prediction(
+    row: BenchRow, header: GGUFHeader, depth: float, calibration: DecodeCalibration
+) -> BenchRow:
+    """The tg row with the speed predicted for it from the header and its ratio to the measured."""
+    assert row.threads is not None  # a row measured here
+    predicted = predict_decode(header, row.threads, depth, row.kv_type, calibration)
+    return replace(
+        row,
+        predicted_tokens_per_s=predicted.tokens_per_s,
+        measured_over_predicted=row.tokens_per_s / predicted.tokens_per_s,
+        prediction=predicted,
+        calibration=calibration,
     )
 
 

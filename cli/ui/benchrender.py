@@ -30,7 +30,10 @@ COLUMNS += ("ttft_ms", "ttft_ms_sd", "bytes_per_token", "weights_kv_gb_per_s", "
 COLUMNS += ("cpu_path",)
 HEADERS = ["test", "depth", "KV", "threads", "batch", "tokens/s", "TTFT ms", "bytes/token"]
 HEADERS += ["read GB/s", "of limit"]
-COLUMNS += ("replica_of", "rpc")
+COLUMNS += ("replica_of", "rpc", "predicted_tokens_per_s", "measured_over_predicted")
+# Where any row has a prediction (bench --replica, --predict): the tg rows' predicted decode
+# speed and measured/predicted.
+PREDICTED = ["predicted", "measured/pred"]
 
 
 def _known(value: int | None) -> str:
@@ -51,6 +54,7 @@ def _grid(rows: Sequence[BenchRow]) -> tuple[list[str], list[list[str]]]:
     several = _compares_cpu_paths(rows)
     replica = any(row.replica_of for row in rows)
     rpc = any(row.rpc for row in rows)
+    predicted = any(row.predicted_tokens_per_s for row in rows)
     cells = []
     for row in rows:
         ttft = "" if row.ttft_ms is None else f"{row.ttft_ms:.1f} ± {row.ttft_ms_sd or 0:.1f}"
@@ -62,9 +66,16 @@ def _grid(rows: Sequence[BenchRow]) -> tuple[list[str], list[list[str]]]:
         path = [row.cpu_path] if several else []
         model = [f"replica of {row.replica_of}"] if replica else []
         servers = [",".join(row.rpc) or "local"] if rpc else []
-        cells.append([*where, rate, ttft, per_token, read, share, *path, *model, *servers])
-    headers = [*HEADERS, *["CPU path"] * several, *["model"] * replica, *["RPC servers"] * rpc]
-    return headers, cells
+        guess = _predicted_cells(row) if predicted else []
+        cells.append([*where, rate, ttft, per_token, read, share, *guess, *path, *model, *servers])
+    headers = [*HEADERS, *PREDICTED * predicted, *["CPU path"] * several, *["model"] * replica]
+    return [*headers, *["RPC servers"] * rpc], cells
+
+
+def _predicted_cells(row: BenchRow) -> list[str]:
+    if row.predicted_tokens_per_s is None or row.measured_over_predicted is None:
+        return ["", ""]
+    return [f"{row.predicted_tokens_per_s:.1f}", f"{row.measured_over_predicted:.2f}"]
 
 
 def table(rows: Sequence[BenchRow]) -> None:
