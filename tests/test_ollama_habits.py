@@ -144,6 +144,13 @@ def test_the_stats_line_names_the_model_it_ran(runner: CliRunner, tiny_path: Pat
     assert line.startswith("load ") and line.endswith(f" · model {tiny_path.name}")
 
 
+def test_a_chat_turns_stats_line_names_the_model_too(runner: CliRunner, tiny_path: Path) -> None:
+    result = runner.invoke(app, ["chat", "-m", str(tiny_path), "-n", "2"], input="hi\n")
+    assert result.exit_code == 0, result.stderr
+    (line,) = [text for text in result.stderr.splitlines() if TURN_STATS.search(text)]
+    assert line.endswith(f" · model {tiny_path.name}")
+
+
 def test_the_stats_line_names_the_tag_an_alias_ran(runner: CliRunner, smollm2_path: Path) -> None:
     result = runner.invoke(app, ["run", "smollm2-135m", "-n", "2", "--offline"], input="Hi")
     assert result.exit_code == 0, result.stderr

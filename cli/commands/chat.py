@@ -481,7 +481,8 @@ class Repl:
         interrupted = "interrupted" if session.messages[-1].interrupted else None
         metrics = recorder.summary(session.backend, interrupted)
         used = session.context_used() if session.backend.manages_window else None
-        self.last_stats = render.turn_stats_line(metrics, used)
+        shown = render.model_shown(session.model_name)
+        self.last_stats = render.turn_stats_line(metrics, used, shown)
         if self.show_stats:
             render.info_line(self.last_stats)
         if self.after_turn is not None:

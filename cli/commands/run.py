@@ -172,6 +172,7 @@ def run(
         render.warning_line("--logprobs shows only in --json output; none are computed without it")
     from cli.store.config import default_model
     from cli.store.promptcache import run_cache
+    from cli.ui import render
 
     template, shown = read_template_option(chat_template), logprobs if json_output else None
     cache = None if no_cache else run_cache(shared.size_option("--cache-max", cache_max))
@@ -201,7 +202,7 @@ def run(
     # --json's "model" as the user named it (the default: its alias); the stats line's the one
     # opened: the tag a bare alias resolved to, a file by its name (a path would fill the line).
     name = label if source.endpoint else model or default_model()
-    stats_name = Path(label).name if label.endswith(".gguf") else label
+    stats_name = render.model_shown(label)
     raise typer.Exit(run_once(request, name, backend, stats_name))
 
 

@@ -104,9 +104,15 @@ def _cached_text(m: RunMetrics) -> str:
     return f"{m.cached_prompt_tokens} cached, {m.restored_prompt_tokens} from disk"
 
 
-def turn_stats_line(m: RunMetrics, context_used: int | None) -> str:
+def model_shown(label: str) -> str:
+    """A model as a stats line names it: a file by its name (a path would fill the line)."""
+    return label.rsplit("/", 1)[-1] if label.endswith(".gguf") else label
+
+
+def turn_stats_line(m: RunMetrics, context_used: int | None, model: str | None = None) -> str:
     """The line after each chat reply (and /stats): what the turn prefilled next to what was
-    cached, the speeds, the context filled (None: a server keeps its own), speculation."""
+    cached, the speeds, the context filled (None: a server keeps its own), speculation, and the
+    model that answered, last (as run's stats line)."""
     line = (
         f"prefill {m.prompt_tokens - m.cached_prompt_tokens} new tokens "
         f"({_cached_text(m)}), {m.prefill_tokens_per_s:.0f} tok/s · "
@@ -119,6 +125,8 @@ def turn_stats_line(m: RunMetrics, context_used: int | None) -> str:
         line += f" · spec {speculation_text(m.speculation)}"
     if m.rpc:
         line += f" · RPC {', '.join(m.rpc)}"
+    if model:
+        line += f" · model {model}"
     return line
 
 
