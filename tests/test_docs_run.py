@@ -33,7 +33,8 @@ LONG = {"bench", "quant-report"}
 SKIP = {
     "gemma3-270m": "downloads Gemma 3 270M (240 MB) from the package index",
     "llama3.2-1b:q2_k": "needs the Hugging Face Hub",
-    "someone/": "needs a Hub (tests/test_pull_fit.py runs these against a local stand-in)",
+    "someone/Tiny-GGUF": "needs a Hub (tests/test_pull_fit.py runs these against a stand-in)",
+    "someone/Llama-3-70B-Instruct-GGUF:Q4_K_M": "needs a Hub (as above)",
     "--endpoint": "needs quill serve running on port 8080 (tests/test_serve.py covers it)",
     "--rpc": "needs quill rpc-server on the ports it names (tests/test_rpc.py covers it)",
     "rpc-server": "serves until stopped (tests/test_rpc.py starts and stops it)",
