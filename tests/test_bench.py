@@ -127,7 +127,7 @@ def test_repack_on_and_off_are_compared_and_named(runner, tiny32_path):
     as_markdown = runner.invoke(app, [*small, "--markdown"])
     assert as_markdown.stdout.splitlines()[0].endswith("| CPU path |")
     refused = runner.invoke(app, ["bench", str(tiny32_path), "--repack", "maybe"])
-    assert refused.exit_code == 2 and "--repack takes on, off or on,off" in refused.stderr
+    assert refused.exit_code == 2 and "--repack takes auto, on, off or a list" in refused.stderr
 
 
 def test_help_states_the_batch_and_threads_bench_uses(runner, tiny_path):

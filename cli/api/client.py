@@ -42,6 +42,7 @@ class RemoteModel:
     n_ctx = kv_cache_bytes = threads = gpu_layers = cached_tokens = restored_tokens = 0
     kv_type_k = kv_type_v = core_load = prompt_cache = speculation_stats = None
     rpc: tuple[str, ...] = ()
+    weights_placement = ""
 
     @property
     def location(self) -> str:

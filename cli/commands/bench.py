@@ -96,10 +96,11 @@ def bench(
         str,
         typer.Option(
             "--repack",
-            help="Weight repacking: on, off, or on,off to compare (on an AMX CPU, on means "
-            "repacking by tensor name with AMX avoided).",
+            help="Weight repacking: auto (each row's weights placed as quill run would place "
+            "them for that work: --paths), on, off, or a list such as auto,on,off to compare "
+            "(on an AMX CPU, on means repacking by tensor name with AMX avoided).",
         ),
-    ] = "on",
+    ] = "auto",
     json_output: shared.JsonOutput = False,
     csv_output: Annotated[bool, typer.Option("--csv", help="Print CSV on stdout.")] = False,
     markdown_output: shared.MarkdownOutput = False,
@@ -146,6 +147,15 @@ def bench(
             "calibrates on synthetic models, a few seconds). Default: on with --replica.",
         ),
     ] = None,
+    paths: Annotated[
+        bool,
+        typer.Option(
+            "--paths",
+            help="Show this CPU's path table instead: each weight type's prefill and decode "
+            "speed repacked and plain, measured once per CPU, threads and build on synthetic "
+            "models (a few seconds a type) and kept; what --repack auto follows.",
+        ),
+    ] = False,
 ) -> None:
     """Measure prefill and decode speed over a grid of lengths, depths, KV types and threads."""
     from cli.measure.bench import BenchGrid
@@ -153,6 +163,9 @@ def bench(
 
     chosen = shared.model_name(name, model)
     output = shared.output_format(json_output, csv_output, markdown_output)
+    if paths:
+        _show_paths(_numbers(threads, "--threads")[0] if threads else None, output)
+        return
     grid = BenchGrid(
         prompt_tokens=_numbers(prompt_tokens, "-p/--prompt-tokens") if prompt_tokens != "0" else (),
         gen_tokens=_numbers(gen_tokens, "-n/--gen-tokens") if gen_tokens != "0" else (),
@@ -160,7 +173,7 @@ def bench(
         kv_types=tuple(kv_type.split(",")),
         threads=_numbers(threads, "--threads") if threads else (),
         batches=_numbers(batch, "--batch"),
-        repacks=_switches(repack, "--repack"),
+        repacks=_repack_modes(repack),
         repetitions=repetitions,
         spec=tuple(spec.split(",")),
         rpc=shared.parse_rpc(rpc),
@@ -326,9 +339,31 @@ def _show_bench(
         render.info_line(f"plot written to {plot}")
 
 
-def _switches(value: str, flag: str) -> tuple[bool, ...]:
-    words = {"on": True, "off": False}
-    parts = value.split(",")
-    if any(part not in words for part in parts):
-        raise UsageError(f"{flag} takes on, off or on,off; got {value!r}")
-    return tuple(words[part] for part in parts)
+def _repack_modes(value: str) -> tuple[str, ...]:
+    parts = tuple(dict.fromkeys(value.split(",")))
+    if any(part not in shared.REPACK_MODES for part in parts):
+        raise UsageError(f"--repack takes auto, on, off or a list such as auto,off; got {value!r}")
+    return parts
+
+
+def _show_paths(threads: int | None, output: shared.OutputFormat) -> None:
+    """The path table for threads (default: the physical cores), measured where it lacks a type."""
+    from cli.engine.hardware import physical_cores
+    from cli.measure.paths import TABLE_TYPES, lacking, path_table, repackable_types
+    from cli.ui import benchrender, render
+
+    threads = threads or physical_cores()
+    kinds = repackable_types((kind, 4096) for kind in TABLE_TYPES)
+    missing = lacking(threads, kinds)
+    if missing:
+        render.info_line(
+            f"the path table for {threads} threads: measuring {', '.join(sorted(missing))} "
+            "(a few seconds a type, once per CPU and build)"
+        )
+    table = path_table(threads, kinds)
+    if table.seconds:
+        render.info_line(table.describe())
+    shown = (
+        "json" if output.json else "csv" if output.csv else "markdown" if output.markdown else ""
+    )
+    benchrender.show_paths(table, TABLE_TYPES, shown)

@@ -114,6 +114,7 @@ def chat(
     kv_type: shared.KvType = "f16",
     kv_k: shared.KvK = None,
     kv_v: shared.KvV = None,
+    repack: shared.Repack = "auto",
     no_stats: shared.NoStats = False,
     offline: shared.Offline = False,
     verbose: shared.Verbose = False,
@@ -168,13 +169,13 @@ def chat(
     chosen, transcript = _resumed(
         resume, transcript, shared.model_name(name, model), source.endpoint
     )
-    options = shared.load_options(ctx, threads, gpu_layers, kv_type, kv_k, kv_v, rpc)
+    options = shared.load_options(ctx, threads, gpu_layers, kv_type, kv_k, kv_v, rpc, repack=repack)
     template = read_template_option(chat_template)
     settings = ModelSettings(chat_template=template, think=think, spec=speculation)
     chosen, transcript = _model_and_transcript(chosen, transcript, source)
 
     def opener(settings: ModelSettings) -> Callable[[str | None], tuple[str, Backend]]:
-        return lambda name: shared.open_backend(name, source, options, settings, verbose)
+        return lambda name: shared.open_backend(name, source, options, settings, verbose, repack)
 
     chat_settings = ChatSettings(
         sampling=constrained_sampling(

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from cli.engine.backend import Backend
     from cli.engine.engine import Engine
     from cli.engine.settings import ModelSettings
+    from cli.measure.paths import Workload
     from cli.store.models import ModelRequest
 
 DEFAULT_SAMPLING = SamplingParams()  # the CLI shows the engine's own defaults
@@ -59,6 +60,17 @@ Rpc = Annotated[
         metavar="HOST:PORT[,...]",
         help="llama.cpp RPC servers (quill rpc-server) to hold the offloaded layers (default "
         "then: all), split by their memory. Unauthenticated: see docs/scale.md.",
+    ),
+]
+REPACK_MODES = ("auto", "on", "off")
+Repack = Annotated[
+    str,
+    typer.Option(
+        "--repack",
+        metavar="auto|on|off",
+        help="Weight repacking: auto puts each weight type where this CPU runs it faster for "
+        "the work at hand (the path table: quill bench --paths); on repacks all it can "
+        "(llama.cpp's default); off repacks nothing.",
     ),
 ]
 # run, chat and serve open a model with the same default context (the engine's context_size).
@@ -368,9 +380,13 @@ def load_options(
     kv_v: str | None,
     rpc: str | None = None,
     parallel: int = 1,
+    repack: str = "auto",
 ) -> LoadOptions:
-    """The engine's LoadOptions from the options run, chat, serve and perplexity share."""
+    """The engine's LoadOptions from the options run, chat, serve and perplexity share (with
+    repack "auto", place_weights makes the placement once the model's file is here)."""
     check_threads(threads)
+    if repack not in REPACK_MODES:
+        raise UsageError(f"--repack takes auto, on or off; got {repack!r}")
     if ctx is not None and ctx * parallel > MAX_CTX:
         what = f"--ctx {shown_number(ctx)}"
         if parallel != 1:
@@ -389,7 +405,22 @@ def load_options(
         kv_type_k=type_k,
         kv_type_v=type_v,
         parallel=parallel,
+        repack=repack != "off",
     )
+
+
+def place_weights(
+    path: Path, options: LoadOptions, repack: str = "auto", work: Workload | None = None
+) -> LoadOptions:
+    """options with the model's weights placed for work (default: a chat turn) as --repack
+    says (cli/measure/paths.py's placed), a measurement of the path table said on stderr."""
+    from cli.measure.paths import CHAT, placed
+    from cli.ui import render
+
+    def said(line: str) -> None:
+        render.info_line(f"{line}; quill bench --paths shows the table")
+
+    return placed(path, options, repack, work or CHAT, said)
 
 
 def stats_shown(no_stats: bool) -> bool:
@@ -440,15 +471,19 @@ def open_model(
     settings: ModelSettings,
     offline: bool,
     verbose: bool = False,
+    repack: str = "auto",
+    work: Workload | None = None,
 ) -> tuple[str, Engine]:
-    """(label, engine): the one way run, chat (at start and at /model) and serve open a local
-    model. The model and its draft are obtained like any model, the template family models.yaml
-    names for it comes along, and the engine gets all of it when it is built."""
+    """(label, engine): the one way run and chat (at start and at /model) open a local model.
+    The model and its draft are obtained like any model, its weights placed for work
+    (place_weights), the template family models.yaml names for it comes along, and the engine
+    gets all of it when it is built."""
     from cli.commands.templating import registry_family
     from cli.engine.opening import open_engine
     from cli.ui import render
 
     label, path = obtain_model(name, offline, verbose)
+    options = place_weights(path, options, repack, work)
     draft = None
     if settings.spec is not None and settings.spec.draft is not None:
         draft = obtain_model(settings.spec.draft, offline, verbose)
@@ -505,6 +540,8 @@ def open_backend(
     options: LoadOptions | None,  # None with an endpoint
     settings: ModelSettings,
     verbose: bool = False,
+    repack: str = "auto",
+    work: Workload | None = None,
 ) -> tuple[str, Backend]:
     """(label, backend): the model a server at the source's endpoint serves as name (None: its
     first), else the local model as open_model opens it."""
@@ -516,7 +553,7 @@ def open_backend(
             source.endpoint, label, source.api_key, logprobs=settings.logprobs
         )
     assert options is not None
-    return open_model(name, options, settings, source.offline, verbose)
+    return open_model(name, options, settings, source.offline, verbose, repack, work)
 
 
 def stdin_is_terminal() -> bool:

@@ -100,6 +100,7 @@ def run(
     kv_type: shared.KvType = "f16",
     kv_k: shared.KvK = None,
     kv_v: shared.KvV = None,
+    repack: shared.Repack = "auto",
     offline: shared.Offline = False,
     timeline: Annotated[
         bool,
@@ -170,6 +171,7 @@ def run(
         from cli.ui import render
 
         render.warning_line("--logprobs shows only in --json output; none are computed without it")
+    from cli.measure.paths import Workload
     from cli.store.config import default_model
     from cli.store.promptcache import run_cache
     from cli.ui import render
@@ -196,9 +198,10 @@ def run(
         logprobs=logprobs,
     )
     # Checked with a server too, as chat checks them: a typo is one line whichever runs the model.
-    options = shared.load_options(ctx, threads, gpu_layers, kv_type, kv_k, kv_v, rpc)
+    options = shared.load_options(ctx, threads, gpu_layers, kv_type, kv_k, kv_v, rpc, repack=repack)
     local = None if source.endpoint else options
-    label, backend = shared.open_backend(model, source, local, settings, verbose)
+    work = Workload.of_run((request.system or "") + request.prompt, max_tokens)
+    label, backend = shared.open_backend(model, source, local, settings, verbose, repack, work)
     # --json's "model" as the user named it (the default: its alias); the stats line's the one
     # opened: the tag a bare alias resolved to, a file by its name (a path would fill the line).
     name = label if source.endpoint else model or default_model()

@@ -263,6 +263,7 @@ def serve(
     kv_type: shared.KvType = "f16",
     kv_k: shared.KvK = None,
     kv_v: shared.KvV = None,
+    repack: shared.Repack = "auto",
     offline: shared.Offline = False,
     verbose: shared.Verbose = False,
     chat_template: ChatTemplateFile = None,
@@ -282,7 +283,7 @@ def serve(
     store_bytes = None if no_cache else shared.size_option("--cache-max", cache_max)
     limit = shared.size_option("--memory-limit", memory_limit) if memory_limit else None
     options = shared.load_options(
-        ctx, threads, gpu_layers, kv_type, kv_k, kv_v, rpc, parallel=parallel
+        ctx, threads, gpu_layers, kv_type, kv_k, kv_v, rpc, parallel=parallel, repack=repack
     )
     options = replace(options, n_batch=batch_size)
     check_parallel(parallel, ctx, batch_size)
@@ -299,7 +300,9 @@ def serve(
         # when a request names it.
         named = [shared.model_label(None)]
     files = _aliased(dict(shared.obtain_model(n, offline) for n in named), alias)
-    catalog = ServeCatalog(files, everything, options, settings, max_queue, park_bytes, store_bytes)
+    catalog = ServeCatalog(
+        files, everything, options, settings, max_queue, park_bytes, store_bytes, repack
+    )
     pool = _model_pool(catalog, keep_alive_s, max_models, limit)
     pool.aliases = dict.fromkeys(alias[1:], alias[0]) if alias else {}
     pool.strict = strict_model or everything  # serving the whole disk: names must match
@@ -473,8 +476,10 @@ class ServeCatalog:
         max_queue: int,
         park_bytes: int,
         store_bytes: int | None = None,
+        repack: str = "auto",
     ) -> None:
-        """store_bytes: the KV store's bound on disk (None: no store)."""
+        """store_bytes: the KV store's bound on disk (None: no store); repack: --repack's mode
+        (each model's weights placed for a server's request: cli/measure/paths.py's SERVE)."""
         self.files, self.any_model, self.options, self.settings = (
             files,
             any_model,
@@ -482,6 +487,7 @@ class ServeCatalog:
             settings,
         )
         self.max_queue, self.park_bytes, self.store_bytes = max_queue, park_bytes, store_bytes
+        self.repack = repack
 
     def models(self) -> dict[str, Path]:
         found = dict(self.files)
@@ -513,7 +519,13 @@ class ServeCatalog:
         family = registry_family(label)
         store = conversation_cache(self.store_bytes) if self.store_bytes else None
         settings = replace(self.settings, prompt_cache=store)
-        engine = open_engine(path, self.options, settings, family=family, on_note=shared.warn_note)
+        from cli.measure.paths import SERVE
+
+        options = shared.place_weights(path, self.options, self.repack, SERVE)
+        engine = open_engine(path, options, settings, family=family, on_note=shared.warn_note)
+        if engine.weights_placement:
+            placed = f"weights {engine.weights_placement} (--repack {self.repack})"
+            render.info_line(f"{label}: {placed}")
         try:
             return BatchScheduler(
                 engine,

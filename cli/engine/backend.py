@@ -56,6 +56,9 @@ class Backend(Protocol):
     def rpc(self) -> tuple[str, ...]: ...  # RPC servers holding offloaded layers (server: none)
 
     @property
+    def weights_placement(self) -> str: ...  # "Q4_K plain": the path table's choice ("": none)
+
+    @property
     def core_load(self) -> CoreLoad | None: ...  # cores others kept busy at the last count
 
     @property

@@ -87,6 +87,7 @@ class Engine:
         started = time.perf_counter()
         loaded = load_with_options(path, options)
         self.path, self.rpc, self.cpu_path = path, options.rpc, loaded.cpu_path
+        self.weights_placement = options.placement_shown  # "" where llama.cpp's rule held
         self._model: Any = loaded.model  # a llama_model pointer; None once freed
         self._read_model(options)
         self._open_context(options)

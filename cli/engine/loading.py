@@ -28,7 +28,7 @@ from cli.engine.options import ALL_LAYERS, LoadOptions
 from cli.engine.rpc import attach as rpc_devices
 from cli.errors import ModelLoadError, SilentLoadError
 from quant.ggmllib import Signature, declare, ggml_library
-from quant.gguf import GGUFError, check_gguf_magic, read_header
+from quant.gguf import GGML_TYPES, GGUFError, check_gguf_magic, read_header
 
 _LLAMA_ALL_LAYERS = 0x7FFFFFFF  # llama.cpp's n_gpu_layers for every layer
 # ggml_type values (ggml.h) of the types the repack code knows.
@@ -156,14 +156,17 @@ def override_patterns(names: list[str]) -> list[str]:
     return patterns
 
 
-@functools.cache
-def _repack_buffer_type() -> int | None:
-    """llama.cpp's CPU_REPACK buffer type, found among the CPU device's extra buffer types."""
-    lib = _ggml_base()
+def _cpu_device() -> int | None:
     ggml = ggml_library("ggml")
     ggml.ggml_backend_dev_by_type.argtypes = [ctypes.c_int]
     ggml.ggml_backend_dev_by_type.restype = ctypes.c_void_p
-    device = ggml.ggml_backend_dev_by_type(GGML_DEVICE_CPU)
+    return ggml.ggml_backend_dev_by_type(GGML_DEVICE_CPU) or None
+
+
+@functools.cache
+def _repack_buffer_type() -> int | None:
+    """llama.cpp's CPU_REPACK buffer type, found among the CPU device's extra buffer types."""
+    lib, device = _ggml_base(), _cpu_device()
     if not device:
         return None
     registry = lib.ggml_backend_dev_backend_reg(device)
@@ -191,23 +194,32 @@ class CpuPath:
     amx_avoided: bool  # llama.cpp's extra buffer types (AMX among them) are off
     repack: bool  # repacking was asked for
     repacked: dict[str, str] = field(default_factory=dict)  # tensor -> layout, sent by name
+    kept_plain: tuple[str, ...] = ()  # repackable types kept plain (LoadOptions.plain_types)
 
     @property
     def label(self) -> str:  # a short name for tables
+        return self._kind + "".join(f", {kind} plain" for kind in self.kept_plain)
+
+    @property
+    def _kind(self) -> str:
         if not self.repack:
             return "plain"
-        if not self.amx_avoided:
-            return "extra"
-        return "amx-repack" if self.repacked else "amx-plain"
+        if self.amx_avoided:
+            return "amx-repack" if self.repacked else "amx-plain"
+        return "by-name" if self.kept_plain else "extra"
 
     def describe(self) -> str:
         layouts = ", ".join(sorted(set(self.repacked.values())))
-        return {
+        said = {
             "plain": "repack off",
             "extra": "llama.cpp's extra buffers (repack where it can)",
             "amx-plain": "AMX avoided, nothing to repack",
             "amx-repack": f"AMX avoided, {len(self.repacked)} tensors repacked ({layouts})",
-        }[self.label]
+            "by-name": f"{len(self.repacked)} tensors repacked by name ({layouts or 'none'})",
+        }[self._kind]
+        if self.kept_plain:
+            said += f"; {', '.join(self.kept_plain)} kept plain"
+        return said
 
 
 @dataclass
@@ -232,35 +244,53 @@ def load_model(
     repack: bool = True,
     avoid_amx: bool | None = None,
     rpc: tuple[str, ...] = (),
+    plain_types: frozenset[str] = frozenset(),
 ) -> LoadedModel:
     """Load the weights with the AMX guard. gpu_layers follows llama.cpp (0x7FFFFFFF = all);
     avoid_amx None reads the CPU, True forces the AMX path (safe on any CPU); rpc: the servers
-    the offloaded layers go to (checked first, cli/engine/rpc.py)."""
+    the offloaded layers go to (checked first, cli/engine/rpc.py); plain_types: weight types
+    whose matrices stay as the file has them (cli/measure/paths.py's choice)."""
     llama.llama_backend_init()
     devices = rpc_devices(rpc)
     if avoid_amx is None:
         avoid_amx = amx_present()
     params = llama.llama_model_default_params()
     params.n_gpu_layers = gpu_layers
-    params.use_extra_bufts = repack and not avoid_amx
     plan: dict[str, str] = {}
-    overrides = None
+    kept: dict[str, str] = {}  # tensor -> its type, kept plain though repackable
     # Offloaded layers belong on the GPU: name-based CPU overrides only when nothing is offloaded.
-    if repack and avoid_amx and gpu_layers == 0:
-        plan = repack_plan(tensor_infos(path), cpu_backend_features())
-        repack_buffer = _repack_buffer_type() if plan else None
-        if repack_buffer is None:
-            plan = {}
-        else:
-            patterns = override_patterns(list(plan))
-            overrides = (_Override * (len(patterns) + 1))()
-            for slot, pattern in zip(overrides, patterns, strict=False):
-                slot.pattern, slot.buft = pattern.encode(), repack_buffer
-            params.tensor_buft_overrides = ctypes.cast(overrides, ctypes.c_void_p)
+    if repack and gpu_layers == 0 and (avoid_amx or plain_types):
+        tensors = tensor_infos(path)
+        types = {tensor.name: GGML_TYPES[tensor.ggml_type][0] for tensor in tensors}
+        plan = repack_plan(tensors, cpu_backend_features())
+        kept = {name: types[name] for name in plan if types[name] in plain_types}
+        plan = {name: layout for name, layout in plan.items() if name not in kept}
+    # llama.cpp's extra buffers take every matrix they can (an override to the CPU buffer type
+    # still lets them, llama_model::load_tensors): to keep some plain, they are turned off and
+    # the others sent to CPU_REPACK by name, as on an AMX CPU.
+    by_name = avoid_amx or bool(kept)
+    params.use_extra_bufts = repack and not by_name
+    overrides, plan = None, plan if by_name else {}
+    if plan:
+        repack_buffer = _repack_buffer_type()
+        overrides = _overrides(list(plan), repack_buffer) if repack_buffer is not None else None
+        plan = plan if overrides is not None else {}
+    if overrides is not None:
+        params.tensor_buft_overrides = ctypes.cast(overrides, ctypes.c_void_p)
     if devices is not None:
         params.devices = ctypes.cast(devices, ctypes.c_void_p)
     model = llama.llama_model_load_from_file(str(path).encode(), params)
-    return LoadedModel(model, params, CpuPath(avoid_amx, repack, plan), overrides, devices)
+    cpu_path = CpuPath(avoid_amx, repack, plan, tuple(sorted(set(kept.values()))))
+    return LoadedModel(model, params, cpu_path, overrides, devices)
+
+
+def _overrides(names: list[str], buffer_type: int) -> ctypes.Array:
+    """llama.cpp's tensor_buft_overrides sending these tensors to buffer_type, NULL-ended."""
+    patterns = override_patterns(names)
+    overrides = (_Override * (len(patterns) + 1))()
+    for slot, pattern in zip(overrides, patterns, strict=False):
+        slot.pattern, slot.buft = pattern.encode(), buffer_type
+    return overrides
 
 
 def refuse_non_gguf(path: Path) -> None:
@@ -281,6 +311,7 @@ def load_with_options(path: Path, options: LoadOptions) -> LoadedModel:
         repack=options.repack,
         avoid_amx=options.avoid_amx,
         rpc=options.rpc,
+        plain_types=options.plain_types,
     )
     if not loaded.model:
         raise load_failure(path, llama_log().drain())

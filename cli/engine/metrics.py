@@ -47,6 +47,8 @@ class RunMetrics:
     grammar_resampled: int = 0
     speculation: dict[str, Any] | None = None  # speculative decoding's counts (SpecStats)
     rpc: tuple[str, ...] = ()  # the RPC servers that held the offloaded layers
+    # Where each repackable weight type ran, "Q4_K plain, Q6_K repacked" ("": llama.cpp's rule).
+    weights: str = ""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -123,6 +125,7 @@ class MetricsRecorder:
             grammar_resampled=last.grammar_resampled if last else 0,
             speculation=spec.as_dict() if spec is not None else None,
             rpc=engine.rpc,
+            weights=engine.weights_placement,
         )
 
 

@@ -29,6 +29,20 @@ class LoadOptions:
     kv_type_v: str = "f16"
     parallel: int = 1  # sequences sharing the context (quill serve); each gets n_ctx tokens
     repack: bool = True  # repacked weight layouts for faster CPU kernels (engine/loading.py)
+    # Where each repackable weight type's matrices go: ((type, "repacked" or "plain"), ...),
+    # types by quant/gguf.py's names (e.g. "Q4_K"), as cli/measure/paths.py chose; the plain ones
+    # stay so though repack is on. Empty: llama.cpp's rule (all repacked).
+    placement: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def plain_types(self) -> frozenset[str]:
+        return frozenset(kind for kind, where in self.placement if where == "plain")
+
+    @property
+    def placement_shown(self) -> str:
+        """The stats line's words: "Q4_K repacked", "Q4_0 plain, Q6_K repacked"; "" for none."""
+        return ", ".join(f"{kind} {where}" for kind, where in sorted(self.placement))
+
     avoid_amx: bool | None = None  # None: when the CPU has AMX; True forces that path anywhere
     rpc: tuple[str, ...] = ()  # HOST:PORT of llama.cpp RPC servers that take the offloaded layers
 

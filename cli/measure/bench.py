@@ -36,6 +36,7 @@ from cli.measure.bandwidth import (
     read_bandwidth,
     weights_read_per_token,
 )
+from cli.measure.paths import Workload, placed
 from cli.measure.predict import (
     VECTORS,
     DecodeCalibration,
@@ -59,7 +60,8 @@ class BenchGrid:
     kv_types: tuple[str, ...] = ("f16",)
     threads: tuple[int, ...] = ()  # empty: the cores other work leaves free, at each load
     batches: tuple[int, ...] = (512,)
-    repacks: tuple[bool, ...] = (True,)  # weight repacking on and/or off (cli/engine/loading.py)
+    # Weight repacking: auto (the path table's placement for each row's work), on, off.
+    repacks: tuple[str, ...] = ("auto",)
     repetitions: int = 5
     spec: tuple[str, ...] = ("off",)  # speculative decoding modes for tg rows (tgN+ngram, ...)
     rpc: tuple[str, ...] = ()  # RPC servers that hold every layer (cli/engine/rpc.py)
@@ -107,60 +109,99 @@ def run_bench(
     grid: BenchGrid,
     on_load: Callable[[Engine], None] = lambda _e: None,
     speculate: Callable[[Engine, str], None] = lambda _e, _mode: None,
+    on_note: Callable[[str], None] = lambda _m: None,
 ) -> Iterator[BenchRow]:
     """Yield one row per combination, in grid order; speculate(engine, mode) sets the
-    speculative decoding of the tg rows of each mode in grid.spec."""
+    speculative decoding of the tg rows of each mode in grid.spec; on_note is told of a
+    measurement of the path table (before any timed one)."""
     rng = random.Random(0)
     header = header_on_disk(model).header
     weights, shape = weights_read_per_token(header), ModelShape.from_header(header)
-    limits: dict[int, Bandwidth] = {}  # by threads
-    calibrations: dict[int, DecodeCalibration] = {}  # by threads, with grid.predict
+    facts: dict[int, _TgFacts] = {}  # by threads
     for repack, kv_type, threads, batch in itertools.product(
         grid.repacks, grid.kv_types, grid.threads or (None,), grid.batches
     ):
         # Measured once and then fixed, as llama-bench's -t is: a row keeps its thread count.
         threads = threads or measure_free_cores().threads
-        if threads not in limits and not grid.rpc:  # before the load, quiet; cached after once
-            limits[threads] = read_bandwidth(threads)
-        if grid.predict and threads not in calibrations and not grid.rpc:  # the same
-            types = [kind for kind in weights_read_by_type(header) if kind != VECTORS]
-            calibrations[threads] = decode_calibration(threads, types, grid.kv_types)
+        if threads not in facts:  # before the load, quiet; cached after once
+            # the weights are read on the RPC servers' machines: no bandwidth or prediction here
+            limit = read_bandwidth(threads) if not grid.rpc else None
+            calibration = None
+            if grid.predict and not grid.rpc:
+                types = [kind for kind in weights_read_by_type(header) if kind != VECTORS]
+                calibration = decode_calibration(threads, types, grid.kv_types)
+            facts[threads] = _TgFacts(header, shape, weights, limit, calibration, grid.rpc)
         options = LoadOptions(
             n_ctx=grid.needed_ctx,
             n_batch=batch,
             threads=threads,
             kv_type_k=kv_type,
             kv_type_v=kv_type,
-            repack=repack,
+            repack=repack != "off",
             gpu_layers=ALL_LAYERS if grid.rpc else 0,
             rpc=grid.rpc,
         )
-        with open_engine(model, options, ModelSettings()) as engine:
-            on_load(engine)
-            for depth in grid.depths:
-                context = [rng.randrange(engine.n_vocab) for _ in range(depth)]
-                for p in grid.prompt_tokens:
-                    row = measure_prompt(engine, context, p, grid.repetitions, rng)
-                    yield replace(row, rpc=grid.rpc)
-                for n in grid.gen_tokens:
-                    for mode in grid.spec:
-                        speculate(engine, mode)
-                        row = measure_generation(engine, context, n, grid.repetitions, rng)
-                        # A step reads the weights and the KV cache of every position before it.
-                        mean_depth = depth + 1 + n / 2
-                        kv = kv_read_per_token(shape, mean_depth, kv_type)
-                        if not grid.rpc:  # the weights are read on the servers' machines
-                            row = with_traffic(row, weights + kv, limits[threads])
-                        if mode == "off" and threads in calibrations:
-                            known = calibrations[threads]
-                            row = with_prediction(row, header, mean_depth, known)
-                        row = replace(row, rpc=grid.rpc)
-                        if mode != "off":
-                            stats = engine.speculator.last_stats if engine.speculator else None
-                            rate = stats.acceptance_rate if stats else None
-                            row = replace(row, test=f"{row.test}+{mode}", acceptance_rate=rate)
-                        yield row
-                speculate(engine, "off")
+        for placed_options, prompts, gens in _loads(model, options, repack, grid, on_note):
+            with open_engine(model, placed_options, ModelSettings()) as engine:
+                on_load(engine)
+                for depth in grid.depths:
+                    context = [rng.randrange(engine.n_vocab) for _ in range(depth)]
+                    for p in prompts:
+                        row = measure_prompt(engine, context, p, grid.repetitions, rng)
+                        yield replace(row, rpc=grid.rpc)
+                    for n in gens:
+                        for mode in grid.spec:
+                            speculate(engine, mode)
+                            row = measure_generation(engine, context, n, grid.repetitions, rng)
+                            yield _described_tg(row, engine, mode, depth, n, facts[threads])
+                    speculate(engine, "off")
+
+
+@dataclass(frozen=True)
+class _TgFacts:
+    """What a tg row's traffic and prediction are worked out from."""
+
+    header: GGUFHeader
+    shape: ModelShape
+    weights: int  # bytes a step reads of the weights
+    limit: Bandwidth | None
+    calibration: DecodeCalibration | None
+    rpc: tuple[str, ...]
+
+
+def _described_tg(
+    row: BenchRow, engine: Engine, mode: str, depth: int, n: int, facts: _TgFacts
+) -> BenchRow:
+    """A tg row with its traffic, prediction and speculation."""
+    # A step reads the weights and the KV cache of every position before it.
+    mean_depth = depth + 1 + n / 2
+    kv = kv_read_per_token(facts.shape, mean_depth, engine.kv_type_k)
+    if facts.limit is not None:  # none where the weights are read on RPC servers' machines
+        row = with_traffic(row, facts.weights + kv, facts.limit)
+    if mode == "off" and facts.calibration is not None:
+        row = with_prediction(row, facts.header, mean_depth, facts.calibration)
+    row = replace(row, rpc=facts.rpc)
+    if mode != "off":
+        stats = engine.speculator.last_stats if engine.speculator else None
+        rate = stats.acceptance_rate if stats else None
+        row = replace(row, test=f"{row.test}+{mode}", acceptance_rate=rate)
+    return row
+
+
+def _loads(
+    model: Path, options: LoadOptions, repack: str, grid: BenchGrid, on_note: Callable[[str], None]
+) -> list[tuple[LoadOptions, list[int], list[int]]]:
+    """(options, ppP rows, tgN rows): a load for each placement the rows need. With repack auto,
+    a ppP row is placed for P prompt tokens and a tgN row for N generated ones, as `quill run`
+    would place them for that work (cli/measure/paths.py)."""
+    loads: dict[LoadOptions, tuple[list[int], list[int]]] = {}
+    for p in grid.prompt_tokens:
+        work = Workload(f"pp{p}", p, 0)
+        loads.setdefault(placed(model, options, repack, work, on_note), ([], []))[0].append(p)
+    for n in grid.gen_tokens:
+        work = Workload(f"tg{n}", 1, n)
+        loads.setdefault(placed(model, options, repack, work, on_note), ([], []))[1].append(n)
+    return [(placed_options, prompts, gens) for placed_options, (prompts, gens) in loads.items()]
 
 
 T = TypeVar("T")

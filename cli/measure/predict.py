@@ -344,7 +344,7 @@ def decode_calibration(
     measured now (the parts it lacks) and kept."""
     key, path = calibration_key(threads), cache_path()
     bandwidth = read_bandwidth(threads)
-    known = _read_cache(path)
+    known = read_cache(path)
     entry, earlier = _NOT_KEPT.get((path, key), (known.get(key), None))
     if not isinstance(entry, dict) or entry.get("bandwidth_gb_per_s") != bandwidth.gb_per_s:
         entry, earlier = {"bandwidth_gb_per_s": bandwidth.gb_per_s}, None
@@ -363,7 +363,7 @@ def decode_calibration(
     return calibration
 
 
-def _read_cache(path: Path) -> dict[str, Any]:
+def read_cache(path: Path) -> dict[str, Any]:
     try:
         known = json.loads(path.read_text())
     except (OSError, ValueError):

@@ -8,11 +8,13 @@ import json
 from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 from rich.text import Text
 
 from cli.errors import UsageError
 from cli.measure.bench import BenchRow
+from cli.measure.paths import PathTable
 from cli.ui.render import markdown_table, print_table
 from cli.units import human_bytes
 
@@ -183,3 +185,60 @@ def plot(rows: Sequence[BenchRow], model: str, target: Path) -> None:
     figure.savefig(partial, dpi=120)
     plt.close(figure)
     partial.replace(target)
+
+
+def paths_rows(table: PathTable, kinds: Sequence[str]) -> list[dict[str, Any]]:
+    """A row a weight type: its layout and speeds both ways, or why it has one path only."""
+    rows: list[dict[str, Any]] = []
+    for kind in kinds:
+        measured = table.types.get(kind)
+        if measured is None:
+            why = "not made here" if kind in table.unmade else "no repacked layout on this CPU"
+            rows.append({"weight_type": kind, "layout": None, "one_path": why})
+            continue
+        prefill, decode = measured.faster("prefill"), measured.faster("decode")
+        rows.append({
+            **measured.as_dict(),
+            "prefill_faster": {"placement": prefill[0], "times": round(prefill[1], 3)},
+            "decode_faster": {"placement": decode[0], "times": round(decode[1], 3)},
+        })  # fmt: skip
+    return rows
+
+
+PATHS_HEADERS = ["type", "layout", "prefill repacked", "prefill plain", "decode repacked"]
+PATHS_HEADERS += ["decode plain", "prefill faster", "decode faster"]
+
+
+def show_paths(table: PathTable, kinds: Sequence[str], shown: str) -> None:
+    """The path table on stdout: a table, or JSON, CSV or Markdown (shown)."""
+    from cli.ui.render import write_stdout
+
+    rows = paths_rows(table, kinds)
+    if shown == "json":
+        facts = {"threads": table.threads, "key": table.key, "types": rows}
+        write_stdout(json.dumps(facts, indent=2) + "\n")
+        return
+    cells = []
+    for row in rows:
+        if row["layout"] is None:
+            cells.append([row["weight_type"], "-", *["-"] * 4, row["one_path"], ""])
+            continue
+        prefill, decode = row["prefill_tokens_per_s"], row["decode_tokens_per_s"]
+        speeds = [f"{prefill['repacked']:.1f}", f"{prefill['plain']:.1f}"]
+        speeds += [f"{decode['repacked']:.1f}", f"{decode['plain']:.1f}"]
+        faster = [
+            f"{row[key]['placement']} {row[key]['times']:.2f}x"
+            for key in ("prefill_faster", "decode_faster")
+        ]
+        cells.append([row["weight_type"], row["layout"], *speeds, *faster])
+    if shown == "csv":
+        out = io.StringIO()
+        writer = csv.writer(out)
+        writer.writerows([PATHS_HEADERS, *cells])
+        write_stdout(out.getvalue())
+    elif shown == "markdown":
+        write_stdout(markdown_table(PATHS_HEADERS, cells))
+    else:
+        print_table(
+            PATHS_HEADERS, cells, left=("type", "layout", "prefill faster", "decode faster")
+        )

@@ -81,6 +81,7 @@ def stats_parts(
         ("finish", finish),
         ("KV", f"{m.kv_cache_type} {human_bytes(m.kv_cache_bytes)} @ ctx {m.n_ctx}"),
         ("threads", _threads_text(m)),
+        *([("weights", m.weights)] if m.weights else []),
         # Offloaded layers: to a GPU, or over RPC to the servers named.
         ("RPC", f"{m.gpu_layers} layers on {', '.join(m.rpc)}")
         if m.rpc
@@ -123,6 +124,8 @@ def turn_stats_line(m: RunMetrics, context_used: int | None, model: str | None =
         line += f" · context {context_used}/{m.n_ctx} · threads {_threads_text(m)}"
     if m.speculation is not None:
         line += f" · spec {speculation_text(m.speculation)}"
+    if m.weights:
+        line += f" · weights {m.weights}"
     if m.rpc:
         line += f" · RPC {', '.join(m.rpc)}"
     if model:
