@@ -266,3 +266,13 @@ def test_chat_and_serve_take_repack(smollm2_q4_0, tmp_path, monkeypatch, quill_h
         process.terminate()
         said = process.communicate(timeout=30)[1]
     assert "weights Q4_0 repacked (--repack on)" in said
+
+
+def test_bench_measures_a_missing_table_before_its_rows_and_says_so(small, smollm2_q4_0):
+    q4_0_repackable()
+    args = ["bench", str(smollm2_q4_0), "-p", "8", "-n", "2", "-r", "1", "-t", "1"]
+    result = CliRunner().invoke(app, [*args, "--no-predict", "--json"])
+    assert result.exit_code == 0, result.stderr
+    said = result.stderr
+    measuring = said.index("measuring this CPU's repacked and plain kernels for Q4_0")
+    assert measuring < said.index("pp8 @ depth 0") and small == ["Q4_0"]

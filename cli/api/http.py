@@ -41,6 +41,7 @@ from starlette.routing import Route
 from starlette.types import Message, Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from cli import __version__
 from cli.api.anthropic import AnthropicApi, count_tokens
 from cli.api.metrics import CONTENT_TYPE, ServerMetrics
 from cli.api.native import NativeCompletionApi
@@ -551,7 +552,7 @@ class QuillApp:
                 "model_path": str(engine.path),
                 "chat_template": template.source if template is not None else "",
                 "modalities": {"vision": False, "audio": False},
-                "build_info": f"quill {_version('quill-llm')}, llama-cpp-python "
+                "build_info": f"quill {__version__}, llama-cpp-python "
                 f"{_version('llama-cpp-python')}",
             }
 
@@ -1013,6 +1014,7 @@ def input_tokens(api: GenerationApi) -> EngineAnswer:
 
 
 def _version(package: str) -> str:
+    """A package's installed version (quill's own is cli.__version__, as `quill --version`'s)."""
     from importlib.metadata import PackageNotFoundError, version
 
     try:

@@ -239,7 +239,8 @@ def _bench_here(
 
     rows = []
     of = f" (replica of {replica_of})" if replica_of else ""
-    for row in run_bench(path, grid, on_load=name_cpu_path, speculate=speculate):
+    said = render.info_line
+    for row in run_bench(path, grid, on_load=name_cpu_path, speculate=speculate, on_note=said):
         rows.append(replace(row, replica_of=replica_of) if replica_of else row)
         predicted = ""
         if row.predicted_tokens_per_s and row.measured_over_predicted:

@@ -73,7 +73,7 @@ def pull(
     """Download a model into the local cache: resumable, checked against its sha256. Its header
     is read first (a few MB): a model whose memory plan does not fit is refused before any weight
     is fetched, and OWNER/REPO alone takes the largest GGUF file that fits with room to spare."""
-    from cli.commands.options import check_at_most, obtain_request, size_option
+    from cli.commands.options import MAX_CTX, check_at_most, obtain_request, size_option
     from cli.engine.options import LoadOptions
     from cli.measure.fit import Room
     from cli.store.models import local_path, parse_model_name
@@ -84,7 +84,7 @@ def pull(
     request = parse_model_name(name, load_registry())
     if request.path is not None:
         raise UsageError(f"{name} is a local file already; `quill run -m {name}` runs it")
-    check_at_most("--ctx", ctx, MAX_PULL_CTX, "past any model's trained context")
+    check_at_most("--ctx", ctx, MAX_CTX, "past any model's trained context")
     options = LoadOptions(n_ctx=ctx)
     room = Room("--mem", size_option("--mem", mem)) if mem else Room.largest(available_memory())
     try:
@@ -113,9 +113,6 @@ def pull(
     render.info_line(f"{request.label}: {size}{base}")
 
 
-MAX_PULL_CTX = 1 << 21  # as run's --ctx bound (cli/commands/options.py MAX_CTX)
-
-
 def _fit_before_download(
     request: ModelRequest, options: LoadOptions, room: Room, offline: bool, verbose: bool
 ) -> tuple[ModelRequest, FitDecision | None]:
@@ -142,7 +139,7 @@ def _fit_before_download(
                 header = one.header(how)
                 files.append(model_file(header.names[0], header, options, room, predict))
         except SourceFailed as failure:
-            if source is request.sources[-1] and len(request.sources) == 1:
+            if len(request.sources) == 1:
                 raise
             render.info_line(f"{failure}: the fit is checked once the file is here")
             continue
