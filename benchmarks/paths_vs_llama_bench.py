@@ -89,7 +89,8 @@ def measure(model: Path, args: argparse.Namespace, env: dict) -> dict:
     for name, flags in FLAG_SETS.items():
         contenders[name] = lambda _n, flags=flags: llama_bench(model, flags, args)
     rounds = interleave(contenders, args.rounds, quiet_limit=args.quiet_wait)
-    tests = [f"pp{args.prompt_tokens}", f"tg{args.gen_tokens}"]
+    tests = [f"pp{args.prompt_tokens}"] if args.prompt_tokens else []
+    tests += [f"tg{args.gen_tokens}"] if args.gen_tokens else []
     summary = {}
     for test in tests:
         medians = {name: statistics.median(r[name][test] for r in rounds) for name in FLAG_SETS}
