@@ -22,6 +22,7 @@ from cli.app import app
 from cli.engine.engine import Engine
 from cli.engine.options import LoadOptions
 from cli.engine.sampling import SamplingParams
+from cli.errors import ModelLoadError
 from cli.measure import paths, predict
 from cli.measure.paths import (
     PathTable,
@@ -276,3 +277,27 @@ def test_bench_measures_a_missing_table_before_its_rows_and_says_so(small, smoll
     said = result.stderr
     measuring = said.index("measuring this CPU's repacked and plain kernels for Q4_0")
     assert measuring < said.index("pp8 @ depth 0") and small == ["Q4_0"]
+
+
+def test_a_damaged_table_is_measured_again_and_a_failed_measurement_falls_back(small, monkeypatch):
+    """paths.json edited by hand or cut short: its bad entries are measured again, never divided
+    by; a measurement llama.cpp cannot make leaves the type to llama.cpp's rule."""
+    q4_0_repackable()
+    key = table_key(1)
+    good = speeds(170.0, 19.0).as_dict()
+    bad = {"Q4_0": {**good, "prefill_tokens_per_s": {"repacked": 0, "plain": 1}}}
+    for damaged in ("{not json", json.dumps({key: bad}), json.dumps({key: {"Q4_0": "fast"}})):
+        cache_path().parent.mkdir(parents=True, exist_ok=True)
+        cache_path().write_text(damaged)
+        table = path_table(1, {"Q4_0"})
+        assert min(table.types["Q4_0"].prefill_tokens_per_s.values()) > 0
+    assert small == ["Q4_0"] * 3
+
+    def fails(kind, threads):
+        raise ModelLoadError("llama.cpp cannot load the synthetic model")
+
+    cache_path().unlink()
+    monkeypatch.setattr(paths, "measure_type", fails)
+    table = path_table(1, {"Q4_0"})
+    assert table.types == {} and table.unmade == ("Q4_0",)
+    assert choose({"Q4_0"}, table, Workload("long", 5000, 1)).repacked == ("Q4_0",)

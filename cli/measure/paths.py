@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import math
 import random
 import statistics
 import tempfile
@@ -35,6 +36,7 @@ from typing import Any
 from cli.engine.freecores import BUSY_SHARE
 from cli.engine.hardware import physical_cores
 from cli.engine.options import LoadOptions
+from cli.errors import QuillError
 from cli.measure.predict import (
     AGAIN_BUSY,
     ATTEMPTS,
@@ -112,12 +114,17 @@ class TypePaths:
 
     @classmethod
     def from_dict(cls, known: dict[str, Any]) -> TypePaths:
+        """ValueError (or KeyError, TypeError) for an entry that is not one: a speed that is not a
+        positive finite number would divide by zero or choose nonsense."""
         prefill, decode = known["prefill_tokens_per_s"], known["decode_tokens_per_s"]
+        speeds = [float(both[placement]) for both in (prefill, decode) for placement in PLACEMENTS]
+        if not all(math.isfinite(speed) and speed > 0 for speed in speeds):
+            raise ValueError(f"speeds out of range: {speeds}")
         return cls(
             str(known["weight_type"]),
             str(known["layout"]),
-            {placement: float(prefill[placement]) for placement in PLACEMENTS},
-            {placement: float(decode[placement]) for placement in PLACEMENTS},
+            dict(zip(PLACEMENTS, speeds[:2], strict=True)),
+            dict(zip(PLACEMENTS, speeds[2:], strict=True)),
         )
 
 
@@ -239,7 +246,9 @@ def path_table(threads: int, weight_types: Collection[str]) -> PathTable:
     for kind in sorted(set(weight_types) - set(types)):
         try:
             measured, beside = measure_type(kind, threads)
-        except (StopIteration, ValueError, OSError):  # a type quill cannot write a model of
+        # A type quill cannot write a model of, a disk too full for it, a machine where llama.cpp
+        # will not load it: that type is placed by llama.cpp's rule, and the run goes on.
+        except (StopIteration, ValueError, OSError, QuillError):
             unmade.append(kind)
             continue
         types[kind] = fresh[kind] = measured
