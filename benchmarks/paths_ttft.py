@@ -20,7 +20,6 @@ import json
 import os
 import random
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -36,10 +35,8 @@ from benchmarks.harness import (
     served_model,
     serving,
 )
+from benchmarks.paths_vs_llama_bench import QUILL, TOOLS
 
-HERE = Path(__file__).resolve().parent
-TOOLS = HERE / ".build" / "llama-cpp-python-0.3.36" / "build" / "bin"
-QUILL = str(Path(sys.executable).parent / "quill")
 CHARS_PER_TOKEN = 5.2  # the filler text's, Llama 3's vocabulary: the servers count real tokens
 
 
