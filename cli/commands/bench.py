@@ -350,18 +350,19 @@ def _repack_modes(value: str) -> tuple[str, ...]:
 def _show_paths(threads: int | None, output: shared.OutputFormat) -> None:
     """The path table for threads (default: the physical cores), measured where it lacks a type."""
     from cli.engine.hardware import physical_cores
-    from cli.measure.paths import TABLE_TYPES, lacking, path_table, repackable_types
+    from cli.measure.paths import TABLE_TYPES, path_table, repackable_types
     from cli.ui import benchrender, render
 
     threads = threads or physical_cores()
     kinds = repackable_types((kind, 4096) for kind in TABLE_TYPES)
-    missing = lacking(threads, kinds)
-    if missing:
+
+    def before(missing: list[str]) -> None:
         render.info_line(
-            f"the path table for {threads} threads: measuring {', '.join(sorted(missing))} "
+            f"the path table for {threads} threads: measuring {', '.join(missing)} "
             "(a few seconds a type, once per CPU and build)"
         )
-    table = path_table(threads, kinds)
+
+    table = path_table(threads, kinds, before)
     if table.seconds:
         render.info_line(table.describe())
     shown = (

@@ -156,17 +156,14 @@ def override_patterns(names: list[str]) -> list[str]:
     return patterns
 
 
-def _cpu_device() -> int | None:
-    ggml = ggml_library("ggml")
-    ggml.ggml_backend_dev_by_type.argtypes = [ctypes.c_int]
-    ggml.ggml_backend_dev_by_type.restype = ctypes.c_void_p
-    return ggml.ggml_backend_dev_by_type(GGML_DEVICE_CPU) or None
-
-
 @functools.cache
 def _repack_buffer_type() -> int | None:
     """llama.cpp's CPU_REPACK buffer type, found among the CPU device's extra buffer types."""
-    lib, device = _ggml_base(), _cpu_device()
+    lib = _ggml_base()
+    ggml = ggml_library("ggml")
+    ggml.ggml_backend_dev_by_type.argtypes = [ctypes.c_int]
+    ggml.ggml_backend_dev_by_type.restype = ctypes.c_void_p
+    device = ggml.ggml_backend_dev_by_type(GGML_DEVICE_CPU)
     if not device:
         return None
     registry = lib.ggml_backend_dev_backend_reg(device)

@@ -50,6 +50,7 @@ from cli.measure.predict import (
     write_synthetic,
 )
 from cli.store.home import quill_home
+from quant.gguf import GGML_TYPES
 from quant.partfiles import write_replacing
 
 PLACEMENTS = ("repacked", "plain")
@@ -165,9 +166,6 @@ class PathChoice:
         placed = [(kind, "repacked") for kind in self.repacked]
         return tuple(sorted(placed + [(kind, "plain") for kind in self.plain]))
 
-    def as_dict(self) -> dict[str, Any]:
-        return {"repacked": list(self.repacked), "plain": list(self.plain), "why": self.why}
-
 
 def choose(
     weight_types: Collection[str], table: PathTable | None, work: Workload, repack: str = "auto"
@@ -194,20 +192,13 @@ def repackable_types(type_names: Iterable[tuple[str, int]]) -> set[str]:
 
 
 def model_repackable_types(path: Path) -> set[str]:
-    """The repackable types of the matmul weights in the model at path (none unreadable)."""
-    from cli.engine.loading import MATMUL_WEIGHT, tensor_infos
+    """The types of the matrices in the model at path that this CPU can repack: those of the
+    plan the loader would make (none where the header cannot be read)."""
+    from cli.engine.loading import cpu_backend_features, repack_plan, tensor_infos
 
-    infos = [info for info in tensor_infos(path) if MATMUL_WEIGHT.fullmatch(info.name)]
-    found = [(info.type_name.upper(), info.rows) for info in infos if info.n_dims == 2]
-    return repackable_types((name, rows) for name, rows in found if _known(name))
-
-
-def _known(name: str) -> bool:
-    try:
-        type_id(name)
-    except StopIteration:
-        return False
-    return True
+    infos = tensor_infos(path)
+    plan = repack_plan(infos, cpu_backend_features())
+    return {GGML_TYPES[info.ggml_type][0] for info in infos if info.name in plan}
 
 
 # ---- the table: cached, measured where it lacks a type ----------------------------------------
@@ -230,9 +221,13 @@ def table_key(threads: int) -> str:
 _NOT_KEPT: dict[tuple[Path, str], dict[str, TypePaths]] = {}
 
 
-def path_table(threads: int, weight_types: Collection[str]) -> PathTable:
+def path_table(
+    threads: int,
+    weight_types: Collection[str],
+    before: Callable[[list[str]], None] = lambda _missing: None,
+) -> PathTable:
     """The table for threads holding these (repackable) types: from the cache, else measured
-    now (the types it lacks) and kept."""
+    now (the types it lacks, told to before first) and kept."""
     key, path = table_key(threads), cache_path()
     known = read_cache(path)
     entry = known.get(key)
@@ -242,8 +237,11 @@ def path_table(threads: int, weight_types: Collection[str]) -> PathTable:
             with contextlib.suppress(KeyError, TypeError, ValueError, AttributeError):
                 types[kind] = TypePaths.from_dict(measured)
     types.update(_NOT_KEPT.get((path, key), {}))
+    missing = sorted(set(weight_types) - set(types))
+    if missing:
+        before(missing)
     started, busy, unmade, fresh = time.monotonic(), 0.0, [], {}
-    for kind in sorted(set(weight_types) - set(types)):
+    for kind in missing:
         try:
             measured, beside = measure_type(kind, threads)
         # A type quill cannot write a model of, a disk too full for it, a machine where llama.cpp
@@ -325,15 +323,6 @@ def _both_ways(path: Path, threads: int) -> dict[str, tuple[float, float]]:
     }
 
 
-def lacking(threads: int, kinds: Collection[str]) -> set[str]:
-    """Which of these types the table for threads has not measured yet (this process's busy
-    measurements count as measured)."""
-    key = table_key(threads)
-    cached = read_cache(cache_path()).get(key)
-    held = set(cached) if isinstance(cached, dict) else set()
-    return set(kinds) - held - set(_NOT_KEPT.get((cache_path(), key), {}))
-
-
 def table_for_load(
     path: Path, threads: int, on_measure: Callable[[str], None]
 ) -> tuple[set[str], PathTable | None]:
@@ -342,13 +331,14 @@ def table_for_load(
     kinds = model_repackable_types(path)
     if not kinds:
         return kinds, None
-    missing = lacking(threads, kinds)
-    if missing:
+
+    def before(missing: list[str]) -> None:
         on_measure(
-            f"measuring this CPU's repacked and plain kernels for {', '.join(sorted(missing))} "
+            f"measuring this CPU's repacked and plain kernels for {', '.join(missing)} "
             "(once per CPU and build, a few seconds a type)"
         )
-    table = path_table(threads, kinds)
+
+    table = path_table(threads, kinds, before)
     if table.seconds:
         on_measure(table.describe())
     return kinds, table
@@ -371,7 +361,7 @@ def placed(
         threads = options.threads or physical_cores()
         kinds, table = table_for_load(path, threads, on_measure)
         choice = choose(kinds, table, work)
-    else:
-        mode = "on" if options.repack and repack != "off" else "off"
+    else:  # options.repack is False for "off" (load_options, quill bench)
+        mode = "on" if options.repack else "off"
         choice = choose(model_repackable_types(path), None, work, mode)
-    return replace(options, repack=repack != "off" and options.repack, placement=choice.placement)
+    return replace(options, placement=choice.placement)
