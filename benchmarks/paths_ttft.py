@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
 import random
 import statistics
 import tempfile
@@ -26,16 +25,20 @@ from pathlib import Path
 
 from benchmarks.embed import sentence
 from benchmarks.harness import (
+    QUILL,
+    TOOLS,
+    add_quiet_wait,
     chat_reply,
     command_line,
     interleave,
     machine_line,
     paired,
     quill_commit,
+    refuse_omp_wait_policy,
     served_model,
     serving,
+    users_env,
 )
-from benchmarks.paths_vs_llama_bench import QUILL, TOOLS
 
 CHARS_PER_TOKEN = 5.2  # the filler text's, Llama 3's vocabulary: the servers count real tokens
 
@@ -68,12 +71,13 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--ctx", type=int, default=8192)
     parser.add_argument("--lengths", default="1000,4000", help="prompt tokens, about")
-    parser.add_argument("--quiet-wait", type=float, default=60.0)
+    add_quiet_wait(parser, 60.0)
     parser.add_argument("--home", type=Path, help="QUILL_HOME for quill (default: a new one)")
     parser.add_argument("--json", type=Path, required=True)
     args = parser.parse_args()
+    refuse_omp_wait_policy()
     home = args.home or Path(tempfile.mkdtemp(prefix="quill-ttft-"))
-    env = dict(os.environ, QUILL_HOME=str(home), HF_HUB_OFFLINE="1")
+    env = users_env(QUILL_HOME=str(home), HF_HUB_OFFLINE="1")
     threads, ctx = str(args.threads), str(args.ctx)
     commands = {
         "quill serve": [QUILL, "serve", str(args.model), "--threads", threads, "--ctx", ctx,

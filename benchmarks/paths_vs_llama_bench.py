@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -31,18 +30,20 @@ from dataclasses import replace
 from pathlib import Path
 
 from benchmarks.harness import (
+    QUILL,
+    TOOLS,
+    add_quiet_wait,
     command_line,
     interleave,
     machine_line,
     paired,
     quiet,
     quill_commit,
+    refuse_omp_wait_policy,
+    users_env,
 )
 from cli.measure.predict import Synthetic, write_synthetic
 
-HERE = Path(__file__).resolve().parent
-TOOLS = HERE / ".build" / "llama-cpp-python-0.3.36" / "build" / "bin"
-QUILL = str(Path(sys.executable).parent / "quill")
 FLAG_SETS = {
     "llama-bench default": [],
     "--repack 1 -fa 1": ["--repack", "1", "-fa", "1"],
@@ -148,12 +149,13 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("-p", "--prompt-tokens", type=int, default=512)
     parser.add_argument("-n", "--gen-tokens", type=int, default=128)
-    parser.add_argument("--quiet-wait", type=float, default=60.0)
+    add_quiet_wait(parser, 60.0)
     parser.add_argument("--home", type=Path, help="QUILL_HOME for quill (default: a new one)")
     parser.add_argument("--json", type=Path, required=True)
     args = parser.parse_args()
+    refuse_omp_wait_policy()
     home = args.home or Path(tempfile.mkdtemp(prefix="quill-paths-"))
-    env = dict(os.environ, QUILL_HOME=str(home), HF_HUB_OFFLINE="1")
+    env = users_env(QUILL_HOME=str(home), HF_HUB_OFFLINE="1")
     models = list(args.model)
     made = home / "made"
     made.mkdir(parents=True, exist_ok=True)
