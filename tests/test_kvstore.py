@@ -17,6 +17,7 @@ from pathlib import Path
 import httpx2 as httpx
 import pytest
 
+from cli.engine.loading import cpu_backend_features, repack_plan, tensor_infos
 from cli.store.promptcache import (
     cache_dir,
     encode_header,
@@ -97,6 +98,9 @@ def test_an_evicted_models_conversation_comes_back_from_disk(
     finally:
         log = stop(process)
     assert f"kept 1 KV state of {a} in the KV store" in log.split("unloaded")[0]
+    # Its weights were its file's pages (nothing repacked here): evicted, it stayed mapped.
+    mapped = not repack_plan(tensor_infos(a), cpu_backend_features())
+    assert (f"loaded {a} from its mapped weights in" in log) == mapped, log
     # The whole conversation so far came from disk: the third turn prefilled its new message.
     assert restored(back) == back["timings"]["cache_n"] > len(SYSTEM) // 8
     assert back["timings"]["prompt_n"] < uncached["timings"]["prompt_n"] // 3

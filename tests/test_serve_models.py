@@ -246,7 +246,7 @@ def test_a_model_past_the_memory_limit_is_refused_before_loading(serve, smollm2_
 
 
 def test_quill_stop_unloads_a_model(serve, q8_path):
-    _, url = serve(SMOL, str(q8_path), "--ctx", "512")
+    process, url = serve(SMOL, str(q8_path), "--ctx", "512")
     assert chat(url, "smollm2-q8").status_code == 200
     runner = CliRunner()
     stopped = runner.invoke(app, ["stop", "smollm2-q8", "--endpoint", url, "--api-key", KEY])
@@ -258,7 +258,7 @@ def test_quill_stop_unloads_a_model(serve, q8_path):
     assert keyless.exit_code == 6 and "401" in keyless.stderr
     unknown = runner.invoke(app, ["stop", "gpt-9", "--endpoint", url, "--api-key", KEY])
     assert unknown.exit_code == 3 and "does not exist" in unknown.stderr
-    assert chat(url, "smollm2-q8").status_code == 200  # loads again on demand
+    assert chat(url, "smollm2-q8").status_code == 200  # loads again on demand, from its file
     shown = runner.invoke(app, ["ps", "--endpoint", url, "--api-key", KEY])
     assert shown.stdout.splitlines()[0].split() == [
         "NAME",
@@ -268,6 +268,8 @@ def test_quill_stop_unloads_a_model(serve, q8_path):
         "REQUESTS",
         "UNTIL",
     ]
+    log = stderr_of(process)  # stopped, not evicted: nothing was kept mapped
+    assert log.count(f"loaded {q8_path} in ") == 2 and "from its mapped weights" not in log
 
 
 def test_sigterm_drains_every_model_and_refuses_a_load_still_waiting(serve, q8_path):

@@ -20,6 +20,7 @@ from typing import Any, Protocol
 from cli.api.server import ApiError
 from cli.engine.batching import BatchScheduler
 from cli.engine.embedqueue import EmbeddingScheduler
+from cli.engine.shelf import SHELF
 from cli.errors import ModelLoadError
 from cli.units import human_bytes
 
@@ -379,6 +380,7 @@ class ModelPool:
         for model in models:
             model.loaded.wait()
         self._unload(models, "shutdown")
+        SHELF.clear()
 
     # --- loading and unloading ------------------------------------------------------------------
 
@@ -419,8 +421,9 @@ class ModelPool:
                 self._lock.notify_all()
         else:
             self.loads[model.label] += 1
+            mapped = " from its mapped weights" if model.scheduler.engine.from_shelf else ""
             self.on_event(
-                f"loaded {model.label} in {time.monotonic() - started:.1f} s "
+                f"loaded {model.label}{mapped} in {time.monotonic() - started:.1f} s "
                 f"({human_bytes(model.memory_bytes)} planned)"
             )
             with self._lock:
@@ -445,7 +448,9 @@ class ModelPool:
                 self.retired_steps[1] += scheduler.sequences_stepped
             scheduler.close()
             kept = scheduler.persist()  # before it forgets: the KV store keeps its sequences
-            scheduler.engine.close()
+            # Evicted to make room, it may be asked for again soon: its mapped weights stay
+            # (engine/shelf.py). Keep-alive, quill stop and shutdown free everything.
+            scheduler.engine.close(shelve=reason == "evicted")
             if kept:
                 states = "1 KV state" if kept == 1 else f"{kept} KV states"
                 self.on_event(f"kept {states} of {model.label} in the KV store")

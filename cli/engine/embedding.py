@@ -16,8 +16,9 @@ import numpy as np
 
 from cli.engine.freecores import ThreadJudge, measure_free_cores
 from cli.engine.llamalog import llama_log
-from cli.engine.loading import load_failure, load_with_options, model_meta, refuse_non_gguf
+from cli.engine.loading import load_failure, model_meta, refuse_non_gguf
 from cli.engine.options import LoadOptions
+from cli.engine.shelf import open_model
 from cli.engine.vocabulary import Vocabulary
 from cli.errors import QuillError, TextTooLongError
 from quant.gguf import POOLING_TYPES, file_kind, model_kind
@@ -77,7 +78,9 @@ class Embedder:
         self.path = path
         self._ctx: Any = None
         self._batch: Any = None
-        self._model: Any = load_with_options(path, options).model
+        self._handle = open_model(path, options)
+        self.from_shelf = self._handle.from_shelf
+        self._model: Any = self._handle.loaded.model
         try:
             self._open(options, pooling)
         except BaseException:
@@ -203,7 +206,8 @@ class Embedder:
             raise EmbeddingError("llama.cpp returned no embedding (is pooling none?)")
         return np.ctypeslib.as_array(pointer, shape=(self.dimensions,)).astype(np.float32)
 
-    def close(self) -> None:
+    def close(self, shelve: bool = False) -> None:
+        """Free the context and the model; shelve: as Engine.close."""
         if self._batch is not None:
             llama.llama_batch_free(self._batch)
             self._batch = None
@@ -211,7 +215,7 @@ class Embedder:
             llama.llama_free(self._ctx)
             self._ctx = None
         if self._model:
-            llama.llama_model_free(self._model)
+            self._handle.close(shelve)
             self._model = None
 
     def __enter__(self) -> Embedder:

@@ -30,12 +30,13 @@ from cli.engine.kvcache import (
     stored_state,
 )
 from cli.engine.llamalog import llama_log
-from cli.engine.loading import load_failure, load_with_options, model_meta, refuse_non_gguf
+from cli.engine.loading import load_failure, model_meta, refuse_non_gguf
 from cli.engine.logprobs import token_logprobs
 from cli.engine.options import LoadOptions, context_size
 from cli.engine.reasoning import split_reasoning, think_within_budget
 from cli.engine.sampling import SamplingParams
 from cli.engine.settings import ModelSettings, PromptCache
+from cli.engine.shelf import open_model
 from cli.engine.templates import Message
 from cli.engine.tokenstep import SequenceStep
 from cli.engine.vocabulary import (
@@ -85,7 +86,9 @@ class Engine:
         log.drain()
         refuse_non_gguf(path)
         started = time.perf_counter()
-        loaded = load_with_options(path, options)
+        self._handle = open_model(path, options)
+        self.from_shelf = self._handle.from_shelf  # its weights still mapped: no load of the file
+        loaded = self._handle.loaded
         self.path, self.rpc, self.cpu_path = path, options.rpc, loaded.cpu_path
         self.weights_placement = options.placement_shown  # "" where llama.cpp's rule held
         self._model: Any = loaded.model  # a llama_model pointer; None once freed
@@ -500,7 +503,9 @@ class Engine:
         always, if it holds one: a chat leaving)."""
         keep_in_prompt_cache(self.prompt_cache, self.kv, self.prefilled_tokens, always)
 
-    def close(self) -> None:
+    def close(self, shelve: bool = False) -> None:
+        """Free the context and the model; shelve: put the model on the shelf (shelf.py) where
+        its weights are its file's pages, for a later Engine of the same file to take back."""
         # getattr: close() also runs where __init__ failed before setting everything.
         speculator = getattr(self, "speculator", None)
         if speculator is not None:
@@ -513,7 +518,7 @@ class Engine:
             llama.llama_free(self._ctx)
             self._ctx = None
         if getattr(self, "_model", None):
-            llama.llama_model_free(self._model)
+            self._handle.close(shelve)
             self._model = None
 
     def __enter__(self) -> Engine:

@@ -22,7 +22,7 @@ from typing import Any
 
 import llama_cpp as llama
 
-from cli.engine.hardware import GGML_DEVICE_CPU, cpu_has_amx
+from cli.engine.hardware import ANY_GPU, GGML_DEVICE_CPU, cpu_has_amx, gpu_memory
 from cli.engine.llamalog import llama_log
 from cli.engine.options import ALL_LAYERS, LoadOptions
 from cli.engine.rpc import attach as rpc_devices
@@ -313,6 +313,22 @@ def load_with_options(path: Path, options: LoadOptions) -> LoadedModel:
     if not loaded.model:
         raise load_failure(path, llama_log().drain())
     return loaded
+
+
+def weights_are_the_file(path: Path, loaded: LoadedModel) -> bool:
+    """Whether every weight is read from the file's mapped pages: loaded with mmap, no layer on a
+    GPU or an RPC server, nothing repacked into a buffer of its own (llama.cpp's extra buffers
+    repack what repack_plan finds). A build with a GPU backend counts as no: llama.cpp's
+    automatic load mode maps the file only where every device it has can use the mapping."""
+    params, cpu_path = loaded.params, loaded.cpu_path
+    mapped = params.load_mode in (llama.LLAMA_LOAD_MODE_AUTO, llama.LLAMA_LOAD_MODE_MMAP)
+    if not mapped or gpu_memory(ANY_GPU) or loaded.devices is not None:
+        return False
+    if cpu_path.repacked:
+        return False
+    if cpu_path.repack and not (cpu_path.amx_avoided or cpu_path.kept_plain):
+        return not repack_plan(tensor_infos(path), cpu_backend_features())
+    return True
 
 
 def load_failure(path: Path, problems: list[str]) -> ModelLoadError:
