@@ -4,7 +4,7 @@ turns.
 
 Usage (inside quill's venv; the machine otherwise idle):
   python -m benchmarks.kv_store --model PATH.gguf [--prefix 64 1024 4096] [--threads 2]
-      [--turns 8] [--words 60] [--json FILE]
+      [--turns 8] [--words 60] [--rounds 3] [--json FILE]
       [--llama-server benchmarks/.build/llama-cpp-python-0.3.36/build/bin/llama-server]
 
 Part 1, in process: a prefix of N tokens is prefilled (the cost of recomputing it), its state
@@ -18,7 +18,10 @@ with the server restarted before every turn (its start apart: TTFT from the firs
 With --llama-server, (4) llama-server's router (--models-dir, --models-max 1) serving the same
 two files, the model evicted before every turn: it loads the model again and prefills the whole
 conversation, which is what the KV store spares quill. Each turn's user message is about --words
-words; replies are 16 tokens, greedy.
+words; replies are 16 tokens, greedy. Modes (1) to (3) take --rounds conversations each, in turns
+(harness.py's interleave), and each turn's ratio to (1) is the median over the rounds of the
+same round's ratio: one conversation's prefill alone varies by 25% from run to run here. (4) runs
+once, in the first round.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import statistics
 import subprocess
 import tempfile
 import time
@@ -33,7 +37,14 @@ from pathlib import Path
 
 import httpx2 as httpx
 
-from benchmarks.harness import QUILL, machine_line, start_server, stop_server, users_env
+from benchmarks.harness import (
+    QUILL,
+    interleave,
+    machine_line,
+    start_server,
+    stop_server,
+    users_env,
+)
 from cli.engine.engine import Engine
 from cli.engine.options import LoadOptions
 from cli.engine.sampling import SamplingParams
@@ -150,6 +161,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--turns", type=int, default=8)
     parser.add_argument("--words", type=int, default=60)
+    parser.add_argument("--rounds", type=int, default=3, help="conversations of each mode")
     parser.add_argument("--json", type=Path)
     parser.add_argument(
         "--llama-server", type=Path, help="also llama-server's router, which recomputes"
@@ -162,30 +174,44 @@ def main() -> None:
     for c in costs:
         print(f"| {c['tokens']} | {c['prefill_s']:.3f} | {c['write_s']:.3f} | {c['restore_s']:.3f} "
               f"| {c['file_bytes'] / 2**20:.1f} | {c['restore_over_prefill']:.3f} |")  # fmt: skip
-    runs = {mode: conversation(args.model, mode, args) for mode in ("kept", "evicted", "restarted")}
-    if args.llama_server is not None:
-        runs["router"] = conversation(args.model, "evicted", args, args.llama_server)
+    contenders = {
+        mode: (lambda _, mode=mode: {"rows": conversation(args.model, mode, args)})
+        for mode in ("kept", "evicted", "restarted")
+    }
+    if args.llama_server is not None:  # once: its turns take several times quill's
+        server = args.llama_server
+        contenders["router"] = lambda n: {
+            "rows": conversation(args.model, "evicted", args, server) if n == 0 else []
+        }
+    rounds = interleave(contenders, args.rounds)
+    report_turns(rounds)
+    if args.json:
+        report = {"machine": machine_line(), "costs": costs, "rounds": rounds}
+        args.json.write_text(json.dumps(report, indent=1))
+
+
+def report_turns(rounds: list[dict[str, dict]]) -> None:
+    """Per turn: the kept TTFT's median, and the medians over rounds of each mode's TTFT over the
+    same round's kept one (llama-server's router: quill's evicted over it, its one round)."""
     print(
-        "| turn | prompt tokens | TTFT kept ms | evicted ms (x kept, from disk) "
-        "| restarted ms (x kept, from disk) | llama-server router, evicted ms "
-        "(quill evicted / it) |"
+        "| turn | prompt tokens | TTFT kept ms (median) | evicted / kept (min-max) "
+        "| restarted / kept (min-max) | quill evicted / llama-server router |"
     )
     print("|---:|---:|---:|---:|---:|---:|")
-    for n, kept in enumerate(runs["kept"]):
-        base = kept["ttft_s"]
-        cells = [
-            f"{r['ttft_s'] * 1000:.0f} ({r['ttft_s'] / base:.2f}x, {r.get('cache_disk_n', 0)})"
-            for r in (runs["evicted"][n], runs["restarted"][n])
-        ]
-        router = runs.get("router")
+    router = next((r["router"]["rows"] for r in rounds if r.get("router", {}).get("rows")), [])
+    for n, first in enumerate(rounds[0]["kept"]["rows"]):
+        kept = [r["kept"]["rows"][n]["ttft_s"] for r in rounds]
+        cells = []
+        for mode in ("evicted", "restarted"):
+            ratios = [r[mode]["rows"][n]["ttft_s"] / r["kept"]["rows"][n]["ttft_s"] for r in rounds]
+            cells.append(f"{statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f})")
         if router:
-            ratio = runs["evicted"][n]["ttft_s"] / router[n]["ttft_s"]
-            cells.append(f"{router[n]['ttft_s'] * 1000:.0f} ({ratio:.2f})")
-        prompt = kept.get("cache_n", 0) + kept.get("prompt_n", 0)
-        print(f"| {kept['turn']} | {prompt} | {base * 1000:.0f} | {' | '.join(cells)} |")
-    if args.json:
-        report = {"machine": machine_line(), "costs": costs, "turns": runs}
-        args.json.write_text(json.dumps(report, indent=1))
+            evicted = statistics.median(r["evicted"]["rows"][n]["ttft_s"] for r in rounds)
+            cells.append(f"{evicted / router[n]['ttft_s']:.2f}")
+        prompt = first.get("cache_n", 0) + first.get("prompt_n", 0)
+        print(
+            f"| {n + 1} | {prompt} | {statistics.median(kept) * 1000:.0f} | {' | '.join(cells)} |"
+        )
 
 
 if __name__ == "__main__":

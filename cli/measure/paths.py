@@ -21,7 +21,6 @@ so it is one placement per load: `quill run` takes P from its prompt's length an
 from __future__ import annotations
 
 import contextlib
-import functools
 import hashlib
 import json
 import math
@@ -192,21 +191,14 @@ def repackable_types(type_names: Iterable[tuple[str, int]]) -> set[str]:
     return {name for name, rows in type_names if repack_layout(type_id(name), rows, features)}
 
 
-def model_repackable_types(path: Path) -> frozenset[str]:
+def model_repackable_types(path: Path) -> set[str]:
     """The types of the matrices in the model at path that this CPU can repack: those of the
-    plan the loader would make (none where the header cannot be read); remembered for the file
-    as it is, since a server asks at every load of a model."""
-    stat = path.stat()
-    return _repackable_types(str(path), stat.st_size, stat.st_mtime_ns)
-
-
-@functools.lru_cache(maxsize=64)
-def _repackable_types(path: str, _size: int, _mtime_ns: int) -> frozenset[str]:
+    plan the loader would make (none where the header cannot be read)."""
     from cli.engine.loading import cpu_backend_features, repack_plan, tensor_infos
 
-    infos = tensor_infos(Path(path))
+    infos = tensor_infos(path)
     plan = repack_plan(infos, cpu_backend_features())
-    return frozenset(GGML_TYPES[info.ggml_type][0] for info in infos if info.name in plan)
+    return {GGML_TYPES[info.ggml_type][0] for info in infos if info.name in plan}
 
 
 # ---- the table: cached, measured where it lacks a type ----------------------------------------
@@ -336,7 +328,7 @@ def table_for_load(
 ) -> tuple[set[str], PathTable | None]:
     """(the model's repackable types, the table holding them), on_measure told before a
     measurement (so that it is never inside a timed one without a line on stderr) and after."""
-    kinds = set(model_repackable_types(path))
+    kinds = model_repackable_types(path)
     if not kinds:
         return kinds, None
 
