@@ -18,10 +18,9 @@ with the server restarted before every turn (its start apart: TTFT from the firs
 With --llama-server, (4) llama-server's router (--models-dir, --models-max 1) serving the same
 two files, the model evicted before every turn: it loads the model again and prefills the whole
 conversation, which is what the KV store spares quill. Each turn's user message is about --words
-words; replies are 16 tokens, greedy. Modes (1) to (3) take --rounds conversations each, in turns
-(harness.py's interleave), and each turn's ratio to (1) is the median over the rounds of the
-same round's ratio: one conversation's prefill alone varies by 25% from run to run here. (4) runs
-once, in the first round.
+words; replies are 16 tokens, greedy. Each mode has --rounds conversations, in turns (harness.py's
+interleave), and each turn's ratio (2 and 3 over 1, 2 over 4) is the median over the rounds of
+the same round's ratio: one conversation's prefill alone varies by 25% from run to run here.
 """
 
 from __future__ import annotations
@@ -178,11 +177,9 @@ def main() -> None:
         mode: (lambda _, mode=mode: {"rows": conversation(args.model, mode, args)})
         for mode in ("kept", "evicted", "restarted")
     }
-    if args.llama_server is not None:  # once: its turns take several times quill's
+    if args.llama_server is not None:
         server = args.llama_server
-        contenders["router"] = lambda n: {
-            "rows": conversation(args.model, "evicted", args, server) if n == 0 else []
-        }
+        contenders["router"] = lambda _: {"rows": conversation(args.model, "evicted", args, server)}
     rounds = interleave(contenders, args.rounds)
     report_turns(rounds)
     if args.json:
@@ -192,22 +189,23 @@ def main() -> None:
 
 def report_turns(rounds: list[dict[str, dict]]) -> None:
     """Per turn: the kept TTFT's median, and the medians over rounds of each mode's TTFT over the
-    same round's kept one (llama-server's router: quill's evicted over it, its one round)."""
+    same round's kept one, and of quill's evicted TTFT over the same round's router's."""
     print(
         "| turn | prompt tokens | TTFT kept ms (median) | evicted / kept (min-max) "
         "| restarted / kept (min-max) | quill evicted / llama-server router |"
     )
     print("|---:|---:|---:|---:|---:|---:|")
-    router = next((r["router"]["rows"] for r in rounds if r.get("router", {}).get("rows")), [])
+    pairs = [("evicted", "kept"), ("restarted", "kept")]
+    if "router" in rounds[0]:
+        pairs.append(("evicted", "router"))
     for n, first in enumerate(rounds[0]["kept"]["rows"]):
         kept = [r["kept"]["rows"][n]["ttft_s"] for r in rounds]
         cells = []
-        for mode in ("evicted", "restarted"):
-            ratios = [r[mode]["rows"][n]["ttft_s"] / r["kept"]["rows"][n]["ttft_s"] for r in rounds]
+        for mode, reference in pairs:
+            ratios = [
+                r[mode]["rows"][n]["ttft_s"] / r[reference]["rows"][n]["ttft_s"] for r in rounds
+            ]
             cells.append(f"{statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f})")
-        if router:
-            evicted = statistics.median(r["evicted"]["rows"][n]["ttft_s"] for r in rounds)
-            cells.append(f"{evicted / router[n]['ttft_s']:.2f}")
         prompt = first.get("cache_n", 0) + first.get("prompt_n", 0)
         print(
             f"| {n + 1} | {prompt} | {statistics.median(kept) * 1000:.0f} | {' | '.join(cells)} |"
