@@ -96,7 +96,7 @@ def main() -> None:
                 cells.append(f"{through:.0f} (+{through - direct:.0f})")
             print(f"| {n + 1} | {direct:.0f} | " + " | ".join(cells) + " |", flush=True)
     finally:
-        for process, _ in [server, *relays.values()]:
+        for process in [server, *(relay for relay, _ in relays.values())]:
             process.kill()
 
 
