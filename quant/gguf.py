@@ -523,17 +523,26 @@ def header_kind(header: GGUFHeader) -> str:
     return model_kind(header.integer(f"{arch}.pooling_type"), rank_head)
 
 
+FileState = tuple[str, int, int]
+
+
+def file_state(path: Path | str) -> FileState:
+    """The file as it is now: its path, size and modification time, what a memo of something
+    read from it is keyed by (OSError where it is gone)."""
+    stat = Path(path).stat()
+    return str(path), stat.st_size, stat.st_mtime_ns
+
+
 def file_kind(path: Path) -> str:
     """model_kind of a GGUF file, from its header's fields and tensor names (no arrays read),
     remembered for the file as it is (a server asks at every load: 70 ms a time for a
     128k-token vocabulary, whose strings are walked to be skipped)."""
-    stat = Path(path).stat()
-    return _file_kind(str(path), stat.st_size, stat.st_mtime_ns)
+    return _file_kind(file_state(path))
 
 
 @functools.lru_cache(maxsize=64)
-def _file_kind(path: str, _size: int, _mtime_ns: int) -> str:
-    return header_kind(read_header(path))
+def _file_kind(state: FileState) -> str:
+    return header_kind(read_header(state[0]))
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,14 @@ from cli.engine.options import ALL_LAYERS, LoadOptions
 from cli.engine.rpc import attach as rpc_devices
 from cli.errors import ModelLoadError, SilentLoadError
 from quant.ggmllib import Signature, declare, ggml_library
-from quant.gguf import GGML_TYPES, GGUFError, check_gguf_magic, read_header
+from quant.gguf import (
+    GGML_TYPES,
+    FileState,
+    GGUFError,
+    check_gguf_magic,
+    file_state,
+    read_header,
+)
 
 _LLAMA_ALL_LAYERS = 0x7FFFFFFF  # llama.cpp's n_gpu_layers for every layer
 # ggml_type values (ggml.h) of the types the repack code knows.
@@ -119,16 +126,15 @@ def tensor_infos(path: Path) -> tuple[TensorInfo, ...]:
     table's choice, then the loader), 70 ms each on a 128k-token vocabulary, whose strings are
     walked to be skipped."""
     try:
-        stat = path.stat()
+        return _tensor_infos(file_state(path))
     except OSError:
         return ()
-    return _tensor_infos(str(path), stat.st_size, stat.st_mtime_ns)
 
 
 @functools.lru_cache(maxsize=64)
-def _tensor_infos(path: str, _size: int, _mtime_ns: int) -> tuple[TensorInfo, ...]:
+def _tensor_infos(state: FileState) -> tuple[TensorInfo, ...]:
     try:
-        tensors = read_header(path).tensors
+        tensors = read_header(state[0]).tensors
     except GGUFError:
         return ()
     infos = []

@@ -1,7 +1,8 @@
 """Models put aside with their weights still mapped from their files: quill serve's pool puts a
 model it evicts to make room here, and loading it again takes it back instead of having llama.cpp
 read the file once more (its tokenizer, its tensors, its mapping: about 0.45 of the 0.75 s a
-1B-class Q4_K_M took to load again on 2 cores; a context and its warm-up are the rest).
+1B-class Q4_K_M took to load again on 2 cores; a context and its warm-up were the rest, and a
+model off the shelf skips the warm-up: engine.py).
 
 Only a model whose weights are its file's own pages goes on the shelf (loading.py's
 weights_are_the_file: mapped, nothing repacked into memory of its own, nothing on a GPU or an RPC
@@ -21,20 +22,18 @@ import llama_cpp as llama
 
 from cli.engine.loading import LoadedModel, load_with_options, weights_are_the_file
 from cli.engine.options import LoadOptions
+from quant.gguf import FileState, file_state
 
 CAPACITY = 4
 
-ShelfKey = tuple[object, ...]
+ShelfKey = tuple[FileState, int, bool, frozenset[str], bool | None, tuple[str, ...]]
 
 
 def shelf_key(path: Path, options: LoadOptions) -> ShelfKey:
-    """The file as it is now (path, size, modification time) and the options that shape the
-    loaded weights; a context's options (size, KV types, threads) do not."""
-    stat = path.stat()
+    """The file as it is now (quant/gguf.py's file_state) and the options that shape the loaded
+    weights; a context's options (size, KV types, threads) do not."""
     return (
-        str(path.resolve()),
-        stat.st_size,
-        stat.st_mtime_ns,
+        file_state(path.resolve()),
         options.gpu_layers,
         options.repack,
         options.plain_types,
@@ -77,10 +76,9 @@ class ModelShelf:
         """Taken off the shelf: the models whose file was changed or removed since."""
         stale = []
         for key in list(self._models):
-            path, size, mtime_ns = Path(str(key[0])), key[1], key[2]
+            state = key[0]
             try:
-                stat = path.stat()
-                current = (stat.st_size, stat.st_mtime_ns) == (size, mtime_ns)
+                current = file_state(state[0]) == state
             except OSError:
                 current = False
             if not current:
