@@ -49,6 +49,14 @@ def test_a_shelved_model_is_taken_back_and_answers_as_before(tiny_path):
     assert not Engine(tiny_path, OPTIONS).from_shelf
 
 
+def test_two_engines_of_one_file_shelve_one_model(tiny_path):
+    first, second = Engine(tiny_path, OPTIONS), Engine(tiny_path, OPTIONS)
+    first.close(shelve=True)
+    second.close(shelve=True)  # the first's model is freed, the second's kept
+    assert len(SHELF) == 1
+    assert Engine(tiny_path, OPTIONS).from_shelf and len(SHELF) == 0
+
+
 def test_other_weight_options_or_a_changed_file_load_the_file_again(tiny_path, tmp_path):
     copy = tmp_path / "copy.gguf"
     shutil.copyfile(tiny_path, copy)

@@ -50,9 +50,11 @@ class ModelShelf:
 
     def put(self, key: ShelfKey, loaded: LoadedModel) -> None:
         with self._lock:
+            # One of the same file and options already there (two names for one file, both
+            # evicted) is freed, not overwritten and left mapped.
+            freed = [self._models.pop(key)] if key in self._models else []
             self._models[key] = loaded
-            self._models.move_to_end(key)
-            freed = self._stale()
+            freed += self._stale()
             while len(self._models) > self.capacity:
                 freed.append(self._models.popitem(last=False)[1])
         _free(freed)
