@@ -1,3 +1,3 @@
-from cli.app import main
+from cli.launch import console
 
-main()
+console()
