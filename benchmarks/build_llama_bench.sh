@@ -15,7 +15,7 @@ if [ ! -d "$work/src" ]; then
   mkdir -p "$work/src"
   tar -xzf "$work"/llama_cpp_python-"$version".tar.gz -C "$work/src" --strip-components=1
 fi
-tools="llama-bench llama-perplexity llama-batched-bench llama-server llama-completion llama-lookup llama-speculative-simple ggml-rpc-server"
+tools="llama-bench llama-embedding llama-perplexity llama-batched-bench llama-server llama-completion llama-lookup llama-speculative-simple ggml-rpc-server"
 missing=0
 for tool in $tools; do [ -x "$work/build/bin/$tool" ] || missing=1; done
 # A build dir configured before RPC was added lacks ggml-rpc-server: the test above reruns cmake with
