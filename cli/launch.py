@@ -32,15 +32,19 @@ def huge_pages_environment(argv: list[str]) -> dict[str, str] | None:
     if sys.platform != "linux" or argv[1:2] != ["serve"]:
         return None
     tunables = os.environ.get("GLIBC_TUNABLES", "")
-    if TUNABLE in tunables or not _glibc_has_tunable():
-        return None
-    try:
-        with open(THP_SETTING, encoding="ascii") as setting:
-            if "[madvise]" not in setting.read():
-                return None
-    except OSError:
+    if TUNABLE in tunables or not _glibc_has_tunable() or not _kernel_gives_on_request():
         return None
     return {**os.environ, "GLIBC_TUNABLES": ":".join(filter(None, (tunables, f"{TUNABLE}=1")))}
+
+
+def _kernel_gives_on_request() -> bool:
+    """Whether the kernel gives transparent huge pages to memory that asks ("[madvise]"); a
+    kernel or container without the setting gives none."""
+    try:
+        with open(THP_SETTING, encoding="ascii") as setting:
+            return "[madvise]" in setting.read()
+    except OSError:
+        return False
 
 
 def _glibc_has_tunable() -> bool:

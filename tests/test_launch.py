@@ -57,8 +57,7 @@ def huge_pages_kb(pid: int) -> int:
 
 
 @pytest.mark.skipif(
-    not glibc_with_tunable()
-    or "[madvise]" not in Path(launch.THP_SETTING).read_text(errors="replace"),
+    not glibc_with_tunable() or not launch._kernel_gives_on_request(),
     reason="needs glibc 2.35+ and a kernel giving huge pages on request",
 )
 def test_a_served_models_context_is_in_huge_pages(quill_home, tmp_path, smollm2_path):
