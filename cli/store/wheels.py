@@ -206,10 +206,13 @@ def _show_bytes(bar: Any, progress: type, requirement: str, scratch: Path, said:
 
 
 def _largest_file(folder: Path) -> int:
+    """pip creates and removes its temporary folders while this looks: os.walk skips a folder
+    that is gone by the time it is listed (Path.rglob raised FileNotFoundError there)."""
     largest = 0
-    for path in folder.rglob("*"):
-        try:
-            largest = max(largest, path.stat().st_size) if path.is_file() else largest
-        except FileNotFoundError:  # pip removed it between the listing and the look
-            continue
+    for parent, _folders, files in os.walk(folder):
+        for name in files:
+            try:
+                largest = max(largest, os.stat(os.path.join(parent, name)).st_size)
+            except FileNotFoundError:  # pip removed it between the listing and the look
+                continue
     return largest
