@@ -147,8 +147,8 @@ def _function_id(item: pytest.Item) -> str:
 
 def is_cross_path(item: pytest.Item) -> bool:
     """A test that compares texts of two compute paths through the near-tie comparator or the
-    reference decoder, in its body, its helpers or its fixtures (.ci/run runs these again with
-    the reference decoder's rounding perturbed: tests/reference.py)."""
+    reference decoder, in its body, its helpers or its fixtures (marked `crosspath`, so that
+    `pytest -m crosspath` runs them alone)."""
     function = getattr(item, "function", None)
     if function is not None and uses_the_comparator(function):
         return True

@@ -3,25 +3,23 @@ but the one model loader (cli/engine/loading.py), through which every load in th
 so that no process meets llama.cpp's AMX crash.
 
 Tests compare quill's output with what this computes on the same tokens, through the near-tie
-comparator (tests/neartie.py). QUILL_TEST_PERTURB=1 makes this decoder prefill one token at a time
-instead of in one batch: its rounding then differs from quill's, as another CPU's would, and the
-cross-path tests must still pass (.ci/run runs them that way too).
+comparator (tests/neartie.py), which has this decoder prefill the prompt in one batch and again one
+token at a time: the second's rounding differs from quill's, as another CPU's would.
 """
 
 from __future__ import annotations
 
 import ctypes
-import os
+import hashlib
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import llama_cpp as llama
 import numpy as np
 
 from cli.engine.loading import load_model
 from quant.kv import ggml_type
-
-PERTURBED = os.environ.get("QUILL_TEST_PERTURB") == "1"
 
 
 class Reference:
@@ -43,6 +41,8 @@ class Reference:
         cparams.n_batch = n_ctx
         cparams.n_threads = threads
         cparams.n_threads_batch = threads
+        self._prefilled: dict[tuple[tuple[int, ...], bool], tuple[Any, np.ndarray, bytes]] = {}
+        self._prompt_logits: np.ndarray | None = None
         if kv_type != "f16":  # a quantized V cache needs flash attention (as in quill's engine)
             cparams.type_k = cparams.type_v = ggml_type(kv_type)
             cparams.flash_attn_type = llama.LLAMA_FLASH_ATTN_TYPE_ENABLED
@@ -82,21 +82,44 @@ class Reference:
         n = llama.llama_token_to_piece(self.vocab, token, buf, 1024, 0, True)
         return buf.raw[:n].decode()
 
-    def prefill(self, prompt: Sequence[int]) -> None:
-        """An empty cache, then the prompt: in one batch, or one token at a time when perturbed."""
+    def prefill(self, prompt: Sequence[int], one_at_a_time: bool = False) -> bytes:
+        """An empty cache, then the prompt: in one batch, or one token at a time (other kernels,
+        which may round otherwise: what another CPU's would be to this one's). Returns a digest
+        of the cache and logits it left, equal for two prefills only where they agree bit for
+        bit (then all that follows agrees too). The last prompts' caches are kept and restored:
+        tests follow several texts after one prompt, each after both prefills."""
         llama.llama_memory_clear(llama.llama_get_memory(self.ctx), True)
-        chunk = 1 if PERTURBED else len(prompt)
+        self._prompt_logits = None
+        key = (tuple(prompt), one_at_a_time)
+        if key in self._prefilled:
+            state, self._prompt_logits, digest = self._prefilled[key]
+            assert llama.llama_state_seq_set_data(self.ctx, state, len(state), 0) == len(state)
+            return digest
+        chunk = 1 if one_at_a_time else len(prompt)
         for start in range(0, len(prompt), chunk):
             part = prompt[start : start + chunk]
             batch = (llama.llama_token * len(part))(*part)
             assert llama.llama_decode(self.ctx, llama.llama_batch_get_one(batch, len(part))) == 0
+        state = (ctypes.c_uint8 * llama.llama_state_seq_get_size(self.ctx, 0))()
+        assert llama.llama_state_seq_get_data(self.ctx, state, len(state), 0) == len(state)
+        logits = self.logits()
+        digest = hashlib.sha256(bytes(state) + logits.tobytes()).digest()
+        if len(self._prefilled) >= 4:  # two prompts' worth: bounded memory
+            self._prefilled.clear()
+        self._prefilled[key] = state, logits, digest
+        self._prompt_logits = logits
+        return digest
 
     def step(self, token: int) -> None:
+        self._prompt_logits = None
         one = (llama.llama_token * 1)(token)
         assert llama.llama_decode(self.ctx, llama.llama_batch_get_one(one, 1)) == 0
 
     def logits(self) -> np.ndarray:
-        """The last decoded position's logits (a copy: the next decode overwrites them)."""
+        """The last decoded position's logits (a copy: the next decode overwrites them); after a
+        restored prefill, the prompt's."""
+        if self._prompt_logits is not None:
+            return self._prompt_logits.copy()
         row = llama.llama_get_logits_ith(self.ctx, -1)
         return np.ctypeslib.as_array(row, (self.n_vocab,)).copy()
 
@@ -117,6 +140,7 @@ class Reference:
     def step_logits(self, tokens: list[int]) -> np.ndarray:
         """Row i: the logits after tokens[: i + 1], decoding one token per call from an empty
         cache (no multi-output batches, unlike quill's perplexity)."""
+        self._prompt_logits = None
         llama.llama_memory_clear(llama.llama_get_memory(self.ctx), True)
         rows = []
         for token in tokens:

@@ -44,7 +44,7 @@ COPY = f"Repeat this text exactly:\n\n{DOCUMENT}"
 
 @pytest.fixture(scope="module")
 def smollm2(smollm2_path: Path) -> Iterator[Engine]:
-    with Engine(smollm2_path, LoadOptions(threads=1, n_ctx=2048)) as engine:
+    with Engine(smollm2_path, LoadOptions(threads=2, n_ctx=2048)) as engine:
         yield engine
 
 
@@ -56,7 +56,7 @@ def tiny(tiny_path: Path) -> Iterator[Engine]:
 
 @pytest.fixture(scope="module")
 def smollm2_reference(smollm2_path: Path) -> Iterator[Reference]:
-    reference = Reference(smollm2_path, threads=1)
+    reference = Reference(smollm2_path, threads=2)
     yield reference
     reference.close()
 
@@ -69,7 +69,7 @@ def tiny_reference(tiny_path: Path) -> Iterator[Reference]:
 
 
 def draft_for(engine: Engine, path: Path) -> Engine:
-    return Engine(path, LoadOptions(threads=1, n_ctx=engine.n_ctx))
+    return Engine(path, LoadOptions(threads=2, n_ctx=engine.n_ctx))
 
 
 @contextmanager
@@ -190,14 +190,14 @@ def test_end_of_generation_ends_the_reply(smollm2, smollm2_reference):
 
 
 def test_q8_0_kv_cache(smollm2_path, smollm2_reference):
-    options = LoadOptions(threads=1, n_ctx=2048, kv_type_k="q8_0", kv_type_v="q8_0")
+    options = LoadOptions(threads=2, n_ctx=2048, kv_type_k="q8_0", kv_type_v="q8_0")
     with Engine(smollm2_path, options) as engine:
         plain, _, _ = generate(engine, COPY, 64)
         with speculating(engine, SpecOptions("ngram", 6)) as speculator:
             tokens, _, _ = generate(engine, COPY, 64)
             assert speculator.last_stats.drafted > 0
         prompt = prompt_tokens(engine, COPY, raw=False)
-    reference = Reference(smollm2_path, threads=1, kv_type="q8_0")
+    reference = Reference(smollm2_path, threads=2, kv_type="q8_0")
     try:
         assert_near_tokens(reference, prompt, plain, tokens)
     finally:
