@@ -12,6 +12,7 @@ import json
 import math
 import subprocess
 import sys
+import threading
 from dataclasses import asdict, replace
 
 import pytest
@@ -113,6 +114,23 @@ def test_a_calibration_beside_busy_processes_is_not_kept(small, monkeypatch):
     count = len(small)
     reused = decode_calibration(1)  # once a run: the same terms, said again to be busy ones
     assert len(small) == count and reused.shares == busy.shares and not reused.kept
+
+
+def test_two_processes_that_need_the_terms_at_once_measure_them_once(small):
+    """The second waits for the first's measurement and reads what it kept, instead of
+    measuring beside it (each slowing the other's models: two pulls at once took 33 s each
+    and kept neither, as measured busy)."""
+    results: list[DecodeCalibration] = []
+    both = [
+        threading.Thread(target=lambda: results.append(decode_calibration(1, ["Q4_K"])))
+        for _ in range(2)
+    ]
+    for thread in both:
+        thread.start()
+    for thread in both:
+        thread.join()
+    assert sorted(result.seconds > 0 for result in results) == [False, True]
+    assert len(small) == 6 and results[0].shares == results[1].shares
 
 
 def synthetic_header(model: Synthetic) -> GGUFHeader:

@@ -341,26 +341,57 @@ def decode_calibration(
     kv_types: Collection[str] = ("f16",),
 ) -> DecodeCalibration:
     """The terms for `threads` threads, holding these weight and KV types: from the cache, else
-    measured now (the parts it lacks) and kept."""
+    measured now (the parts it lacks) and kept. One process measures at a time: two measuring
+    at once would each slow the other's models (and keep neither, as busy), so a second one
+    waits, then finds in the cache what the first kept."""
+    from filelock import FileLock
+
     key, path = calibration_key(threads), cache_path()
     bandwidth = read_bandwidth(threads)
-    known = read_cache(path)
-    entry, earlier = _NOT_KEPT.get((path, key), (known.get(key), None))
-    if not isinstance(entry, dict) or entry.get("bandwidth_gb_per_s") != bandwidth.gb_per_s:
-        entry, earlier = {"bandwidth_gb_per_s": bandwidth.gb_per_s}, None
     wanted = ({*weight_types, STAND_IN}, set(kv_types))
-    calibration = Calibrating(entry, threads, bandwidth).measure_missing(*wanted)
-    if earlier is not None:  # a busy calibration, used again: say so again
-        seconds = earlier.seconds + calibration.seconds
-        busy = max(earlier.busy_elsewhere, calibration.busy_elsewhere)
-        calibration = replace(calibration, seconds=seconds, busy_elsewhere=busy)
-    if calibration.seconds and calibration.kept:
-        known[key] = entry
+    entry, _ = _cached_entry(path, key, bandwidth)
+    lock: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
+    if _lacks(entry, *wanted):
         path.parent.mkdir(parents=True, exist_ok=True)
-        write_replacing(path, json.dumps(known, indent=1) + "\n")
-    elif calibration.seconds:
-        _NOT_KEPT[path, key] = (entry, calibration)
+        lock = FileLock(f"{path}.lock")
+    with lock:
+        entry, earlier = _cached_entry(path, key, bandwidth)  # with what a process before kept
+        calibration = Calibrating(entry, threads, bandwidth).measure_missing(*wanted)
+        if earlier is not None:  # a busy calibration, used again: say so again
+            seconds = earlier.seconds + calibration.seconds
+            busy = max(earlier.busy_elsewhere, calibration.busy_elsewhere)
+            calibration = replace(calibration, seconds=seconds, busy_elsewhere=busy)
+        if calibration.seconds and calibration.kept:
+            known = read_cache(path)
+            known[key] = entry
+            write_replacing(path, json.dumps(known, indent=1) + "\n")
+        elif calibration.seconds:
+            _NOT_KEPT[path, key] = (entry, calibration)
     return calibration
+
+
+def _cached_entry(
+    path: Path, key: str, bandwidth: Bandwidth
+) -> tuple[dict[str, Any], DecodeCalibration | None]:
+    """The cache's entry for key (or this process's own, measured busy and not kept), with the
+    calibration that measured it busy; a fresh entry where the bandwidth changed."""
+    entry, earlier = _NOT_KEPT.get((path, key), (read_cache(path).get(key), None))
+    if not isinstance(entry, dict) or entry.get("bandwidth_gb_per_s") != bandwidth.gb_per_s:
+        return {"bandwidth_gb_per_s": bandwidth.gb_per_s}, None
+    return entry, earlier
+
+
+def _lacks(entry: Mapping[str, Any], weight_types: set[str], kv_types: set[str]) -> bool:
+    base, types, attention = entry.get("base"), entry.get("types"), entry.get("attention_s")
+    names = ("per_token_s", "per_vocab_entry_s", "measured_on")
+    return not (
+        isinstance(base, dict)
+        and all(name in base for name in names)
+        and isinstance(types, dict)
+        and weight_types <= types.keys()
+        and isinstance(attention, dict)
+        and kv_types <= attention.keys()
+    )
 
 
 def read_cache(path: Path) -> dict[str, Any]:
