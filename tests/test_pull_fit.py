@@ -94,28 +94,13 @@ def hub(quant_files, tmp_path_factory):
         yield served
 
 
-@pytest.fixture(scope="module")
-def measured(tmp_path_factory) -> Path:
-    """A quill home where this machine's decode speed was measured once (a pull's first
-    prediction calibrates, seconds): each test's home starts from its measurements."""
-    return tmp_path_factory.mktemp("measured")
-
-
 @pytest.fixture
-def pull(hub, measured, tmp_path):
-    """`quill pull ARGS` against the stand-in, in this test's home, starting from the
-    measurements of the module's first pull."""
-    names = ("bandwidth.json", "predict.json")
+def pull(hub, tmp_path):
+    """`quill pull ARGS` against the stand-in, in this test's home (which starts with the
+    session's measurements: conftest.share_measurements)."""
 
     def run(*args: str) -> subprocess.CompletedProcess[str]:
-        for name in names:
-            if (measured / name).is_file() and not (tmp_path / name).exists():
-                shutil.copy(measured / name, tmp_path / name)
-        result = run_quill(tmp_path, "pull", *args, env=hub_env(hub.url, tmp_path))
-        for name in names:
-            if (tmp_path / name).is_file():
-                shutil.copy(tmp_path / name, measured / name)
-        return result
+        return run_quill(tmp_path, "pull", *args, env=hub_env(hub.url, tmp_path))
 
     return run
 
@@ -196,16 +181,13 @@ def test_the_plan_pull_prints_is_the_one_run_reports_after_loading(hub, tmp_path
     )
 
 
-def test_a_full_disk_is_refused_before_the_download(hub, tmp_path, pull, measured):
+def test_a_full_disk_is_refused_before_the_download(hub, tmp_path):
     """The Hub's cache on a 64 MiB tmpfs, mounted in a private namespace: too small for the file
     and the margin pull keeps."""
     if shutil.which("unshare") is None:
         pytest.skip("no unshare here to mount a private tmpfs")
     cache = tmp_path / "small-disk"
     cache.mkdir()
-    for name in ("bandwidth.json", "predict.json"):  # measured: no calibration in this test
-        if (measured / name).is_file():
-            shutil.copy(measured / name, tmp_path / name)
     env = hub_env(hub.url, tmp_path, HF_HOME=str(cache))
     script = (
         f'mount -t tmpfs -o size=64m none "{cache}" && exec "{QUILL}" pull owner/tiny-GGUF:Q8_0'

@@ -13,7 +13,6 @@ import shutil
 import struct
 import subprocess
 from collections import namedtuple
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -32,7 +31,7 @@ from cli.store.replicas import list_replicas, replicas_dir
 from quant import replica
 from quant.gguf import read_header
 
-from conftest import QUILL, quill_env
+from conftest import QUILL, quill_env, share_measurements
 
 # No decode prediction: its first calibration takes seconds (tests/test_predict.py has its own).
 GRID = ["-p", "16", "-n", "8", "-r", "1", "-t", "1", "--no-predict"]
@@ -41,20 +40,14 @@ hub_env = test_header.hub_env  # the local Hub stand-in, a fixture
 
 
 @pytest.fixture
-def home(tmp_path, monkeypatch, quill_home) -> Iterator[Path]:
-    """A quill home of this test's own: its replicas and prompt caches are the only ones. The
-    memory bandwidth and the decode prediction's calibration bench measures once are shared
-    with the session's home."""
+def home(tmp_path, monkeypatch) -> Path:
+    """A quill home of this test's own: its replicas and prompt caches are the only ones. It
+    starts with the session's measurements (conftest.share_measurements)."""
     home = tmp_path / "home"
     home.mkdir()
-    for measured in ("bandwidth.json", "predict.json"):
-        if (quill_home / measured).is_file():
-            shutil.copy(quill_home / measured, home / measured)
+    share_measurements(home)
     monkeypatch.setenv("QUILL_HOME", str(home))
-    yield home
-    for measured in ("bandwidth.json", "predict.json"):
-        if (home / measured).is_file() and not (quill_home / measured).is_file():
-            shutil.copy(home / measured, quill_home / measured)
+    return home
 
 
 def bench(runner, name: str, *extra: str):
