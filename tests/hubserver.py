@@ -187,7 +187,8 @@ def serve_hub(hub: Hub) -> Iterator[Hub]:
     servers = [ThreadingHTTPServer(("127.0.0.1", 0), Handler) for _ in range(2)]
     for server in servers:
         server.daemon_threads = True
-        threading.Thread(target=server.serve_forever, daemon=True).start()
+        # shutdown() waits for serve_forever's next poll: 0.5 s by default, at every test's end.
+        threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
     hub.url, hub.cdn_url = (f"http://127.0.0.1:{s.server_address[1]}" for s in servers)
     try:
         yield hub

@@ -115,7 +115,8 @@ def serve_index(index: Index) -> Iterator[Index]:
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     index.url = f"http://127.0.0.1:{server.server_address[1]}/simple/"
-    thread = Thread(target=server.serve_forever, daemon=True)
+    # shutdown() waits for serve_forever's next poll: 0.5 s by default, at every test's end.
+    thread = Thread(target=server.serve_forever, args=(0.05,), daemon=True)
     thread.start()
     try:
         yield index
