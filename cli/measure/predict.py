@@ -349,18 +349,15 @@ def decode_calibration(
     key, path = calibration_key(threads), cache_path()
     bandwidth = read_bandwidth(threads)
     wanted = ({*weight_types, STAND_IN}, set(kv_types))
-    entry, _ = _cached_entry(path, key, bandwidth)
-    lock: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
-    if _lacks(entry, *wanted):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        lock = FileLock(f"{path}.lock")
-    with lock:
+    entry, earlier = _cached_entry(path, key, bandwidth)
+    if not _lacks(entry, *wanted):
+        return _used(Calibrating(entry, threads, bandwidth).measure_missing(*wanted), earlier)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(f"{path}.lock"):
         entry, earlier = _cached_entry(path, key, bandwidth)  # with what a process before kept
-        calibration = Calibrating(entry, threads, bandwidth).measure_missing(*wanted)
-        if earlier is not None:  # a busy calibration, used again: say so again
-            seconds = earlier.seconds + calibration.seconds
-            busy = max(earlier.busy_elsewhere, calibration.busy_elsewhere)
-            calibration = replace(calibration, seconds=seconds, busy_elsewhere=busy)
+        calibration = _used(
+            Calibrating(entry, threads, bandwidth).measure_missing(*wanted), earlier
+        )
         if calibration.seconds and calibration.kept:
             known = read_cache(path)
             known[key] = entry
@@ -368,6 +365,16 @@ def decode_calibration(
         elif calibration.seconds:
             _NOT_KEPT[path, key] = (entry, calibration)
     return calibration
+
+
+def _used(calibration: DecodeCalibration, earlier: DecodeCalibration | None) -> DecodeCalibration:
+    """calibration, or where its terms are this process's own measured busy (earlier), said
+    again to be those: their seconds and how busy the machine was."""
+    if earlier is None:
+        return calibration
+    seconds = earlier.seconds + calibration.seconds
+    busy = max(earlier.busy_elsewhere, calibration.busy_elsewhere)
+    return replace(calibration, seconds=seconds, busy_elsewhere=busy)
 
 
 def _cached_entry(
