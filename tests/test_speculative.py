@@ -103,25 +103,19 @@ MODES = [
 ]
 
 
-_plain_replies: dict[tuple[int, bool], tuple[list[int], str]] = {}
-
-
-def plain_reply(engine: Engine, raw: bool) -> tuple[list[int], str]:
-    """(tokens, text) of the plain greedy reply to COPY: each mode compares with the same one,
-    generated once a module."""
-    key = id(engine), raw
-    if key not in _plain_replies:
-        tokens, text, _ = generate(engine, COPY, 96, raw=raw)
-        _plain_replies[key] = tokens, text
-    return _plain_replies[key]
+@pytest.fixture(scope="module")
+def plain_replies(smollm2: Engine) -> dict[bool, tuple[list[int], str]]:
+    """(tokens, text) of the plain greedy reply to COPY, templated (False) and raw (True): each
+    mode compares with the same one."""
+    return {raw: generate(smollm2, COPY, 96, raw=raw)[:2] for raw in (False, True)}
 
 
 @pytest.mark.parametrize("raw", [False, True], ids=["templated", "raw"])
 @pytest.mark.parametrize(("mode", "k"), MODES)
 def test_smollm2_greedy_is_plain_greedy(
-    smollm2, smollm2_path, tiny_smollm2_vocab_path, smollm2_reference, mode, k, raw
+    smollm2, smollm2_path, tiny_smollm2_vocab_path, smollm2_reference, plain_replies, mode, k, raw
 ):
-    plain, plain_text = plain_reply(smollm2, raw)
+    plain, plain_text = plain_replies[raw]
     draft = None
     if mode == "draft":
         draft = draft_for(smollm2, smollm2_path)  # the model itself: guesses mostly hold
