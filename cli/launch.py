@@ -13,13 +13,20 @@ ms), paid by quill serve only: its loads are on a request's path, again and agai
 one-shot command loads once and spends the time reading its weights (quill run measured the same
 end to end with and without, and 20 MB larger with, its heap in huge pages).
 
-A user who sets glibc.malloc.hugetlb in GLIBC_TUNABLES (0 turns this off) is left as set."""
+A user who sets glibc.malloc.hugetlb in GLIBC_TUNABLES (0 turns this off) is left as set.
+
+Then it imports llama-cpp-python's ctypes bindings without its high-level API (llama_bindings):
+quill uses only the bindings, and the package's own start imports the rest (its Llama class, chat
+formats, jinja2), 75 ms of the 0.35 s a one-text `quill embed` took here."""
 
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import sys
+from types import ModuleType
+from typing import Any
 
 TUNABLE = "glibc.malloc.hugetlb"
 THP_SETTING = "/sys/kernel/mm/transparent_hugepage/enabled"
@@ -62,6 +69,44 @@ def console() -> None:
         # Where it cannot start again, it runs as started: only its contexts open slower.
         with contextlib.suppress(OSError):
             os.execve(sys.executable, sys.orig_argv, environment)
+    llama_bindings()
     from cli.app import main
 
     main()
+
+
+def llama_bindings() -> None:
+    """Make `import llama_cpp` give the package with only its ctypes bindings loaded (what its
+    `from .llama_cpp import *` puts there, and __version__, read when asked); its first use of
+    anything else (the high-level Llama class) runs the package's own start then. Nothing
+    changes where llama_cpp is already imported, missing, or not laid out as this expects."""
+    if "llama_cpp" in sys.modules:
+        return
+    spec = importlib.util.find_spec("llama_cpp")
+    if spec is None or spec.loader is None or not spec.submodule_search_locations:
+        return
+    package = importlib.util.module_from_spec(spec)
+    sys.modules["llama_cpp"] = package
+    try:
+        import llama_cpp.llama_cpp as bindings
+    except Exception:  # any failure: the plain import meets it again, as before
+        for name in [name for name in sys.modules if name.split(".")[0] == "llama_cpp"]:
+            del sys.modules[name]
+        return
+    names = {name: value for name, value in vars(bindings).items() if not name.startswith("_")}
+    package.__dict__.update(names, __getattr__=_whole_package(package, spec.loader))
+
+
+def _whole_package(package: ModuleType, loader: Any) -> Any:
+    def __getattr__(name: str) -> Any:
+        if name == "__version__":  # the distribution's, as the package's start sets it
+            import importlib.metadata  # 30 ms of imports: only when asked
+
+            return importlib.metadata.version("llama-cpp-python")
+        if name.startswith("__"):  # pickle, inspect and others probe dunders: not a use
+            raise AttributeError(name)
+        del package.__dict__["__getattr__"]
+        loader.exec_module(package)  # the package's own start: the high-level modules
+        return getattr(package, name)
+
+    return __getattr__

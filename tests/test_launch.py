@@ -5,7 +5,9 @@ every other command starts once."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -13,7 +15,7 @@ import httpx2 as httpx
 import pytest
 
 from cli import launch
-from tests.conftest import start_server
+from tests.conftest import quill_env, start_server
 
 SERVE = ["quill", "serve", "model.gguf"]
 
@@ -79,3 +81,48 @@ def test_a_served_models_context_is_in_huge_pages(quill_home, tmp_path, smollm2_
     finally:
         process.terminate()
         process.wait(timeout=30)
+
+
+def run_python(code: str, env: dict[str, str] | None = None) -> str:
+    """code's stdout in a fresh interpreter: this one has imported llama_cpp whole already."""
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True,
+        env=env,
+    )  # fmt: skip
+    return done.stdout
+
+
+def test_the_console_script_loads_only_llama_cpps_bindings_until_more_is_used():
+    said = run_python(
+        "import sys\n"
+        "from cli.launch import llama_bindings\n"
+        "llama_bindings()\n"
+        "import llama_cpp\n"
+        "print(llama_cpp.__version__, callable(llama_cpp.llama_decode))\n"
+        "print(sorted(name for name in sys.modules if name.startswith('llama_cpp')))\n"
+        "from llama_cpp import Llama\n"  # the high-level API, on first use
+        "print(Llama.__module__, 'llama_cpp.llama_chat_format' in sys.modules)\n"
+    ).splitlines()
+    version = importlib.metadata.version("llama-cpp-python")
+    assert said[0] == f"{version} True"
+    assert said[1] == "['llama_cpp', 'llama_cpp._ctypes_extensions', 'llama_cpp.llama_cpp']"
+    assert said[2] == "llama_cpp.llama True"
+
+
+def test_a_reply_through_the_console_script_needs_only_the_bindings(quill_home, smollm2_path):
+    """quill run as a user's shell starts it: a model loaded, a token decoded and printed, and
+    llama_cpp's high-level modules never imported."""
+    said = run_python(
+        "import sys\n"
+        "from cli.launch import console\n"
+        f"sys.argv = ['quill', 'run', {str(smollm2_path)!r}, 'Hi', '-n', '2', '--no-stats']\n"
+        "try:\n"
+        "    console()\n"
+        "except SystemExit as end:\n"
+        "    assert not end.code, end.code\n"
+        "print()\n"
+        "print(sorted(name for name in sys.modules if name.startswith('llama_cpp')))\n",
+        env=quill_env(quill_home),
+    ).splitlines()
+    assert said[0].strip()  # the model's two tokens
+    assert said[-1] == "['llama_cpp', 'llama_cpp._ctypes_extensions', 'llama_cpp.llama_cpp']"

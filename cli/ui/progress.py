@@ -1,38 +1,18 @@
 """Progress on stderr: a rich bar on a terminal, a few plain lines otherwise. The download
-classes are tqdm's, the interface huggingface-hub reports bytes through."""
+classes are tqdm's, the interface huggingface-hub reports bytes through; the rich one is in
+cli/ui/richbar.py, imported only on a terminal (rich's progress and tqdm's rich module took 20 ms
+of every command's start)."""
 
 from __future__ import annotations
 
 import sys
 import time
-import warnings
 from typing import Any
 
-from tqdm import TqdmExperimentalWarning, tqdm
-from tqdm.rich import tqdm_rich
+from tqdm import tqdm
 
 from cli.ui import render
 from cli.units import human_bytes
-
-
-class RichDownloadBar(tqdm_rich):
-    """Bytes done and total, speed, time left."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        kwargs.setdefault("options", {"console": render.stderr_console})
-        kwargs["unit_divisor"] = 1024  # the same MiB as every other size quill prints
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", TqdmExperimentalWarning)
-            super().__init__(*args, **kwargs)
-
-    def display(self, *args: Any, **kwargs: Any) -> None:
-        # tqdm's rich bar gives rich the total once, at the start; a download whose size is
-        # learnt on the way (a package index's wheel) sets self.total later.
-        # _prog and _task_id: tqdm_rich's own (set once its console is up), which its stubs omit.
-        progress, task = getattr(self, "_prog", None), getattr(self, "_task_id", None)
-        if progress is not None:
-            progress.update(task, total=self.total)
-        super().display(*args, **kwargs)
 
 
 class PlainDownloadLines(tqdm):
@@ -67,7 +47,11 @@ class _Discard:
 
 
 def download_progress() -> type[tqdm]:
-    return RichDownloadBar if sys.stderr.isatty() else PlainDownloadLines
+    if not sys.stderr.isatty():
+        return PlainDownloadLines
+    from cli.ui.richbar import RichDownloadBar
+
+    return RichDownloadBar
 
 
 class StepProgress:
