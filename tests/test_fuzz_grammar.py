@@ -13,8 +13,8 @@ import httpx2 as httpx
 import grammar_fuzz
 from conftest import quill_env
 
-SERVER_SECONDS = 35  # the round's time on the server; a few more for quill run
-CLI_SECONDS = 15
+SERVER_SECONDS = 20  # the round's time on the server; a few more for quill run
+CLI_SECONDS = 8
 
 
 def test_generated_grammars_and_schemas_never_kill_serve_or_run(tiny_path, quill_home, tmp_path):

@@ -22,7 +22,7 @@ from neartie import assert_near
 from reference import Reference
 
 # One thread count for every run: runs that take the same path print the same text.
-GREEDY = ["--temperature", "0", "--raw", "-n", "12", "-t", "1"]
+GREEDY = ["--temperature", "0", "--raw", "-n", "12", "-t", "2"]
 
 
 def long_prompt(seed: int = 0, sentences: int = 45) -> str:
@@ -58,7 +58,7 @@ def cache_files(home: Path) -> list[Path]:
 
 def assert_replies_near(model: Path, prompt: str, *texts: str, kv: str = "f16") -> None:
     """Each text is this machine's greedy reply to the raw prompt, up to near-ties."""
-    reference = Reference(model, n_ctx=2048, threads=1, kv_type=kv)
+    reference = Reference(model, n_ctx=2048, threads=2, kv_type=kv)
     try:
         assert_near(reference, reference.tokenize(prompt, add_special=True), *texts)
     finally:

@@ -22,7 +22,9 @@ from cli.errors import EXIT_INVALID_OUTPUT, EXIT_USAGE, UsageError
 
 from conftest import KEY, start_server
 
-SEEDS = range(20)
+# The tiny model's noise walks the grammar's corners (it found the bytes that cannot be UTF-8,
+# seeds 5 and 17); SmolLM2 mostly writes one shape, at 1.6 s a reply: fewer of its seeds.
+SEEDS = {"tiny": range(20), "smollm2": range(8)}
 
 # The zoo in two schemas: nested objects, arrays, enums, required and optional fields,
 # integer and number ranges, a pattern, formats date and uuid, $ref/$defs, anyOf, a type union.
@@ -79,7 +81,7 @@ def _generate(engine, constraint, seed: int, chat: bool):
 
 @pytest.mark.parametrize("schema", [RECORD, LIST_OF_POINTS], ids=["record", "points"])
 @pytest.mark.parametrize("which", ["tiny", "smollm2"])
-def test_the_zoo_holds_for_twenty_seeds(schema, which, request):
+def test_the_zoo_holds_for_many_seeds(schema, which, request):
     from cli.engine.engine import Engine
     from cli.engine.options import LoadOptions
 
@@ -90,7 +92,7 @@ def test_the_zoo_holds_for_twenty_seeds(schema, which, request):
     constraint = structured.schema_constraint(schema)
     assert constraint.unenforced == ()  # every keyword here is held by the grammar
     with Engine(path, LoadOptions(n_ctx=1024)) as engine:
-        for seed in SEEDS:
+        for seed in SEEDS[which]:
             text, last = _generate(engine, constraint, seed, chat=which == "smollm2")
             assert last.finish_reason == "stop", (seed, text)
             # jsonschema, with formats checked, is the judge; not the grammar itself.
