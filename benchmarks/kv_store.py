@@ -4,7 +4,7 @@ turns.
 
 Usage (inside quill's venv; the machine otherwise idle):
   python -m benchmarks.kv_store --model PATH.gguf [--prefix 64 1024 4096] [--threads 2]
-      [--turns 8] [--words 60] [--rounds 3] [--json FILE]
+      [--turns 8] [--words 60] [--reply-tokens 16] [--rounds 3] [--json FILE]
       [--llama-server benchmarks/.build/llama-cpp-python-0.3.36/build/bin/llama-server]
 
 Part 1, in process: a prefix of N tokens is prefilled (the cost of recomputing it), its state
@@ -18,9 +18,11 @@ with the server restarted before every turn (its start apart: TTFT from the firs
 With --llama-server, (4) llama-server's router (--models-dir, --models-max 1) serving the same
 two files, the model evicted before every turn: it loads the model again and prefills the whole
 conversation, which is what the KV store spares quill. Each turn's user message is about --words
-words; replies are 16 tokens, greedy. Each mode has --rounds conversations, in turns (harness.py's
-interleave), and each turn's ratio (2 and 3 over 1, 2 over 4) is the median over the rounds of
-the same round's ratio: one conversation's prefill alone varies by 25% from run to run here.
+words; replies are greedy, at most --reply-tokens tokens (16 cuts every reply short; a model
+that ends its one-sentence summary, as SmolLM2 does, stops sooner than 128). Each mode has
+--rounds conversations, in turns (harness.py's interleave), and each turn's ratio (2 and 3 over
+1, 2 over 4) is the median over the rounds of the same round's ratio: one conversation's prefill
+alone varies by 25% from run to run here.
 """
 
 from __future__ import annotations
@@ -95,9 +97,9 @@ def message(turn: int, words: int) -> str:
     return f"{filler} Summarize turn {turn} in one sentence."
 
 
-def ask(url: str, model: str, history: list[dict]) -> tuple[float, dict]:
+def ask(url: str, model: str, history: list[dict], reply_tokens: int = 16) -> tuple[float, dict]:
     """(TTFT as the client sees it, the last chunk's timings) for a streamed reply."""
-    body = {"model": model, "messages": history, "max_tokens": 16, "temperature": 0,
+    body = {"model": model, "messages": history, "max_tokens": reply_tokens, "temperature": 0,
             "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
     started, ttft, text = time.perf_counter(), None, []
     timings: dict = {}
@@ -157,7 +159,7 @@ def conversation(
                 stop_server(process)
                 process, url = start_server(command, env, stderr=subprocess.DEVNULL)
             history.append({"role": "user", "content": message(turn, settings.words)})
-            ttft, timings = ask(url, model.stem, history)
+            ttft, timings = ask(url, model.stem, history, settings.reply_tokens)
             rows.append({"turn": turn + 1, "mode": mode, "ttft_s": ttft, **timings})
     finally:
         stop_server(process)
@@ -172,6 +174,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--turns", type=int, default=8)
     parser.add_argument("--words", type=int, default=60)
+    parser.add_argument("--reply-tokens", type=int, default=16, help="most tokens of a reply")
     parser.add_argument("--rounds", type=int, default=3, help="conversations of each mode")
     parser.add_argument("--json", type=Path)
     parser.add_argument(
@@ -200,7 +203,8 @@ def main() -> None:
         shutil.rmtree(pair, ignore_errors=True)
     report_turns(rounds)
     if args.json:
-        report = {"machine": machine_line(), "costs": costs, "rounds": rounds}
+        settings = {"turns": args.turns, "words": args.words, "reply_tokens": args.reply_tokens}
+        report = {"machine": machine_line(), "settings": settings, "costs": costs, "rounds": rounds}
         args.json.write_text(json.dumps(report, indent=1))
 
 
