@@ -221,23 +221,13 @@ def _say_decision(json_output: bool, decision: FitDecision | None, path: Path | 
         render.write_stdout(json.dumps(data, indent=1) + "\n")
 
 
-def _file_kind(path: Path) -> str | None:
-    """embedding or rerank where the file's header declares a pooling; else None."""
-    from quant.gguf import GGUFError, file_kind
-
-    try:
-        kind = file_kind(path)
-    except (GGUFError, OSError):
-        return None
-    return None if kind == "generation" else kind
-
-
 def list_models(
     json_output: Annotated[bool, typer.Option("--json", help="One JSON array on stdout.")] = False,
 ) -> None:
     """List the models on disk: what quill fetched, and registry models other tools cached."""
     import json
 
+    from cli.store.kinds import file_kinds
     from cli.store.models import file_quant, list_local
     from cli.store.registry import load_registry, model_kind
     from cli.ui import render
@@ -245,8 +235,10 @@ def list_models(
     registry = load_registry()
     models = list_local(registry)
     quants = {str(m.path): m.quant or file_quant(m.path) or "?" for m in models}
+    read = file_kinds(m.path for m in models)
+    # A generation model's kind is left blank; the registry names it where the file cannot say.
     kinds = {
-        str(m.path): _file_kind(m.path)
+        str(m.path): (read[str(m.path)] if read[str(m.path)] != "generation" else None)
         or model_kind(m.name, registry)
         or model_kind(str(m.path), registry)
         for m in models
