@@ -1,8 +1,9 @@
 """What one relay hop costs an RPC round trip (issue 41): the round-trip time of small
 RPC-shaped messages (a 9-byte header and 40 bytes, answered with 16), straight to an echo server,
 through a plain relay written in C (benchmarks/c/plain_relay.c: poll, read, write; no checks),
-and through `quill rpc-server`'s guard (cli/engine/rpcrelay.py), each in a process of its own.
-The question it answers: is the guard's cost on tg128 Python's, or the hop's?
+and through the relay `quill rpc-server` uses where it cannot serve in place
+(cli/engine/rpcrelay.py), each in a process of its own. The question it answers: is the guard's
+cost on tg128 Python's, or the hop's?
 
 Usage (inside quill's venv, the machine otherwise idle; needs gcc):
   python -m benchmarks.rpc_relay_hop [--rounds 5] [--messages 4000]
@@ -46,7 +47,8 @@ def echo() -> None:
 def guard(upstream: int) -> None:
     listener = socket.create_server(("127.0.0.1", 0))
     print(listener.getsockname()[1], flush=True)
-    rpcrelay.guard(listener, ("127.0.0.1", upstream), 1 << 30, print)
+    relay = rpcrelay.Relay(("127.0.0.1", upstream), 1 << 30, print)
+    rpcrelay.guard(listener, relay, print)
 
 
 def round_trip_us(port: int, messages: int) -> float:

@@ -1,7 +1,7 @@
 """quill rpc-server: this machine's CPU (or GPUs) lent to other machines' quill or llama.cpp
 through llama.cpp's RPC backend, for models too big for one box (docs/scale.md). quill listens
-on the user's address and relays each client that says hello in time to llama.cpp's server on a
-loopback port, refusing requests larger than it serves (cli/engine/rpcrelay.py)."""
+on the user's address and hands each client that says hello in time to llama.cpp's server,
+refusing requests larger than it serves (cli/engine/rpcrelay.py)."""
 
 from __future__ import annotations
 
@@ -94,7 +94,8 @@ def rpc_server(
 
     threading.Thread(target=stop_on_signal, name="stop-signals", daemon=True).start()
     inside = ("127.0.0.1", _free_loopback_port())
-    guard = (listener, inside, rpc.max_request_bytes(memory), _report_client)
+    doorway = rpc.doorway(inside, rpc.max_request_bytes(memory), _report_client)
+    guard = (listener, doorway, _report_client)
     threading.Thread(target=rpcrelay.guard, args=guard, name="rpc-guard", daemon=True).start()
     rpc.serve(rpcrelay.join_endpoint(*inside), threads, memory, quiet=not verbose)
     raise RpcError(endpoint, "could not start (llama.cpp's server returned; --verbose says why)")

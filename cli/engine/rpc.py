@@ -24,12 +24,16 @@ from dataclasses import dataclass
 
 import llama_cpp as llama
 
+from cli.engine.elfhook import HookError
 from cli.engine.hardware import ANY_GPU, GGML_DEVICE_CPU
 from cli.engine.rpcrelay import (
     CAPS_SIZE,
     DEVICE_COUNT,
     GET_DEVICE_MEMORY,
     HELLO,
+    Doorway,
+    Relay,
+    ServedInPlace,
     loopback_relay,
     split_endpoint,
 )
@@ -147,13 +151,17 @@ def _ggml() -> ctypes.CDLL:
     return declare(ggml_library("ggml"), signatures)
 
 
-def _rpc_function(name: str, prototype: type) -> Callable:
+def _rpc_address(name: str) -> int:
     lib = _ggml()
     registry = lib.ggml_backend_reg_by_name(b"RPC") if supports_rpc() else None
     address = registry and lib.ggml_backend_reg_get_proc_address(registry, name.encode())
     if not address:
         raise RpcError("", NO_RPC_BUILD)
-    return prototype(address)
+    return address
+
+
+def _rpc_function(name: str, prototype: type) -> Callable:
+    return prototype(_rpc_address(name))
 
 
 _registered: dict[str, list[int]] = {}  # endpoint -> its llama.cpp devices, once per process
@@ -314,6 +322,19 @@ def _report_cpu_memory(limit_bytes: int) -> None:
     _memory_hook = prototype(get_memory)
     slot = ctypes.c_void_p.from_address(device + 2 * ctypes.sizeof(ctypes.c_void_p))
     slot.value = ctypes.cast(_memory_hook, ctypes.c_void_p).value
+
+
+def doorway(inside: tuple[str, int], max_payload: int, report: Callable[[str], None]) -> Doorway:
+    """Where `quill rpc-server`'s guard sends the clients it vetted: llama.cpp's server itself,
+    its accept and recv replaced (rpcrelay.ServedInPlace), where this platform allows it and
+    QUILL_RPC_RELAY is not 1; else a relay to it at inside."""
+    if os.environ.get("QUILL_RPC_RELAY") != "1":
+        try:
+            start = _rpc_address("ggml_backend_rpc_start_server")
+            return ServedInPlace(start, max_payload, report)
+        except HookError:
+            pass
+    return Relay(inside, max_payload, report)
 
 
 def serve(endpoint: str, threads: int, memory_bytes: int | None = None, quiet: bool = True) -> None:

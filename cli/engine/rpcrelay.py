@@ -1,28 +1,42 @@
-"""llama.cpp's RPC wire format, and relays that pass it between sockets.
+"""llama.cpp's RPC wire format; the guard that vets each client before llama.cpp's server
+serves it; relays that pass the protocol between sockets.
 
 A request is a command (1 byte), its payload's size (u64) and the payload; llama.cpp's server
 allocates what the size says before it reads a byte of it, and serves one connection at a time,
-so one client that never speaks holds it for everyone. `guard` stands in front of it: it takes
-the connections on the user's address, drops one that has not sent a whole hello within
-HELLO_TIMEOUT_S, and relays each that has to llama.cpp's server on a loopback port, reading the
-headers (never the payloads) and closing a connection whose declared size passes the bound
-before that header goes on. `loopback_relay` lets llama.cpp's client, which dials IPv4 only,
-reach a server over IPv6. Both pass the bytes unchanged, in chunks of up to CHUNK.
+so one client that never speaks holds it for everyone. `guard` takes the connections on the
+user's address and drops one that has not sent a whole hello within HELLO_TIMEOUT_S (it peeks:
+the hello stays for llama.cpp to read); each that has goes on to a `Doorway`, which bounds every
+header's declared size (`RequestReader`) as llama.cpp reads it:
 
-Sockets and llama.cpp's protocol only: nothing here loads llama.cpp.
+- `ServedInPlace` (Linux): llama.cpp's server runs in this process, its `accept` and `recv`
+  replaced for libggml-rpc alone (elfhook.py): accept takes the next vetted connection and recv
+  closes one whose header breaks the bound before llama.cpp sees that header. llama.cpp reads
+  the client's own socket: nothing stands between them, so a request costs what it did without
+  the guard (a relay's extra hop, even one written in C, cost decode 5-8% on a 2-CPU machine:
+  benchmarks/results/rpc-relay-hop-2026-12-03.md).
+- `Relay` (elsewhere, or with QUILL_RPC_RELAY=1): each connection relayed to llama.cpp's server
+  on a loopback port, the headers read on the way (never the payloads).
+
+`loopback_relay` lets llama.cpp's client, which dials IPv4 only, reach a server over IPv6.
+Relays pass the bytes unchanged, in chunks of up to CHUNK. Sockets, llama.cpp's protocol and
+its library's imports: nothing here loads llama.cpp.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import queue
 import selectors
 import socket
 import struct
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Protocol
 
+from cli.engine.elfhook import replace_import
 from cli.units import human_bytes
 
 # enum rpc_cmd of ggml-rpc.cpp (llama-cpp-python 0.3.36): RPC_CMD_HELLO is fixed at 14 across
@@ -32,8 +46,9 @@ CAPS_SIZE = 24  # RPC_CONN_CAPS_SIZE: the hello's payload (transport capabilitie
 HEADER = struct.Struct("<BQ")  # command, payload size
 HELLO_SIZE = HEADER.size + CAPS_SIZE
 HELLO_TIMEOUT_S = 5.0
+PARTIAL_HELLO_POLL_S = 0.05  # a hello that came in pieces is peeked at again after this
 MAX_WAITING = 64  # connections waiting for their hello; past it the oldest is dropped
-MAX_RELAYED = 16  # past their hello: one is served, the rest wait in llama.cpp's queue
+MAX_QUEUED = 16  # past their hello: one is served, the rest wait their turn
 CHUNK = 1 << 20
 UPSTREAM_WAIT_S = 60.0  # llama.cpp's server starts listening after the guard does
 
@@ -48,48 +63,63 @@ def join_endpoint(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-def guard(
-    listener: socket.socket,
-    upstream: tuple[str, int],
-    max_payload: int,
-    report: Callable[[str], None],
-) -> None:
+class Doorway(Protocol):
+    """Where the guard sends a connection whose hello came in time (the hello not yet read)."""
+
+    def admit(self, conn: socket.socket, peer: str) -> str | None:
+        """Take conn on, or say why not (the guard then drops it with that reason)."""
+        ...
+
+
+def guard(listener: socket.socket, doorway: Doorway, report: Callable[[str], None]) -> None:
     """Accept on listener forever (blocks: run it in a thread). A connection that sends a
-    whole hello in time is relayed to upstream on a thread of its own; report gets one line
-    for each connection dropped or refused, naming its peer and why."""
-    _Guard(listener, Upstream(upstream, max_payload, report)).run()
+    whole hello in time goes to doorway; report gets one line for each connection dropped,
+    naming its peer and why."""
+    _Guard(listener, doorway, report).run()
 
 
 class _Guard:
     """The connections waiting for their hello, on one selector with the listener."""
 
-    def __init__(self, listener: socket.socket, upstream: Upstream) -> None:
-        self.listener, self.upstream = listener, upstream
+    def __init__(
+        self, listener: socket.socket, doorway: Doorway, report: Callable[[str], None]
+    ) -> None:
+        self.listener, self.doorway, self.report = listener, doorway, report
         self.selector = selectors.DefaultSelector()
         listener.setblocking(False)
         self.selector.register(listener, selectors.EVENT_READ)
-        self.waiting: dict[socket.socket, tuple[float, bytearray, str]] = {}  # oldest first
-        self.relayed = threading.BoundedSemaphore(MAX_RELAYED)
+        self.waiting: dict[socket.socket, tuple[float, str]] = {}  # oldest first
+        self.partial: set[socket.socket] = set()  # part of a hello came: peeked at on a timer
 
     def run(self) -> None:
         while True:
             now = time.monotonic()
-            for conn in [c for c, (deadline, _, _) in self.waiting.items() if deadline <= now]:
+            for conn in [c for c, (deadline, _) in self.waiting.items() if deadline <= now]:
                 self.drop(conn, f"no hello within {HELLO_TIMEOUT_S:g} s")
-            timeout = min((d for d, _, _ in self.waiting.values()), default=now + 3600) - now
+            for conn in list(self.partial):
+                self.peek(conn)
+            timeout = min((d for d, _ in self.waiting.values()), default=now + 3600) - now
+            if self.partial:
+                timeout = min(timeout, PARTIAL_HELLO_POLL_S)
             for key, _ in self.selector.select(max(timeout, 0)):
                 if key.fileobj is self.listener:
                     self.accept()
                 else:
                     assert isinstance(key.fileobj, socket.socket)  # the listener's accepts
-                    self.receive(key.fileobj)
+                    self.peek(key.fileobj)
 
     def drop(self, conn: socket.socket, why: str | None) -> None:
-        _, _, peer = self.waiting.pop(conn)
-        self.selector.unregister(conn)
+        _, peer = self.waiting.pop(conn)
+        self.forget(conn)
         if why:  # before the peer sees the connection end
-            self.upstream.report(f"dropped a connection from {peer}: {why}")
+            self.report(f"dropped a connection from {peer}: {why}")
         conn.close()
+
+    def forget(self, conn: socket.socket) -> None:
+        if conn in self.partial:
+            self.partial.discard(conn)
+        else:
+            self.selector.unregister(conn)
 
     def accept(self) -> None:
         try:
@@ -100,82 +130,176 @@ class _Guard:
         if len(self.waiting) >= MAX_WAITING:
             self.drop(next(iter(self.waiting)), f"{MAX_WAITING} connections waiting for a hello")
         conn.setblocking(False)
-        peer = join_endpoint(*address[:2])
-        self.waiting[conn] = (time.monotonic() + HELLO_TIMEOUT_S, bytearray(), peer)
+        # Readable once a whole hello is there (or the peer is gone), where the OS honours it.
+        conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, HELLO_SIZE)
+        self.waiting[conn] = (time.monotonic() + HELLO_TIMEOUT_S, join_endpoint(*address[:2]))
         self.selector.register(conn, selectors.EVENT_READ)
 
-    def receive(self, conn: socket.socket) -> None:
-        """More of conn's hello; once it is whole and one, conn goes to a relay thread."""
-        _, hello, peer = self.waiting[conn]
+    def peek(self, conn: socket.socket) -> None:
+        """conn's hello so far, left unread; once it is whole and one, conn goes on."""
         try:
-            data = conn.recv(HELLO_SIZE - len(hello))
+            hello = conn.recv(HELLO_SIZE, socket.MSG_PEEK)
         except BlockingIOError:
             return
         except OSError:
-            data = b""
-        if not data:
+            hello = b""
+        if not hello:
             self.drop(conn, None)  # closed before its hello: a port check, or a client gone
-            return
-        hello += data
-        if len(hello) >= HEADER.size and HEADER.unpack_from(hello) != (HELLO, CAPS_SIZE):
+        elif HEADER.pack(HELLO, CAPS_SIZE)[: len(hello)] != hello[: HEADER.size]:
             self.drop(conn, "its first message is not an RPC hello of protocol 3 or later")
-        elif len(hello) == HELLO_SIZE and not self.relayed.acquire(blocking=False):
-            self.drop(conn, f"{MAX_RELAYED} clients already connected or waiting for the server")
-        elif len(hello) == HELLO_SIZE:
-            del self.waiting[conn]
-            self.selector.unregister(conn)
+        elif len(hello) < HELLO_SIZE:
+            if conn not in self.partial:
+                self.selector.unregister(conn)  # its bytes stay unread: select would spin
+                self.partial.add(conn)
+        else:
+            self.forget(conn)
+            _, peer = self.waiting.pop(conn)
             conn.setblocking(True)
-            threading.Thread(
-                target=_relay_checked,
-                args=(conn, bytes(hello), peer, self.upstream, self.relayed),
-                name=f"rpc-relay {peer}",
-                daemon=True,
-            ).start()
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, 1)
+            refused = self.doorway.admit(conn, peer)
+            if refused:
+                self.report(f"dropped a connection from {peer}: {refused}")
+                conn.close()
 
 
-@dataclass(frozen=True)
-class Upstream:
-    """llama.cpp's RPC server behind the guard, the bound on a request's payload, and where the
-    guard reports a connection it drops or refuses."""
+class RequestReader:
+    """Where a client's stream of requests is, header or payload, fed its bytes in order as
+    they arrive (read(at, size): size bytes from offset at of what came, asked only for header
+    bytes, so payloads are counted and never copied); says why when a header breaks the bound."""
 
-    address: tuple[str, int]
+    def __init__(self, max_payload: int) -> None:
+        self.max_payload = max_payload
+        self.header = bytearray()
+        self.payload_left = 0
+
+    def feed(self, count: int, read: Callable[[int, int], bytes]) -> str | None:
+        at = 0
+        while at < count:
+            if self.payload_left:
+                step = min(self.payload_left, count - at)
+                at += step
+                self.payload_left -= step
+                continue
+            take = min(HEADER.size - len(self.header), count - at)
+            self.header += read(at, take)
+            at += take
+            if len(self.header) == HEADER.size:
+                command, size = HEADER.unpack(self.header)
+                self.header.clear()
+                if command >= COMMANDS:
+                    return f"unknown command {command}"
+                if size > self.max_payload:
+                    return (
+                        f"a {human_bytes(size)} message (command {command}), more than the "
+                        f"{human_bytes(self.max_payload)} this server takes in one"
+                    )
+                self.payload_left = size
+        return None
+
+
+_ACCEPT = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)
+_RECV = ctypes.CFUNCTYPE(
+    ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int
+)
+
+
+@dataclass
+class ServedInPlace:
+    """llama.cpp's server in this process (`library`: an address inside libggml-rpc), its
+    accept taking the guard's connections in turn and its recv closing a connection whose
+    header breaks the bound. Build it before llama.cpp's server starts; elfhook.HookError where
+    this platform cannot."""
+
+    library: int
     max_payload: int
     report: Callable[[str], None]
+    waiting: queue.Queue[tuple[socket.socket, str]] = field(
+        default_factory=lambda: queue.Queue(MAX_QUEUED)
+    )
+    served: dict[int, tuple[str, RequestReader]] = field(default_factory=dict)  # by fd
 
+    def __post_init__(self) -> None:
+        libc = ctypes.CDLL(None)
+        self._recv = libc.recv
+        self._recv.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        self._recv.restype = ctypes.c_ssize_t
+        self._hooks = (_ACCEPT(self._accept), _RECV(self._read))  # alive while llama.cpp calls
+        replace_import(self.library, "accept", self._hooks[0])
+        replace_import(self.library, "recv", self._hooks[1])
 
-def _relay_checked(
-    client: socket.socket,
-    hello: bytes,
-    peer: str,
-    upstream: Upstream,
-    relayed: threading.BoundedSemaphore,
-) -> None:
-    try:
-        _relay_to_server(client, hello, peer, upstream)
-    finally:
-        relayed.release()
-
-
-def _relay_to_server(client: socket.socket, hello: bytes, peer: str, upstream: Upstream) -> None:
-    report = upstream.report
-    deadline = time.monotonic() + UPSTREAM_WAIT_S
-    while True:
+    def admit(self, conn: socket.socket, peer: str) -> str | None:
         try:
-            server = socket.create_connection(upstream.address)
-            break
-        except OSError:
-            if time.monotonic() > deadline:
-                client.close()
-                report(f"dropped a connection from {peer}: llama.cpp's server is not listening")
-                return
-            time.sleep(0.05)
+            self.waiting.put_nowait((conn, peer))
+        except queue.Full:
+            return f"{MAX_QUEUED} clients already waiting for the server"
+        return None
 
-    def requests() -> None:
-        refused = _pass_requests(client, server, hello, upstream.max_payload)
-        if refused:  # before the client sees the connection end
-            report(f"refused {peer}: {refused}")
+    def _accept(self, _listener: int, _address: int, _length: int) -> int:
+        """llama.cpp's listening socket is never used: its clients come from the guard (the
+        address arguments stay unset: llama.cpp passes NULL)."""
+        conn, peer = self.waiting.get()
+        self.served[conn.fileno()] = (peer, RequestReader(self.max_payload))
+        return conn.detach()
 
-    _relay(client, server, requests)
+    def _read(self, fd: int, buffer: int, size: int, flags: int) -> int:
+        count = self._recv(fd, buffer, size, flags)
+        if count > 0 and fd in self.served:
+            peer, reader = self.served[fd]
+            refused = reader.feed(count, lambda at, n: ctypes.string_at(buffer + at, n))
+            if refused:
+                del self.served[fd]
+                self.report(f"refused {peer}: {refused}")
+                return -1  # llama.cpp closes the connection before acting on that header
+        return count
+
+
+@dataclass
+class Relay:
+    """Each connection relayed to llama.cpp's server at upstream (a loopback address) on a
+    thread of its own, its headers read on the way."""
+
+    upstream: tuple[str, int]
+    max_payload: int
+    report: Callable[[str], None]
+    relayed: threading.BoundedSemaphore = field(
+        default_factory=lambda: threading.BoundedSemaphore(MAX_QUEUED)
+    )
+
+    def admit(self, conn: socket.socket, peer: str) -> str | None:
+        if not self.relayed.acquire(blocking=False):
+            return f"{MAX_QUEUED} clients already connected or waiting for the server"
+        threading.Thread(
+            target=self._relay_checked, args=(conn, peer), name=f"rpc-relay {peer}", daemon=True
+        ).start()
+        return None
+
+    def _relay_checked(self, client: socket.socket, peer: str) -> None:
+        try:
+            self._relay_to_server(client, peer)
+        finally:
+            self.relayed.release()
+
+    def _relay_to_server(self, client: socket.socket, peer: str) -> None:
+        deadline = time.monotonic() + UPSTREAM_WAIT_S
+        while True:
+            try:
+                server = socket.create_connection(self.upstream)
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    client.close()
+                    self.report(
+                        f"dropped a connection from {peer}: llama.cpp's server is not listening"
+                    )
+                    return
+                time.sleep(0.05)
+
+        def requests() -> None:
+            refused = _pass_requests(client, server, RequestReader(self.max_payload))
+            if refused:  # before the client sees the connection end
+                self.report(f"refused {peer}: {refused}")
+
+        _relay(client, server, requests)
 
 
 def _relay(client: socket.socket, server: socket.socket, requests: Callable[[], None]) -> None:
@@ -193,38 +317,17 @@ def _relay(client: socket.socket, server: socket.socket, requests: Callable[[], 
 
 
 def _pass_requests(
-    client: socket.socket, server: socket.socket, hello: bytes, max_payload: int
+    client: socket.socket, server: socket.socket, reader: RequestReader
 ) -> str | None:
-    """The hello, then the client's requests, on to the server until either side closes; the
-    reason, when a header breaks the bound (nothing of that header has reached the server
-    then but, when it came in two reads, its first bytes, which the server cannot act on)."""
-    server.sendall(hello)
+    """The client's requests on to the server until either side closes; the reason, when a
+    header breaks the bound (nothing of that header has reached the server then but, when it
+    came in two reads, its first bytes, which the server cannot act on)."""
     buffer = bytearray(CHUNK)
     view = memoryview(buffer)
-    header = bytearray()
-    payload_left = 0
     while n := client.recv_into(buffer):
-        at = 0
-        while at < n:
-            if payload_left:
-                step = min(payload_left, n - at)
-                at += step
-                payload_left -= step
-                continue
-            take = min(HEADER.size - len(header), n - at)
-            header += view[at : at + take]
-            at += take
-            if len(header) == HEADER.size:
-                command, size = HEADER.unpack(header)
-                header.clear()
-                if command >= COMMANDS:
-                    return f"unknown command {command}"
-                if size > max_payload:
-                    return (
-                        f"a {human_bytes(size)} message (command {command}), more than the "
-                        f"{human_bytes(max_payload)} this server takes in one"
-                    )
-                payload_left = size
+        refused = reader.feed(n, lambda at, size: bytes(view[at : at + size]))
+        if refused:
+            return refused
         server.sendall(view[:n])
     return None
 
