@@ -38,13 +38,15 @@ def free_port() -> int:
 
 
 def start_rpc_server(
-    quill_home: Path, *args: str, host: str = "127.0.0.1"
+    quill_home: Path, *args: str, host: str = "127.0.0.1", relay: bool = False, port: int = 0
 ) -> tuple[subprocess.Popen, str]:
-    """`quill rpc-server --host HOST --port P --threads 1 ARGS`, once it answers the handshake."""
-    port = free_port()
+    """`quill rpc-server --host HOST --port P --threads 1 ARGS`, once it answers the handshake;
+    relay: through the relay it uses where it cannot serve in place (QUILL_RPC_RELAY=1); port:
+    P (default: a free one)."""
+    port = port or free_port()
     process = subprocess.Popen(
         [QUILL, "rpc-server", "--host", host, "--port", str(port), "--threads", "1", *args],
-        env=quill_env(quill_home),
+        env=quill_env(quill_home) | ({"QUILL_RPC_RELAY": "1"} if relay else {}),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -155,6 +157,49 @@ def test_bench_and_serve_answer_through_the_servers(quill_home, smollm2_path, se
         process.wait(timeout=30)
 
 
+def test_serve_outlives_a_lost_rpc_server(quill_home, smollm2_path, tmp_path):
+    """serve --rpc holds its models in a child serve: a lost RPC server ends the child's streams
+    with an error event, the port goes on answering (with the reason), and once the RPC server
+    is back the next request is served by a new child."""
+    import httpx2 as httpx
+
+    lender, endpoint = start_rpc_server(quill_home)
+    process, url = start_server(quill_home, tmp_path, str(smollm2_path), "--rpc", endpoint)
+    try:
+        story = {"messages": [{"role": "user", "content": "Tell a long story."}], "stream": True,
+                 "max_tokens": 2000, "ignore_eos": True}  # fmt: skip
+        with httpx.stream("POST", f"{url}/v1/chat/completions", json=story, timeout=60) as reply:
+            frames = (line[6:] for line in reply.iter_lines() if line.startswith("data: "))
+            while not json.loads(next(frames))["choices"][0]["delta"].get("content"):
+                pass
+            lender.kill()  # mid-reply
+            lender.wait()
+            rest = list(frames)
+        assert "[DONE]" not in rest and json.loads(rest[-1])["error"]["code"] == (
+            "model_process_ended"
+        )
+        asked = time.monotonic()
+        health = httpx.get(f"{url}/health", timeout=30)
+        assert health.status_code == 503, health.text
+        assert f"RPC server {endpoint} cannot be reached" in health.json()["error"]["message"]
+        assert health.headers["retry-after"] == "2"
+        assert time.monotonic() - asked < 10
+        lender, _ = start_rpc_server(quill_home, port=int(endpoint.rsplit(":", 1)[1]))
+        time.sleep(2)  # the supervisor's RETRY_S after the start that failed
+        body = {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": 8}
+        again = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=120)
+        assert again.status_code == 200, again.text
+        assert again.json()["usage"]["completion_tokens"] > 0
+    finally:
+        process.terminate()
+        _, err = process.communicate(timeout=60)
+        stop(lender)
+    assert process.returncode == 0, err
+    assert f"RPC server {endpoint} was lost mid-run" in err
+    assert "the model process ended (exit code 9); starting it again" in err
+    assert err.splitlines()[-1] == "stopped by SIGTERM: drained", err
+
+
 def test_rpc_server_listens_on_loopback_and_stops_on_sigterm(quill_home):
     process, endpoint = start_rpc_server(quill_home)
     port = int(endpoint.rsplit(":", 1)[1])
@@ -210,16 +255,25 @@ def rss_bytes(pid: int) -> int:
     return int(re.search(r"VmRSS:\s+(\d+) kB", status).group(1)) * 1024
 
 
+def established(pid: int) -> int:
+    connections = psutil.Process(pid).net_connections(kind="tcp")
+    return sum(c.status == psutil.CONN_ESTABLISHED for c in connections)
+
+
+@pytest.mark.parametrize("relay", [False, True], ids=["in place", "relay"])
 def test_a_request_larger_than_the_server_serves_is_refused_before_allocating(
-    quill_home, tiny_path
+    quill_home, tiny_path, relay
 ):
-    process, endpoint = start_rpc_server(quill_home, "--mem", "64MiB")
+    process, endpoint = start_rpc_server(quill_home, "--mem", "64MiB", relay=relay)
     set_tensor = 6  # RPC_CMD_SET_TENSOR: llama.cpp's server allocates what its size says
     try:
         before = rss_bytes(process.pid)
         # 1 TiB, which malloc refuses anyway, and 512 MiB, which it would grant
         for declared in (2**40, 512 * 2**20):
             with past_hello(endpoint) as conn:
+                # In place, llama.cpp's server reads the client's own socket; a relay adds
+                # its own connection to llama.cpp's server, and that one's other end.
+                assert established(process.pid) == (3 if relay else 1)
                 conn.sendall(struct.pack("<BQ", set_tensor, declared))
                 time.sleep(1)
                 assert rss_bytes(process.pid) - before < 32 * 2**20, declared
@@ -293,7 +347,7 @@ def test_another_address_only_when_typed_and_with_a_warning(quill_home):
         while time.monotonic() < deadline:
             connections = psutil.Process(process.pid).net_connections(kind="tcp")
             listening = {c.laddr for c in connections if c.status == psutil.CONN_LISTEN}
-            if len(listening) == 2:  # the relay's, and llama.cpp's server's behind it
+            if len(listening) == 2:  # quill's, and llama.cpp's server's own (idle in place)
                 break
             time.sleep(0.2)
         assert {(a.ip, a.port == port) for a in listening} == {("0.0.0.0", True),

@@ -26,7 +26,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from http import HTTPStatus
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
 import h11
@@ -1084,7 +1084,7 @@ def _host_name(host: str) -> str:
 class DrainingServer(uvicorn.Server):
     """uvicorn's server, telling the application when shutdown begins."""
 
-    def __init__(self, config: uvicorn.Config, app: QuillApp) -> None:
+    def __init__(self, config: uvicorn.Config, app: DrainingApp) -> None:
         super().__init__(config)
         self.quill_app = app  # config.app, typed: uvicorn's Config takes any ASGI app
 
@@ -1118,12 +1118,19 @@ def is_loopback(host: str) -> bool:
 LOCALHOST_ORIGINS = r"https?://(localhost|127\.0\.0\.1|\[::1\])(:\d+)?"
 
 
+class DrainingApp(Protocol):
+    """An ASGI application told when the server begins to shut down."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None: ...
+    def begin_drain(self) -> None: ...
+
+
 def run_server(
-    socks: list[socket.socket], state: ServerState, limits: HttpLimits, verbose: bool = False
+    socks: list[socket.socket], app: DrainingApp, limits: HttpLimits, verbose: bool = False
 ) -> str | None:
-    """Serve until SIGTERM or SIGINT, drain, return the signal's name (None if none came)."""
+    """Serve app (a QuillApp, or serve --rpc's proxy) until SIGTERM or SIGINT, drain, return
+    the signal's name (None if none came)."""
     _quiet_logs(verbose)
-    app = QuillApp(state, limits)
     config = uvicorn.Config(
         app,
         loop="asyncio",

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import socket
+import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -270,7 +272,7 @@ def serve(
     think: Think = None,
 ) -> None:
     """Serve a model over an OpenAI-compatible HTTP API, batching concurrent requests."""
-    from cli.api.http import run_server
+    from cli.api.http import QuillApp, run_server
     from cli.api.server import ServerState
     from cli.engine.options import context_size
     from cli.engine.settings import ModelSettings
@@ -291,6 +293,9 @@ def serve(
     http_limits = _http_limits(
         hosts, max_connections, header_timeout, body_timeout, drain_timeout, cors
     )
+    inherited = _inherited_socket()
+    if rpc and inherited is None:
+        raise typer.Exit(_supervise(hosts, port, http_limits, verbose))
     settings = ModelSettings(chat_template=read_template_option(chat_template), think=think)
     keep_alive_s = duration_option("--keep-alive", keep_alive)
     named = list(dict.fromkeys([*(names or []), *([model] if model else [])]))
@@ -306,7 +311,8 @@ def serve(
     pool = _model_pool(catalog, keep_alive_s, max_models, limit)
     pool.aliases = dict.fromkeys(alias[1:], alias[0]) if alias else {}
     pool.strict = strict_model or everything  # serving the whole disk: names must match
-    socks = _listen(hosts, port)
+    socks = [inherited[0]] if inherited else _listen(hosts, port)
+    bound_port = inherited[1] if inherited else socks[0].getsockname()[1]
     # No model named: none is loaded yet, and a request may use any model's context.
     n_ctx = _open_first_model(catalog, pool) if named else context_size(ctx, None)
     limits = _request_limits(n_ctx, max_body, max_tokens_limit, n_predict, temperature, seed)
@@ -318,9 +324,9 @@ def serve(
     )  # fmt: skip
     if http_limits.allowed_hosts is None and not api_key:  # not bound to a loopback address
         render.warning_line(f"listening on {', '.join(hosts)} without --api-key: {OPEN_TO_ALL}")
-    _announce(shown, hosts, socks[0].getsockname()[1], n_ctx, options, park_bytes)
+    _announce(shown, hosts, bound_port, n_ctx, options, park_bytes)
     try:
-        stopped_by = run_server(socks, state, http_limits, verbose=verbose)
+        stopped_by = run_server(socks, QuillApp(state, http_limits), http_limits, verbose=verbose)
         if stopped_by is not None:
             render.info_line(f"stopped by {stopped_by}: drained")
     finally:
@@ -328,6 +334,25 @@ def serve(
 
 
 OPEN_TO_ALL = "anyone who can reach this port can use it"
+
+
+def _inherited_socket() -> tuple[socket.socket, int] | None:
+    """Where this serve is serve --rpc's child: the socket its parent passed, and the port
+    users reach (cli/api/supervisor.py)."""
+    if not os.environ.get("QUILL_SERVE_CHILD"):
+        return None
+    from cli.api.supervisor import child_socket
+
+    return child_socket()
+
+
+def _supervise(hosts: list[str], port: int, http_limits: HttpLimits, verbose: bool) -> int:
+    """serve --rpc: this process listens and passes requests to a child serve that holds the
+    models, and starts it again when a lost RPC server ends it (cli/api/supervisor.py)."""
+    from cli.api.supervisor import supervise
+
+    socks = _listen(hosts, port)
+    return supervise(sys.argv[1:], socks, http_limits, verbose)
 
 
 def _aliased(files: dict[str, Path], alias: list[str]) -> dict[str, Path]:
