@@ -243,8 +243,12 @@ class ServedInPlace:
 
     def _read(self, fd: int, buffer: int, size: int, flags: int) -> int:
         count = self._recv(fd, buffer, size, flags)
-        if count > 0 and fd in self.served:
-            peer, reader = self.served[fd]
+        served = self.served.get(fd)
+        if served is not None and count > 0:
+            peer, reader = served
+            if reader.payload_left >= count:  # inside a payload, the most common read
+                reader.payload_left -= count
+                return count
             refused = reader.feed(count, lambda at, n: ctypes.string_at(buffer + at, n))
             if refused:
                 del self.served[fd]
