@@ -294,7 +294,9 @@ def serve(
         hosts, max_connections, header_timeout, body_timeout, drain_timeout, cors
     )
     inherited = _inherited_socket()
-    if rpc and inherited is None:
+    # Windows cannot pass a listening socket to a child: there serve --rpc stays one process,
+    # which a lost RPC server ends (exit code 9).
+    if rpc and inherited is None and os.name != "nt":
         raise typer.Exit(_supervise(hosts, port, http_limits, verbose))
     settings = ModelSettings(chat_template=read_template_option(chat_template), think=think)
     keep_alive_s = duration_option("--keep-alive", keep_alive)
