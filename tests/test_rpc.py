@@ -144,17 +144,21 @@ def test_bench_and_serve_answer_through_the_servers(quill_home, smollm2_path, se
     ]
     assert all(row["rpc"] == list(servers) and row["tokens_per_s"] > 0 for row in rows)
 
-    import httpx2 as httpx
-
     process, url = start_server(quill_home, tmp_path, str(smollm2_path), "--rpc", both)
     try:
-        body = {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": 8}
-        reply = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=120)
-        assert reply.status_code == 200, reply.text
-        assert reply.json()["usage"]["completion_tokens"] > 0
+        assert_answers(url)
     finally:
         process.terminate()
         process.wait(timeout=30)
+
+
+def assert_answers(url: str) -> None:
+    import httpx2 as httpx
+
+    body = {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": 8}
+    reply = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=120)
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["usage"]["completion_tokens"] > 0
 
 
 def test_serve_outlives_a_lost_rpc_server(quill_home, smollm2_path, tmp_path):
@@ -186,10 +190,7 @@ def test_serve_outlives_a_lost_rpc_server(quill_home, smollm2_path, tmp_path):
         assert time.monotonic() - asked < 10
         lender, _ = start_rpc_server(quill_home, port=int(endpoint.rsplit(":", 1)[1]))
         time.sleep(2)  # the supervisor's RETRY_S after the start that failed
-        body = {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": 8}
-        again = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=120)
-        assert again.status_code == 200, again.text
-        assert again.json()["usage"]["completion_tokens"] > 0
+        assert_answers(url)
     finally:
         process.terminate()
         _, err = process.communicate(timeout=60)
