@@ -106,8 +106,13 @@ def test_run_splits_the_layers_over_both_servers_as_inspect_plans(
     assert out["rpc"] == list(servers)
     assert out["gpu_layers"] == 30  # every layer left the host
     # RPC is asynchronous: the prefill's clock stops when the servers are done, not when
-    # llama_decode returns (it read 1.6x the true speed before)
-    assert 0.8 * out["ttft_s"] <= out["prefill_s"] <= out["ttft_s"], out
+    # llama_decode returns (it read 1.6x the true speed before). A prompt long enough that a
+    # hiccup of this 2-core machine between prefill and first token (90 ms was seen) cannot
+    # look like that.
+    long = quill(quill_home, "run", "--rpc", both, "-n", "1", "--json", "--raw",
+                 "Tell me about the sea. " * 80)  # fmt: skip
+    timed = json.loads(long.stdout)
+    assert 0.8 * timed["ttft_s"] <= timed["prefill_s"] <= timed["ttft_s"], timed
     buffers = model_buffers(ran.stderr)
     on_servers = {device: mib for device, mib in buffers.items() if device.startswith("RPC")}
     assert {d.split("[")[1].rstrip("]") for d in on_servers} == set(servers), buffers

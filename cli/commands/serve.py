@@ -294,9 +294,7 @@ def serve(
         hosts, max_connections, header_timeout, body_timeout, drain_timeout, cors
     )
     inherited = _inherited_socket()
-    # Windows cannot pass a listening socket to a child: there serve --rpc stays one process,
-    # which a lost RPC server ends (exit code 9).
-    if rpc and inherited is None and os.name != "nt":
+    if _supervises(rpc, inherited):
         raise typer.Exit(_supervise(hosts, port, http_limits, verbose))
     settings = ModelSettings(chat_template=read_template_option(chat_template), think=think)
     keep_alive_s = duration_option("--keep-alive", keep_alive)
@@ -346,6 +344,13 @@ def _inherited_socket() -> tuple[socket.socket, int] | None:
     from cli.api.supervisor import child_socket
 
     return child_socket()
+
+
+def _supervises(rpc: str | None, inherited: tuple[socket.socket, int] | None) -> bool:
+    """serve --rpc, started by the user: it becomes the child's supervisor. Windows cannot pass
+    a listening socket to a child: there it stays one process, which a lost RPC server ends
+    (exit code 9)."""
+    return bool(rpc) and inherited is None and os.name != "nt"
 
 
 def _supervise(hosts: list[str], port: int, http_limits: HttpLimits, verbose: bool) -> int:
