@@ -49,13 +49,12 @@ def quill_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return home
 
 
-# This machine's measurements (cli/measure: its memory bandwidth, the decode prediction's terms,
-# the path table of repacked and plain kernels) belong to the machine, not to a quill home, and
-# the first prediction or repackable load in a home measures them for seconds. So a test's own
-# home starts with what the session's home holds, and what a test's home measured goes back to
-# the session's: each is measured once a session. The tests of the measuring itself
-# (test_bandwidth.py, test_predict.py, test_paths.py) use homes of their own, in process.
-MEASUREMENTS = ("bandwidth.json", "predict.json", "paths.json")
+# This machine's measurements (cli/measure: its memory bandwidth, the decode prediction's terms)
+# belong to the machine, not to a quill home, and the first prediction in a home measures them
+# for seconds. So a test's own home starts with what the session's home holds, and what a test's
+# home measured goes back to the session's: each is measured once a session. The tests of the
+# measuring itself (test_bandwidth.py, test_predict.py) use homes of their own, in process.
+MEASUREMENTS = ("bandwidth.json", "predict.json")
 _session_home: list[Path] = []
 _homes_used: set[Path] = set()
 
@@ -66,8 +65,6 @@ def share_measurements(home: Path) -> None:
     if not _session_home or home == _session_home[0]:
         return
     _homes_used.add(home)
-    if not home.exists() and home.parent.is_dir():  # a test's fresh home: quill would make it
-        home.mkdir()
     for name in MEASUREMENTS:
         kept, there = _session_home[0] / name, home / name
         if kept.is_file() and not there.exists() and home.is_dir():
