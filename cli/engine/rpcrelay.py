@@ -130,8 +130,10 @@ class _Guard:
         if len(self.waiting) >= MAX_WAITING:
             self.drop(next(iter(self.waiting)), f"{MAX_WAITING} connections waiting for a hello")
         conn.setblocking(False)
-        # Readable once a whole hello is there (or the peer is gone), where the OS honours it.
-        conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, HELLO_SIZE)
+        # Readable once a whole hello is there (or the peer is gone), where the OS honours it;
+        # where it refuses the option (Windows), a part of a hello is peeked at on a timer.
+        with contextlib.suppress(OSError):
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, HELLO_SIZE)
         self.waiting[conn] = (time.monotonic() + HELLO_TIMEOUT_S, join_endpoint(*address[:2]))
         self.selector.register(conn, selectors.EVENT_READ)
 
@@ -155,7 +157,8 @@ class _Guard:
             self.forget(conn)
             _, peer = self.waiting.pop(conn)
             conn.setblocking(True)
-            conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, 1)
+            with contextlib.suppress(OSError):
+                conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, 1)
             refused = self.doorway.admit(conn, peer)
             if refused:
                 self.report(f"dropped a connection from {peer}: {refused}")
