@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 CHILD_ENV = "QUILL_SERVE_CHILD"  # "FD:PORT": the child's listening socket, the user's port
 START_WAIT_S = 600.0  # a child loads its first model before it answers (an RPC split is slow)
 POLL_S = 0.05
+STDERR_DRAIN_S = 2.0  # an ended child's last stderr lines, read before its reason is told
 RETRY_S = 2.0  # after a start that failed, requests are refused this long before another
 # Hop-by-hop headers (RFC 9110 7.6.1), and the lengths the two connections frame for themselves.
 _NOT_PASSED = {
@@ -88,6 +89,7 @@ class Child:
     failed: bool = False  # the last start ended before it served
     retry_at: float = 0.0
     draining: bool = False
+    stderr_passer: threading.Thread | None = None
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     def start(self) -> None:
@@ -104,7 +106,10 @@ class Child:
             start_new_session=True,  # a terminal's Ctrl-C reaches this process, which passes it on
         )
         inner.close()
-        threading.Thread(target=self._pass_stderr, args=(self.process,), daemon=True).start()
+        self.stderr_passer = threading.Thread(
+            target=self._pass_stderr, args=(self.process,), daemon=True
+        )
+        self.stderr_passer.start()
 
     def _pass_stderr(self, process: subprocess.Popen) -> None:
         assert process.stderr is not None
@@ -125,6 +130,8 @@ class Child:
         while time.monotonic() < deadline:
             if not self.alive:
                 code = self.process.returncode if self.process else None
+                if self.stderr_passer is not None:  # its last lines, the reason among them
+                    self.stderr_passer.join(timeout=STDERR_DRAIN_S)
                 why = self.last_error or f"it exited with code {code}"
                 raise ChildUnavailableError(why)
             try:
